@@ -1,0 +1,66 @@
+// Backend factories: how one generation's process group is created.
+//
+// An ElasticGroup builds, for every generation, a Gloo group for control
+// traffic and CPU tensors and, when a data backend such as NCCL is configured,
+// a second group for device tensors. Each factory lives in its own translation
+// unit because its c10d header (ProcessGroupGloo.hpp, ProcessGroupNCCL.hpp)
+// is heavy and its API moves between PyTorch releases.
+//
+//   ElasticGroupOptions options;
+//   options.data_backend = MakeGlooBackend();           // the default
+//   // or, built with MALLE_WITH_NCCL: options.data_backend = MakeNcclBackend();
+//
+// Thread-safety: factories are immutable after creation; Create() may be
+// called from several threads at once.
+#ifndef MALLE_COMM_BACKEND_H_
+#define MALLE_COMM_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "c10/core/DeviceType.h"
+#include "c10/util/intrusive_ptr.h"
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
+
+namespace malle::comm {
+
+// What a factory needs to build one group: a store private to this group's
+// rendezvous (already prefixed, on its own connection), and the group shape.
+struct GroupSpec {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  int size = 1;
+  int64_t generation = 0;
+  // Bounds the rendezvous and, for backends that have one, every operation.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+class BackendFactory {
+ public:
+  virtual ~BackendFactory() = default;
+  virtual std::string name() const = 0;  // "gloo", "nccl"
+  // The device type whose tensors this backend reduces.
+  virtual c10::DeviceType device_type() const = 0;
+  // Blocks until every rank of `spec` has joined (or spec.timeout).
+  // Errors: kUnavailable, kDeadlineExceeded, kFailedPrecondition (e.g. no GPU).
+  virtual absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> Create(const GroupSpec& spec) const = 0;
+};
+
+struct GlooBackendOptions {
+  // Address the group's sockets bind to: loopback unless told otherwise.
+  std::string hostname = "127.0.0.1";
+  int threads = 2;  // Gloo worker threads per group
+};
+
+std::shared_ptr<const BackendFactory> MakeGlooBackend(GlooBackendOptions options = {});
+
+}  // namespace malle::comm
+
+#endif  // MALLE_COMM_BACKEND_H_

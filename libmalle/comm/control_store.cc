@@ -1,0 +1,254 @@
+// The only translation unit that calls c10d's Store API (TCPStore, HashStore,
+// PrefixStore). c10d throws; everything here returns absl::Status.
+#include "libmalle/comm/control_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libmalle/base/status_macros.h"
+
+namespace malle::comm {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+std::vector<uint8_t> Bytes(absl::string_view s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// Turns an exception thrown by c10d into a Status. c10d reports timeouts and
+// lost connections with several exception types whose names moved between
+// releases, so the classification uses the elapsed time and the message.
+absl::Status FromException(const std::exception& e, absl::string_view op, absl::string_view key,
+                           absl::Time started, absl::Duration timeout) {
+  std::string what = e.what();
+  // c10 errors carry a multi-line C++ backtrace; keep the first line.
+  if (size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+  const std::string message = absl::StrCat("control store ", op, "('", key, "'): ", what);
+  const std::string lower = absl::AsciiStrToLower(what);
+  const bool timed_out = absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out") ||
+                         absl::Now() - started >= timeout;
+  if (timed_out) return absl::DeadlineExceededError(message);
+  return absl::UnavailableError(message);
+}
+
+template <typename F>
+auto Guard(absl::string_view op, absl::string_view key, absl::Duration timeout, F&& f)
+    -> absl::StatusOr<decltype(f())> {
+  const absl::Time started = absl::Now();
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return FromException(e, op, key, started, timeout);
+  }
+}
+
+absl::Status ValidateEndpoint(absl::string_view host, int port) {
+  if (host.empty()) return absl::InvalidArgumentError("control store host must not be empty");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("control store port must be in [0, 65535], got ", port));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTimeout(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("control store timeout must be positive and finite, got ",
+                     absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+// Binds host:port (IPv4) and listens, so that the TCPStore server takes over a
+// socket bound to exactly this address (loopback by default; c10d alone would
+// bind every interface) and an ephemeral port is known without a race.
+absl::StatusOr<int> ListenOn(absl::string_view host, int port, int* bound_port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string host_str(host == "localhost" ? "127.0.0.1" : host);
+  if (::inet_pton(AF_INET, host_str.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("control store host must be an IPv4 address, got '", host, "'"));
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1024) != 0) {
+    const std::string error = std::strerror(errno);
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("control store cannot listen on ", host, ":", port, ": ", error));
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound_port = ntohs(addr.sin_port);
+  return fd;
+}
+
+}  // namespace
+
+struct ControlStore::Server {
+  c10::intrusive_ptr<c10d::Store> server;
+};
+
+ControlStore::ControlStore(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<Server> server,
+                           std::string host, int port, std::string prefix, absl::Duration timeout)
+    : store_(std::move(store)),
+      server_(std::move(server)),
+      host_(std::move(host)),
+      port_(port),
+      prefix_(std::move(prefix)),
+      timeout_(timeout) {}
+
+ControlStore::~ControlStore() = default;
+
+absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Host(absl::string_view host, int port,
+                                                                 absl::Duration timeout) {
+  MALLE_RETURN_IF_ERROR(ValidateEndpoint(host, port));
+  MALLE_RETURN_IF_ERROR(ValidateTimeout(timeout));
+  int bound_port = 0;
+  MALLE_ASSIGN_OR_RETURN(int fd, ListenOn(host, port, &bound_port));
+  const std::string host_str(host);
+  auto created = Guard("host", host_str, timeout, [&]() {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(bound_port);
+    opts.isServer = true;
+    opts.waitWorkers = false;
+    opts.numWorkers = std::nullopt;
+    opts.timeout = ToChrono(timeout);
+    opts.masterListenFd = fd;
+    opts.useLibUV = true;
+    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host_str, opts));
+  });
+  if (!created.ok()) {
+    ::close(fd);
+    return created.status();
+  }
+  auto server = std::make_shared<Server>();
+  server->server = *created;
+  return std::shared_ptr<ControlStore>(
+      new ControlStore(*created, server, host_str, bound_port, "", timeout));
+}
+
+absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Connect(absl::string_view host, int port,
+                                                                    absl::Duration timeout) {
+  MALLE_RETURN_IF_ERROR(ValidateEndpoint(host, port));
+  MALLE_RETURN_IF_ERROR(ValidateTimeout(timeout));
+  if (port == 0) return absl::InvalidArgumentError("control store port must not be 0 to connect");
+  const std::string host_str(host);
+  MALLE_ASSIGN_OR_RETURN(auto store, Guard("connect", absl::StrCat(host, ":", port), timeout, [&]() {
+                           c10d::TCPStoreOptions opts;
+                           opts.port = static_cast<uint16_t>(port);
+                           opts.isServer = false;
+                           opts.waitWorkers = false;
+                           opts.timeout = ToChrono(timeout);
+                           return c10::intrusive_ptr<c10d::Store>(
+                               c10::make_intrusive<c10d::TCPStore>(host_str, opts));
+                         }));
+  return std::shared_ptr<ControlStore>(new ControlStore(store, nullptr, host_str, port, "", timeout));
+}
+
+std::shared_ptr<ControlStore> ControlStore::InMemory() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  return std::shared_ptr<ControlStore>(
+      new ControlStore(store, nullptr, "", 0, "", absl::Seconds(30)));
+}
+
+std::shared_ptr<ControlStore> ControlStore::WithPrefix(absl::string_view prefix) const {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), store_);
+  return std::shared_ptr<ControlStore>(new ControlStore(
+      prefixed, server_, host_, port_, absl::StrCat(prefix_, prefix), timeout_));
+}
+
+absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Clone() const {
+  MALLE_ASSIGN_OR_RETURN(auto cloned, Guard("clone", prefix_, timeout_, [&]() { return store_->clone(); }));
+  return std::shared_ptr<ControlStore>(
+      new ControlStore(cloned, server_, host_, port_, prefix_, timeout_));
+}
+
+absl::Status ControlStore::Set(absl::string_view key, absl::string_view value) {
+  return Guard("set", key, timeout_, [&]() {
+           store_->set(std::string(key), Bytes(value));
+           return true;
+         })
+      .status();
+}
+
+absl::StatusOr<std::string> ControlStore::Get(absl::string_view key, absl::Duration timeout) {
+  MALLE_RETURN_IF_ERROR(Wait({std::string(key)}, timeout));
+  return Guard("get", key, timeout_, [&]() { return Text(store_->get(std::string(key))); });
+}
+
+absl::StatusOr<std::optional<std::string>> ControlStore::TryGet(absl::string_view key) {
+  MALLE_ASSIGN_OR_RETURN(bool exists, Exists(key));
+  if (!exists) return std::optional<std::string>();
+  MALLE_ASSIGN_OR_RETURN(std::string value, Get(key, timeout_));
+  return std::optional<std::string>(std::move(value));
+}
+
+absl::StatusOr<int64_t> ControlStore::Add(absl::string_view key, int64_t delta) {
+  return Guard("add", key, timeout_, [&]() { return store_->add(std::string(key), delta); });
+}
+
+absl::StatusOr<std::string> ControlStore::CreateIfAbsent(absl::string_view key,
+                                                         absl::string_view value) {
+  if (value.empty()) {
+    return absl::InvalidArgumentError("CreateIfAbsent: value must not be empty");
+  }
+  return Guard("compare_set", key, timeout_, [&]() {
+    return Text(store_->compareSet(std::string(key), {}, Bytes(value)));
+  });
+}
+
+absl::StatusOr<bool> ControlStore::Exists(absl::string_view key) {
+  return Guard("check", key, timeout_, [&]() { return store_->check({std::string(key)}); });
+}
+
+absl::Status ControlStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  MALLE_RETURN_IF_ERROR(ValidateTimeout(timeout));
+  const std::string what = keys.empty() ? std::string() : keys.front();
+  return Guard("wait", what, timeout, [&]() {
+           store_->wait(keys, ToChrono(timeout));
+           return true;
+         })
+      .status();
+}
+
+absl::StatusOr<std::vector<std::string>> ControlStore::MultiGet(const std::vector<std::string>& keys) {
+  const std::string what = keys.empty() ? std::string() : keys.front();
+  return Guard("multi_get", what, timeout_, [&]() {
+    std::vector<std::string> values;
+    for (const auto& v : store_->multiGet(keys)) values.push_back(Text(v));
+    return values;
+  });
+}
+
+absl::StatusOr<bool> ControlStore::Delete(absl::string_view key) {
+  return Guard("delete", key, timeout_, [&]() { return store_->deleteKey(std::string(key)); });
+}
+
+c10::intrusive_ptr<c10d::Store> ControlStore::c10d_store() const { return store_; }
+
+std::string JobPrefix(absl::string_view job_id) { return absl::StrCat("malle/job/", job_id, "/"); }
+
+}  // namespace malle::comm

@@ -1,0 +1,55 @@
+// The only translation unit that includes c10d's ProcessGroupGloo.hpp.
+//
+// The PyPI wheel ships no Gloo headers; Debian's libgloo-dev provides them.
+// This file only calls out-of-line members of ProcessGroupGloo (constructor,
+// Options, device creation), whose layout does not depend on Gloo's headers,
+// so the older headers are safe here. Keep it that way: do not call inline
+// members that touch gloo:: types.
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "libmalle/comm/backend.h"
+
+namespace malle::comm {
+namespace {
+
+class GlooFactory final : public BackendFactory {
+ public:
+  explicit GlooFactory(GlooBackendOptions options) : options_(std::move(options)) {}
+  std::string name() const override { return "gloo"; }
+  c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
+
+  absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> Create(const GroupSpec& spec) const override {
+    try {
+      auto opts = c10d::ProcessGroupGloo::Options::create(
+          std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(spec.timeout))));
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.hostname));
+      opts->threads = options_.threads;
+      return c10::intrusive_ptr<c10d::Backend>(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(spec.store, spec.rank, spec.size, opts));
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+      const std::string message = absl::StrCat("building Gloo group of generation ", spec.generation,
+                                               " (rank ", spec.rank, " of ", spec.size, "): ", what);
+      if (what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos) {
+        return absl::DeadlineExceededError(message);
+      }
+      return absl::UnavailableError(message);
+    }
+  }
+
+ private:
+  GlooBackendOptions options_;
+};
+
+}  // namespace
+
+std::shared_ptr<const BackendFactory> MakeGlooBackend(GlooBackendOptions options) {
+  return std::make_shared<GlooFactory>(std::move(options));
+}
+
+}  // namespace malle::comm

@@ -1,0 +1,33 @@
+// Keys of one job in the control store (all under JobPrefix(job_id)).
+// docs/elastic_protocol.md describes each key and who writes it.
+#ifndef MALLE_COMM_INTERNAL_STORE_LAYOUT_H_
+#define MALLE_COMM_INTERNAL_STORE_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace malle::comm::internal {
+
+inline std::string MemberKey(absl::string_view m) { return absl::StrCat("member/", m); }
+inline std::string HeartbeatKey(absl::string_view m) { return absl::StrCat("hb/", m); }
+inline std::string AdmitKey(absl::string_view m) { return absl::StrCat("admit/", m); }
+inline constexpr absl::string_view kBootTicket = "boot/ticket";
+inline std::string BootKey(int64_t i) { return absl::StrCat("boot/", i); }
+inline constexpr absl::string_view kRequestTicket = "req/ticket";
+inline std::string RequestKey(int64_t i) { return absl::StrCat("req/", i); }
+inline std::string RecordKey(int64_t g) { return absl::StrCat("gen/", g, "/record"); }
+inline std::string AbortKey(int64_t g) { return absl::StrCat("gen/", g, "/abort"); }
+inline std::string AbortReasonKey(int64_t g) { return absl::StrCat("gen/", g, "/abort_reason"); }
+inline std::string CheckInKey(int64_t g, absl::string_view m) {
+  return absl::StrCat("gen/", g, "/checkin/", m);
+}
+inline std::string CheckInCountKey(int64_t g) { return absl::StrCat("gen/", g, "/checkin_count"); }
+inline std::string GroupPrefix(int64_t g) { return absl::StrCat("gen/", g, "/pg/"); }
+inline constexpr absl::string_view kLatestGeneration = "gen/latest";
+
+}  // namespace malle::comm::internal
+
+#endif  // MALLE_COMM_INTERNAL_STORE_LAYOUT_H_
