@@ -1,0 +1,9 @@
+// The malletrain._C module: one Bind<Module>() call per libmalle module.
+#include <pybind11/pybind11.h>
+
+#include "python/src/bind_common.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Private C++ extension of malletrain; use the malletrain package instead.";
+  malle::python::BindBase(m);
+}

@@ -1,0 +1,123 @@
+# shellcheck shell=bash
+# Shared set-up of tests/run_all.sh and examples/run_demo.sh. Source it (bash):
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/../tests/setup_env.sh"
+#   malle_setup_env          # Debian packages + .venv with the pinned Python packages
+#   malle_build_install      # one CMake build in build/ci: wheel + C++ tests/bench/examples
+#
+# Everything is idempotent: a second run installs nothing and rebuilds only what changed
+# (ccache and ninja), so both scripts may run one after the other on the same checkout.
+# Variables it sets: MALLE_ROOT (repo root), MALLE_VENV, MALLE_PY, MALLE_BUILD_DIR.
+# Honoured from the environment: MALLE_WITH_NCCL (default OFF).
+
+MALLE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MALLE_VENV="${MALLE_ROOT}/.venv"
+MALLE_PY="${MALLE_VENV}/bin/python"
+MALLE_BUILD_DIR="build/ci"  # relative to MALLE_ROOT; shared by the tests and the demo
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+
+MALLE_DEBIAN_PACKAGES=(
+  build-essential cmake pkg-config ccache ninja-build git
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  coinor-libcbc-dev libgloo-dev libssl-dev
+  python3-venv python3-dev
+)
+
+malle_log() { printf '\n==> %s\n' "$*" >&2; }
+
+# Installs the Debian packages that are missing; runs apt-get update at most once.
+malle_install_debian_packages() {
+  local missing=() pkg
+  for pkg in "${MALLE_DEBIAN_PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "${pkg}" 2>/dev/null)" != "install ok installed" ]]; then
+      missing+=("${pkg}")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    malle_log "Debian packages: all ${#MALLE_DEBIAN_PACKAGES[@]} installed"
+    return 0
+  fi
+  local sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || { echo "error: need root (or sudo) to install: ${missing[*]}" >&2; return 1; }
+    sudo=(sudo)
+  fi
+  malle_log "Debian packages: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# The interpreter for a new .venv: python3 on PATH (pyenv's 3.11 on our machines),
+# else Debian's /usr/bin/python3. It needs venv and the headers of Python.
+malle_pick_python() {
+  local candidate
+  for candidate in "$(command -v python3 || true)" /usr/bin/python3; do
+    [[ -n "${candidate}" && -x "${candidate}" ]] || continue
+    if "${candidate}" -c 'import sys, venv, sysconfig, os, tomllib
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' \
+        2>/dev/null; then
+      echo "${candidate}"
+      return 0
+    fi
+  done
+  echo "error: no python3 (>= 3.11, with venv and Python.h) found" >&2
+  return 1
+}
+
+# Creates .venv if missing (or broken) and installs what pyproject.toml pins.
+malle_setup_venv() {
+  if [[ ! -x "${MALLE_PY}" ]] || ! "${MALLE_PY}" -c 'import sys' 2>/dev/null; then
+    local base
+    base="$(malle_pick_python)"
+    malle_log "Creating ${MALLE_VENV} with ${base} ($("${base}" --version))"
+    rm -rf "${MALLE_VENV}"
+    "${base}" -m venv "${MALLE_VENV}"
+    "${MALLE_PY}" -m pip install --upgrade pip
+  fi
+  # The pins live in pyproject.toml only: runtime dependencies, the test extra and the
+  # build backend (needed because the package is built with --no-build-isolation).
+  local requirements=()
+  mapfile -t requirements < <("${MALLE_PY}" - "${MALLE_ROOT}/pyproject.toml" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    data = tomllib.load(f)
+reqs = data["project"]["dependencies"]
+reqs += data["project"]["optional-dependencies"]["test"]
+reqs += data["build-system"]["requires"]
+print("\n".join(reqs))
+PY
+  )
+  malle_log "Python packages: ${requirements[*]}"
+  "${MALLE_PY}" -m pip install --disable-pip-version-check "${requirements[@]}"
+}
+
+malle_setup_env() {
+  malle_install_debian_packages
+  malle_setup_venv
+}
+
+# Builds and installs malletrain with ONE CMake build in build/ci that also builds the C++
+# tests, benchmarks and examples. The full log goes to build/ci-build.log and is printed
+# if the build fails. Returns pip's exit status.
+malle_build_install() {
+  local log="${MALLE_ROOT}/build/ci-build.log"
+  mkdir -p "${MALLE_ROOT}/build"
+  malle_log "Building (log: ${log})"
+  local rc=0
+  (
+    cd "${MALLE_ROOT}"
+    "${MALLE_PY}" -m pip install --disable-pip-version-check --no-build-isolation -v \
+      -C build-dir="${MALLE_BUILD_DIR}" \
+      -C cmake.define.MALLE_BUILD_TESTS=ON \
+      -C cmake.define.MALLE_BUILD_BENCH=ON \
+      -C cmake.define.MALLE_BUILD_EXAMPLES=ON \
+      -C cmake.define.MALLE_WITH_NCCL="${MALLE_WITH_NCCL:-OFF}" \
+      .
+  ) >"${log}" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    cat "${log}" >&2
+    echo "error: build failed (exit ${rc}); full log above and in ${log}" >&2
+    return "${rc}"
+  fi
+  malle_log "Build and install OK"
+}
