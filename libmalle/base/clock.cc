@@ -23,7 +23,14 @@ void FakeClock::SleepFor(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   const absl::Time wake = now_ + d;
   auto reached = [this, wake]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return now_ >= wake; };
+  ++sleepers_;
   mu_.Await(absl::Condition(&reached));
+  --sleepers_;
+}
+
+int FakeClock::sleepers() const {
+  absl::MutexLock lock(&mu_);
+  return sleepers_;
 }
 
 void FakeClock::Advance(absl::Duration d) {

@@ -43,10 +43,14 @@ class FakeClock final : public Clock {
   void SleepFor(absl::Duration d) override;
   void Advance(absl::Duration d);
   void SetTime(absl::Time t);
+  // Threads currently blocked in SleepFor (lets tests advance time only once
+  // a sleeper is waiting).
+  int sleepers() const;
 
  private:
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+  int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace malle::base

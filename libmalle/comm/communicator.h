@@ -12,8 +12,9 @@
 //   if (!s.ok()) { /* step failed: call group->AtStepBoundary() to recover */ }
 //
 // CPU tensors go over Gloo; device tensors over the data backend (NCCL when
-// configured). After any failed operation the Communicator is aborted and
-// every further call fails fast with the same status.
+// configured). After a failed collective (not after arguments rejected with
+// kInvalidArgument) the Communicator is aborted and every further call fails
+// fast with the same status.
 //
 // Thread-safety: collectives must be issued in the same order on every rank,
 // from one thread at a time (c10d's rule). Abort(), aborted() and the
@@ -99,8 +100,8 @@ class Communicator {
  public:
   // Builds the groups of one generation. Blocks until every rank has joined,
   // `abort` is raised (returns its reason) or `timeout` passes. The builds run
-  // on a helper thread over `store`'s own connections, so an abandoned build
-  // never blocks the caller. `data` may equal `control` (Gloo only).
+  // on a helper thread over a private clone of `store`'s connection, so an
+  // abandoned build never blocks the caller. `data` may equal `control`.
   static absl::StatusOr<std::unique_ptr<Communicator>> Build(
       const std::shared_ptr<ControlStore>& store, int rank, int size, int64_t generation,
       std::shared_ptr<const BackendFactory> control, std::shared_ptr<const BackendFactory> data,

@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -41,11 +42,14 @@ absl::Status FromException(const std::exception& e, absl::string_view op, absl::
   // c10 errors carry a multi-line C++ backtrace; keep the first line.
   if (size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
   const std::string message = absl::StrCat("control store ", op, "('", key, "'): ", what);
+  absl::Status status;
   const std::string lower = absl::AsciiStrToLower(what);
   const bool timed_out = absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out") ||
                          absl::Now() - started >= timeout;
-  if (timed_out) return absl::DeadlineExceededError(message);
-  return absl::UnavailableError(message);
+  status = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+  // The Python binding raises malletrain.errors.StoreError for these.
+  status.SetPayload(kErrorClassPayload, absl::Cord("StoreError"));
+  return status;
 }
 
 template <typename F>

@@ -106,6 +106,10 @@ class ControlStore {
   absl::Duration timeout_;
 };
 
+// Status payload naming the Python exception class for an error (read by the
+// binding's translator): control-store failures carry "StoreError".
+inline constexpr char kErrorClassPayload[] = "malletrain/error_class";
+
 // Key of job `job_id` inside a deployment's store: "malle/job/<id>/".
 std::string JobPrefix(absl::string_view job_id);
 

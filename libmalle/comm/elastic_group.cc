@@ -512,7 +512,12 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
         return none;
       }
       MALLE_ASSIGN_OR_RETURN(GenerationRecord record, ReadRecord(next));
-      return Enter(std::move(record), Transition::Kind::kPlanned, start, absl::ZeroDuration());
+      // The leader's proposal can lose the race to a recovery record; then
+      // this is a recovery (and a member left out is excluded, not leaving).
+      const Transition::Kind kind = record.cause == GenerationCause::kRecovery
+                                        ? Transition::Kind::kRecovered
+                                        : Transition::Kind::kPlanned;
+      return Enter(std::move(record), kind, start, absl::ZeroDuration());
     }
   }
   // How long the failure was known locally before this boundary acted on it.

@@ -30,12 +30,14 @@
 // member (SIGSTOP) is found by its stale heartbeat. Survivors check in, the
 // first to decide writes the next generation, everyone builds it, and
 // AtStepBoundary() returns kRecovered with the step to redo. A member that
-// comes back after that finds itself excluded and must Join() again.
+// comes back after that finds itself excluded; it can only Join() again as a
+// new member (a member id names one process incarnation).
 //
 // Thread-safety: one thread (the training loop) calls the member functions.
-// The group runs one background thread (the watchdog: heartbeats, staleness,
-// abort propagation; see docs/threading.md). Join() and AtStepBoundary()
-// block, each for at most the configured timeouts.
+// The group runs one long-lived background thread (the watchdog: heartbeats,
+// staleness, abort propagation) and a short-lived helper thread per group
+// build; docs/threading.md lists every thread. Join() and AtStepBoundary()
+// block, each step of them bounded by the configured timeouts.
 #ifndef MALLE_COMM_ELASTIC_GROUP_H_
 #define MALLE_COMM_ELASTIC_GROUP_H_
 
@@ -127,7 +129,8 @@ class ElasticGroup {
   // Errors: kInvalidArgument (options), kAlreadyExists (member id taken),
   // kNotFound (no such job after rendezvous_timeout, for a pure joiner),
   // kDeadlineExceeded (bootstrap incomplete or not admitted in time),
-  // kUnavailable (store unreachable).
+  // kUnavailable (store unreachable), kAborted (declared failed while
+  // joining), kInternal / kInvalidArgument (a corrupt record in the store).
   static absl::StatusOr<std::unique_ptr<ElasticGroup>> Join(std::shared_ptr<ControlStore> store,
                                                             ElasticGroupOptions options);
 
@@ -157,8 +160,10 @@ class ElasticGroup {
   // The step boundary. Blocks in one tiny collective; if the leader saw a
   // change request, or a collective of this generation failed, moves to the
   // next generation first. Returns kNone when nothing changed.
-  // Errors: kFailedPrecondition (called after leaving), kUnavailable (store
-  // lost), kDeadlineExceeded (a new generation could not be built in time).
+  // A generation that fails to build is itself recovered from (the next one
+  // leaves out whoever did not arrive), so build failures are not errors here.
+  // Errors: kFailedPrecondition (called after leaving or exclusion),
+  // kUnavailable / kDeadlineExceeded (the control store did not answer).
   absl::StatusOr<Transition> AtStepBoundary();
 
   // Asks to leave at the next step boundary (AtStepBoundary returns kLeft).

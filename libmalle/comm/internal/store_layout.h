@@ -26,7 +26,6 @@ inline std::string CheckInKey(int64_t g, absl::string_view m) {
 }
 inline std::string CheckInCountKey(int64_t g) { return absl::StrCat("gen/", g, "/checkin_count"); }
 inline std::string GroupPrefix(int64_t g) { return absl::StrCat("gen/", g, "/pg/"); }
-inline constexpr absl::string_view kLatestGeneration = "gen/latest";
 
 }  // namespace malle::comm::internal
 

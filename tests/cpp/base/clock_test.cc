@@ -21,6 +21,9 @@ TEST(FakeClockTest, SleepForWakesWhenAnotherThreadAdvances) {
     clock.SleepFor(absl::Seconds(5));
     woke = true;
   });
+  // Advance only once the sleeper has computed its wake-up time.
+  for (int i = 0; i < 5000 && clock.sleepers() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(clock.sleepers(), 1);
   clock.Advance(absl::Seconds(4));
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_FALSE(woke.load());

@@ -1,0 +1,226 @@
+// In-process tests of ControlStore and ElasticGroup: bad input gets a clear,
+// bounded error; ranks as threads over one store go through planned changes.
+#include "libmalle/comm/elastic_group.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <ATen/ops/full.h>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::comm {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::malle::testing::IsOkAndHolds;
+using ::malle::testing::StatusIs;
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+int UnusedPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+ElasticGroupOptions Options(const std::string& job, const std::string& member, int bootstrap) {
+  ElasticGroupOptions o;
+  o.job_id = job;
+  o.member_id = member;
+  o.bootstrap_size = bootstrap;
+  o.rendezvous_timeout = absl::Seconds(20);
+  o.heartbeat_timeout = absl::Seconds(5);
+  return o;
+}
+
+TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
+  struct Case {
+    std::function<void(ElasticGroupOptions&)> mutate;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& o) { o.job_id = ""; }, "job_id"},
+      {[](auto& o) { o.job_id = "a b"; }, "job_id"},
+      {[](auto& o) { o.member_id = "x/y"; }, "member_id"},
+      {[](auto& o) { o.max_size = 0; }, "max_size"},
+      {[](auto& o) { o.bootstrap_size = -1; }, "bootstrap_size"},
+      {[](auto& o) { o.bootstrap_size = 5, o.max_size = 4; }, "bootstrap_size"},
+      {[](auto& o) { o.rendezvous_timeout = absl::ZeroDuration(); }, "rendezvous_timeout"},
+      {[](auto& o) { o.op_timeout = -absl::Seconds(1); }, "op_timeout"},
+      {[](auto& o) { o.heartbeat_interval = absl::InfiniteDuration(); }, "heartbeat_interval"},
+      {[](auto& o) { o.heartbeat_timeout = absl::Milliseconds(150); }, "heartbeat_timeout"},
+      {[](auto& o) { o.recovery_grace = absl::ZeroDuration(); }, "recovery_grace"},
+  };
+  for (const Case& c : cases) {
+    ElasticGroupOptions o = Options("job", "m0", 1);
+    EXPECT_THAT(o.Validate(), IsOk());
+    c.mutate(o);
+    EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)));
+    // Join reports the same error before touching the store.
+    EXPECT_THAT(ElasticGroup::Join(ControlStore::InMemory(), o),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)));
+  }
+}
+
+TEST(ControlStoreTest, RejectsBadEndpoints) {
+  EXPECT_THAT(ControlStore::Host("not-an-ip", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("IPv4")));
+  EXPECT_THAT(ControlStore::Host("127.0.0.1", 70000),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 65535]")));
+  EXPECT_THAT(ControlStore::Connect("127.0.0.1", 0, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ControlStore::Connect("127.0.0.1", 1234, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timeout")));
+}
+
+TEST(ControlStoreTest, UnreachableStoreFailsWithinItsTimeout) {
+  const absl::Time start = absl::Now();
+  auto store = ControlStore::Connect("127.0.0.1", UnusedPort(), absl::Seconds(1));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_THAT(store, StatusIs(AnyOf(absl::StatusCode::kUnavailable,
+                                    absl::StatusCode::kDeadlineExceeded)));
+  EXPECT_LT(took, absl::Seconds(10)) << "must not hang past the configured timeout";
+}
+
+TEST(ControlStoreTest, HostedStoreIsLoopbackAndAtomic) {
+  ASSERT_OK_AND_ASSIGN(auto host, ControlStore::Host());
+  EXPECT_GT(host->port(), 0);
+  ASSERT_OK_AND_ASSIGN(auto client, ControlStore::Connect("127.0.0.1", host->port(), absl::Seconds(5)));
+  auto a = client->WithPrefix("job/a/");
+  auto b = host->WithPrefix("job/b/");
+  EXPECT_THAT(a->CreateIfAbsent("k", "first"), IsOkAndHolds("first"));
+  EXPECT_THAT(a->CreateIfAbsent("k", "second"), IsOkAndHolds("first"));
+  EXPECT_THAT(b->TryGet("k"), IsOkAndHolds(std::optional<std::string>()));  // prefixes isolate
+  EXPECT_THAT(a->Add("n", 2), IsOkAndHolds(2));
+  EXPECT_THAT(a->Add("n", 0), IsOkAndHolds(2));
+  ASSERT_OK_AND_ASSIGN(auto clone, a->Clone());
+  EXPECT_THAT(clone->Get("k", absl::Seconds(1)), IsOkAndHolds("first"));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(a->Get("missing", absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(a->CreateIfAbsent("k2", ""), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ElasticGroupTest, JoiningAJobThatDoesNotExistIsNotFound) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions o = Options("no-such-job", "m0", /*bootstrap=*/0);
+  o.rendezvous_timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(ElasticGroup::Join(store, o),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-job")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(ElasticGroupTest, IncompleteBootstrapTimesOutAndSaysHowManyCame) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions o = Options("job", "m0", /*bootstrap=*/2);
+  o.rendezvous_timeout = absl::Milliseconds(500);
+  EXPECT_THAT(ElasticGroup::Join(store, o),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("only 1 of 2")));
+}
+
+TEST(ElasticGroupTest, DuplicateMemberIdIsRejected) {
+  auto store = ControlStore::InMemory();
+  ASSERT_OK_AND_ASSIGN(auto first, ElasticGroup::Join(store, Options("job", "m0", 1)));
+  EXPECT_EQ(first->size(), 1);
+  EXPECT_THAT(ElasticGroup::Join(store, Options("job", "m0", 1)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("'m0'")));
+}
+
+// Ranks as threads: bootstrap 3, allreduce, one leaves, one joins.
+TEST(ElasticGroupTest, ThreadsGoThroughPlannedLeaveAndJoin) {
+  auto store = ControlStore::InMemory();
+  std::vector<std::unique_ptr<ElasticGroup>> groups(4);
+  std::vector<absl::Status> errors(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      auto g = ElasticGroup::Join(store, Options("threads", "t" + std::to_string(i), 3));
+      errors[i] = g.status();
+      if (g.ok()) groups[i] = *std::move(g);
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int i = 0; i < 3; ++i) ASSERT_OK(errors[i]);
+  EXPECT_EQ(groups[0]->members(), groups[1]->members());
+  EXPECT_EQ(groups[0]->last_transition().kind, Transition::Kind::kBootstrap);
+
+  // One step: allreduce of each rank's (rank + 1) is exact.
+  std::vector<float> sums(3);
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      at::Tensor x = at::full({8}, static_cast<float>(groups[i]->rank() + 1), at::kFloat);
+      errors[i] = groups[i]->comm().AllReduce(x);
+      sums[i] = x.data_ptr<float>()[7];
+      groups[i]->Commit(0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(errors[i]);
+    EXPECT_EQ(sums[i], 6.0f);
+  }
+
+  // t1 asks to leave and t3 asks to join; one boundary applies both.
+  ASSERT_OK(ElasticGroup::RequestLeave(*store, "threads", "t1"));
+  std::vector<Transition> seen(4);
+  threads.emplace_back([&] {
+    auto g = ElasticGroup::Join(store, Options("threads", "t3", 3));
+    errors[3] = g.status();
+    if (g.ok()) {
+      seen[3] = (*g)->last_transition();
+      groups[3] = *std::move(g);
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // t3's join request is queued
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      // Boundaries until the membership changes (the join may land one later).
+      for (int k = 0; k < 50; ++k) {
+        auto t = groups[i]->AtStepBoundary();
+        if (!t.ok()) {
+          errors[i] = t.status();
+          return;
+        }
+        if (t->kind != Transition::Kind::kNone) {
+          seen[i] = *t;
+          if (t->kind == Transition::Kind::kLeft || t->size == 3) return;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) ASSERT_OK(errors[i]) << i;
+  EXPECT_EQ(seen[1].kind, Transition::Kind::kLeft);
+  EXPECT_FALSE(groups[1]->active());
+  EXPECT_THAT(groups[1]->AtStepBoundary(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(seen[3].kind, Transition::Kind::kJoined);
+  EXPECT_EQ(seen[0].members, seen[3].members);
+  EXPECT_EQ(seen[2].members, seen[3].members);
+  EXPECT_EQ(seen[3].size, 3);
+  EXPECT_EQ(seen[3].members.back(), "t3");  // joiners are appended
+  EXPECT_EQ(seen[3].resume_step, 1);         // survivors committed step 0
+  EXPECT_EQ(seen[3].committed_by_rank[seen[3].rank], -1);
+  EXPECT_NE(seen[3].state_source_rank, seen[3].rank);
+}
+
+}  // namespace
+}  // namespace malle::comm
