@@ -21,13 +21,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "c10/core/DeviceType.h"
 #include "c10/util/intrusive_ptr.h"
-
-namespace c10d {
-class Backend;
-class Store;
-}  // namespace c10d
 
 namespace malle::comm {
 

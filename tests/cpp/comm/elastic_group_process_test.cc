@@ -121,8 +121,15 @@ class ElasticProcessTest : public ::testing::Test {
     return json();
   }
 
+  // Waits for a generation newer than the last one waited for on `member`
+  // that has `size` members.
   json WaitForSize(const std::string& member, int size) {
-    return WaitFor(member, [size](const json& e) { return e["ev"] == "transition" && e["size"] == size; });
+    const int64_t after = last_gen_[member];
+    json t = WaitFor(member, [size, after](const json& e) {
+      return e["ev"] == "transition" && e["size"] == size && e["gen"].get<int64_t>() > after;
+    });
+    if (t.contains("gen")) last_gen_[member] = t["gen"].get<int64_t>();
+    return t;
   }
 
   void RequestLeave(const std::string& member) {
@@ -164,6 +171,7 @@ class ElasticProcessTest : public ::testing::Test {
   std::string dir_;
   std::string job_;
   std::map<std::string, std::unique_ptr<LocalProcess>> procs_;
+  std::map<std::string, int64_t> last_gen_;  // defaults to 0: generation 0 is the bootstrap
 };
 
 std::vector<int> Sizes(const std::vector<json>& transitions) {
