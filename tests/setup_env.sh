@@ -8,7 +8,8 @@
 # Everything is idempotent: a second run installs nothing and rebuilds only what changed
 # (ccache and ninja), so both scripts may run one after the other on the same checkout.
 # Variables it sets: MALLE_ROOT (repo root), MALLE_VENV, MALLE_PY, MALLE_BUILD_DIR.
-# Honoured from the environment: MALLE_WITH_NCCL (default OFF).
+# Honoured from the environment: MALLE_WITH_NCCL (default: ON when the CUDA toolkit is
+# installed, as on this project's machines, so the NCCL backend is compiled and linked).
 
 MALLE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MALLE_VENV="${MALLE_ROOT}/.venv"
@@ -99,6 +100,10 @@ malle_setup_env() {
 # Builds and installs malletrain with ONE CMake build in build/ci that also builds the C++
 # tests, benchmarks and examples. The full log goes to build/ci-build.log and is printed
 # if the build fails. Returns pip's exit status.
+malle_default_nccl() {
+  if [[ -f /usr/local/cuda/include/cuda_runtime.h ]]; then echo ON; else echo OFF; fi
+}
+
 malle_build_install() {
   local log="${MALLE_ROOT}/build/ci-build.log"
   mkdir -p "${MALLE_ROOT}/build"
@@ -111,7 +116,7 @@ malle_build_install() {
       -C cmake.define.MALLE_BUILD_TESTS=ON \
       -C cmake.define.MALLE_BUILD_BENCH=ON \
       -C cmake.define.MALLE_BUILD_EXAMPLES=ON \
-      -C cmake.define.MALLE_WITH_NCCL="${MALLE_WITH_NCCL:-OFF}" \
+      -C cmake.define.MALLE_WITH_NCCL="${MALLE_WITH_NCCL:-$(malle_default_nccl)}" \
       .
   ) >"${log}" 2>&1 || rc=$?
   if ((rc != 0)); then
