@@ -7,7 +7,7 @@ find_package(absl REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
-pkg_check_modules(CBC IMPORTED_TARGET cbc)
+pkg_check_modules(CBC REQUIRED IMPORTED_TARGET cbc)
 
 if(MALLE_BUILD_TESTS OR MALLE_BUILD_BENCH)
   find_package(GTest REQUIRED)

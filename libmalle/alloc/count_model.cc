@@ -1,0 +1,392 @@
+#include "libmalle/alloc/count_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "libmalle/base/status_macros.h"
+
+namespace malle::alloc {
+namespace {
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Curves of a job, one per batch option (one curve without options).
+std::vector<const Curve*> JobCurves(const JobSpec& job) {
+  std::vector<const Curve*> curves;
+  if (job.batch_options.empty()) {
+    curves.push_back(&job.throughput);
+  } else {
+    for (const BatchOption& b : job.batch_options) curves.push_back(&b.throughput);
+  }
+  return curves;
+}
+
+// The objective's per-job multiplier.
+double JobScale(const Problem& problem, const JobSpec& job) {
+  switch (problem.objective) {
+    case Objective::kThroughput:
+      return 1.0;
+    case Objective::kWeighted:
+      return job.weight;
+    case Objective::kSpeedup: {
+      // Speedup relative to linear scaling from min_nodes: a job counts as
+      // much as another when both run at the same multiple of their smallest
+      // size's per-node rate, whatever their absolute samples/s.
+      const double at_min = Interpolate(*JobCurves(job)[0], job.min_nodes);
+      return job.weight * job.min_nodes / at_min;  // at_min > 0: ValidateProblem
+    }
+  }
+  return 1.0;
+}
+
+bool IsSubset(const std::vector<int>& sorted_small, const std::vector<int>& sorted_big) {
+  return std::includes(sorted_big.begin(), sorted_big.end(), sorted_small.begin(),
+                       sorted_small.end());
+}
+
+}  // namespace
+
+absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
+                                             const CountModelOptions& options) {
+  MALLE_RETURN_IF_ERROR(ValidateProblem(problem));
+  if (options.horizon_buckets < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CountModelOptions.horizon_buckets: must be >= 1, got ", options.horizon_buckets));
+  }
+  CountModel model;
+  const double window = Seconds(problem.forward_window);
+  model.forward_window_s = window;
+  model.total_nodes = static_cast<int>(problem.nodes.size());
+
+  // Classes and locality groups.
+  std::vector<NodeClass> classes = problem.classes;
+  if (classes.empty()) classes.push_back(NodeClass{"default", "", 1.0});
+  absl::flat_hash_map<std::string, int> class_index;
+  std::vector<int> class_locality(classes.size());
+  for (size_t c = 0; c < classes.size(); ++c) {
+    class_index[classes[c].id] = static_cast<int>(c);
+    auto it = std::find(model.localities.begin(), model.localities.end(), classes[c].locality);
+    if (it == model.localities.end()) {
+      model.localities.push_back(classes[c].locality);
+      class_locality[c] = static_cast<int>(model.localities.size()) - 1;
+    } else {
+      class_locality[c] = static_cast<int>(it - model.localities.begin());
+    }
+  }
+
+  // Pools: (class, bucketed horizon). Ordered by class, then longest horizon
+  // first, so that pool indices do not depend on node order.
+  const double bucket = window / options.horizon_buckets;
+  std::vector<int> node_pool(problem.nodes.size());
+  {
+    std::map<std::pair<int, double>, std::vector<int>> by_key;
+    for (size_t i = 0; i < problem.nodes.size(); ++i) {
+      const Node& node = problem.nodes[i];
+      const int c = node.class_id.empty() ? 0 : class_index.at(node.class_id);
+      double h = window;
+      if (node.expected_idle < problem.forward_window) {
+        // Rounded down: a node is never valued for longer than it stays.
+        h = std::floor(Seconds(node.expected_idle) / bucket) * bucket;
+      }
+      by_key[{c, -h}].push_back(static_cast<int>(i));
+    }
+    for (auto& [key, nodes] : by_key) {
+      Pool pool;
+      pool.class_index = key.first;
+      pool.locality = class_locality[key.first];
+      pool.speed = classes[key.first].speed;
+      pool.horizon_s = -key.second;
+      pool.capacity = static_cast<int>(nodes.size());
+      for (int i : nodes) node_pool[i] = static_cast<int>(model.pools.size());
+      pool.nodes = std::move(nodes);
+      model.pools.push_back(std::move(pool));
+    }
+  }
+  const int num_pools = static_cast<int>(model.pools.size());
+
+  // Candidate patterns, shared by all jobs: every (speed floor, horizon
+  // floor, locality) combination, deduplicated by the pool set it admits.
+  std::vector<Pattern> patterns;
+  {
+    std::vector<double> speeds, horizons;
+    for (const Pool& p : model.pools) {
+      speeds.push_back(p.speed);
+      horizons.push_back(p.horizon_s);
+    }
+    std::sort(speeds.begin(), speeds.end());
+    speeds.erase(std::unique(speeds.begin(), speeds.end()), speeds.end());
+    std::sort(horizons.begin(), horizons.end());
+    horizons.erase(std::unique(horizons.begin(), horizons.end()), horizons.end());
+    std::vector<int> groups = {-1};
+    if (problem.cross_locality_factor < 1.0 && model.localities.size() > 1) {
+      for (size_t g = 0; g < model.localities.size(); ++g) groups.push_back(static_cast<int>(g));
+    }
+    std::map<std::vector<int>, bool> seen;
+    for (double s : speeds) {
+      for (double h : horizons) {
+        for (int g : groups) {
+          Pattern pat;
+          for (int p = 0; p < num_pools; ++p) {
+            const Pool& pool = model.pools[p];
+            if (pool.speed >= s && pool.horizon_s >= h && (g < 0 || pool.locality == g)) {
+              pat.pools.push_back(p);
+            }
+          }
+          if (pat.pools.empty() || seen[pat.pools]) continue;
+          seen[pat.pools] = true;
+          pat.speed = model.pools[pat.pools[0]].speed;
+          pat.horizon_s = model.pools[pat.pools[0]].horizon_s;
+          bool one_group = true;
+          for (int p : pat.pools) {
+            pat.speed = std::min(pat.speed, model.pools[p].speed);
+            pat.horizon_s = std::min(pat.horizon_s, model.pools[p].horizon_s);
+            one_group = one_group && model.pools[p].locality == model.pools[pat.pools[0]].locality;
+          }
+          pat.locality = one_group ? model.pools[pat.pools[0]].locality : -1;
+          pat.factor = pat.speed * (one_group ? 1.0 : problem.cross_locality_factor);
+          patterns.push_back(std::move(pat));
+        }
+      }
+    }
+  }
+
+  absl::flat_hash_map<std::string, int> node_index;
+  for (size_t i = 0; i < problem.nodes.size(); ++i) node_index[problem.nodes[i].id] = i;
+
+  for (const JobSpec& spec : problem.jobs) {
+    JobModel job;
+    job.min_nodes = spec.min_nodes;
+    job.max_nodes = std::min(spec.max_nodes, model.total_nodes);
+    job.requested_max_nodes = spec.max_nodes;
+    job.current_batch_option = spec.current_batch_option;
+    job.current_per_pool.assign(num_pools, 0);
+    for (const std::string& id : spec.current_nodes) {
+      ++job.current_per_pool[node_pool[node_index.at(id)]];
+    }
+    job.current_nodes = static_cast<int>(spec.current_nodes.size());
+    std::vector<int> current_pools;
+    for (int p = 0; p < num_pools; ++p) {
+      if (job.current_per_pool[p] > 0) current_pools.push_back(p);
+    }
+    const std::vector<const Curve*> curves = JobCurves(spec);
+    const double scale = JobScale(problem, spec);
+    const double up = Seconds(spec.resize_up_pause);
+    const double down = Seconds(spec.resize_down_pause);
+    const int cur = job.current_nodes;
+    if (cur >= spec.min_nodes && cur <= spec.max_nodes) {
+      double speed = model.pools[current_pools[0]].speed;
+      bool one_group = true;
+      for (int p : current_pools) {
+        speed = std::min(speed, model.pools[p].speed);
+        one_group = one_group && model.pools[p].locality == model.pools[current_pools[0]].locality;
+      }
+      job.current_samples_per_s = Interpolate(*curves[spec.current_batch_option], cur) * speed *
+                                  (one_group ? 1.0 : problem.cross_locality_factor);
+    }
+
+    Option stop;
+    if (cur > 0 && problem.resize_cost == ResizeCostModel::kBftrainer) {
+      stop.value = -scale * job.current_samples_per_s * down;
+    }
+    job.options.push_back(stop);
+
+    for (const Pattern& pat : patterns) {
+      int capacity = 0;
+      int current_inside = 0;  // current nodes the pattern lets the job keep
+      for (int p : pat.pools) {
+        capacity += model.pools[p].capacity;
+        current_inside += job.current_per_pool[p];
+      }
+      const bool keeps_all = IsSubset(current_pools, pat.pools);
+      const int pattern_index = static_cast<int>(job.patterns.size());
+      bool used = false;
+      for (int n = job.min_nodes; n <= std::min(job.max_nodes, capacity); ++n) {
+        // Growing (or staying) keeps every current node, so they must all be
+        // admitted; shrinking only releases, so n must fit in what is kept.
+        if (n >= cur && !keeps_all) continue;
+        if (n < cur && n > current_inside) continue;
+        Option best;
+        bool have = false;
+        for (size_t b = 0; b < curves.size(); ++b) {
+          const double eff = Interpolate(*curves[b], n) * pat.factor;
+          const bool unchanged = n == cur && static_cast<int>(b) == spec.current_batch_option;
+          double value;
+          if (unchanged) {
+            value = eff * pat.horizon_s;
+          } else {
+            const bool grows = n > cur || (n == cur && static_cast<int>(b) != spec.current_batch_option);
+            const double pause = grows ? up : down;
+            value = problem.resize_cost == ResizeCostModel::kLostWork
+                        ? eff * (pat.horizon_s - pause)
+                        : eff * pat.horizon_s - job.current_samples_per_s * pause;
+          }
+          value *= scale;
+          if (!have || value > best.value) {
+            have = true;
+            best.nodes = n;
+            best.pattern = pattern_index;
+            best.batch_option = static_cast<int>(b);
+            best.samples_per_s = eff;
+            best.value = value;
+          }
+        }
+        job.options.push_back(best);
+        used = true;
+      }
+      if (used) job.patterns.push_back(pat);
+    }
+
+    // The option describing the current allocation: same count and batch
+    // option, pattern admitting the current pools, highest value (the
+    // pattern whose floors equal the current nodes' attributes).
+    double best_value = 0;
+    for (size_t o = 1; o < job.options.size(); ++o) {
+      const Option& opt = job.options[o];
+      if (opt.nodes != cur || opt.batch_option != spec.current_batch_option) continue;
+      if (job.current_option == 0 || opt.value > best_value) {
+        job.current_option = static_cast<int>(o);
+        best_value = opt.value;
+      }
+    }
+    model.jobs.push_back(std::move(job));
+  }
+  return model;
+}
+
+std::optional<double> JobVectorValue(const JobModel& job, absl::Span<const int> per_pool,
+                                     int* option_index) {
+  if (per_pool.size() != job.current_per_pool.size()) return std::nullopt;
+  int n = 0;
+  for (int x : per_pool) {
+    if (x < 0) return std::nullopt;
+    n += x;
+  }
+  const int cur = job.current_nodes;
+  for (size_t p = 0; p < per_pool.size(); ++p) {
+    if (n >= cur && per_pool[p] < job.current_per_pool[p]) return std::nullopt;
+    if (n <= cur && per_pool[p] > job.current_per_pool[p]) return std::nullopt;
+  }
+  if (n == 0) {
+    if (option_index != nullptr) *option_index = 0;
+    return job.options[0].value;
+  }
+  std::optional<double> best;
+  for (size_t o = 1; o < job.options.size(); ++o) {
+    const Option& opt = job.options[o];
+    if (opt.nodes != n) continue;
+    const std::vector<int>& allowed = job.patterns[opt.pattern].pools;
+    bool fits = true;
+    for (size_t p = 0; p < per_pool.size() && fits; ++p) {
+      if (per_pool[p] > 0 && !std::binary_search(allowed.begin(), allowed.end(), static_cast<int>(p))) {
+        fits = false;
+      }
+    }
+    if (fits && (!best || opt.value > *best)) {
+      best = opt.value;
+      if (option_index != nullptr) *option_index = static_cast<int>(o);
+    }
+  }
+  return best;
+}
+
+double SolutionObjective(const CountModel& model, absl::Span<const int> option) {
+  double total = 0;
+  for (size_t j = 0; j < model.jobs.size() && j < option.size(); ++j) {
+    total += model.jobs[j].options[option[j]].value;
+  }
+  return total;
+}
+
+absl::Status CheckSolution(const CountModel& model, const CountSolution& solution) {
+  const size_t num_jobs = model.jobs.size();
+  const size_t num_pools = model.pools.size();
+  if (solution.option.size() != num_jobs || solution.per_pool.size() != num_jobs) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("solution has %d options and %d per-pool rows for %d jobs",
+                        solution.option.size(), solution.per_pool.size(), num_jobs));
+  }
+  std::vector<int> used(num_pools, 0);
+  for (size_t j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const int o = solution.option[j];
+    if (o < 0 || o >= static_cast<int>(job.options.size())) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("job %d: option %d out of range [0, %d)", j, o, job.options.size()));
+    }
+    const std::vector<int>& x = solution.per_pool[j];
+    if (x.size() != num_pools) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("job %d: %d per-pool counts for %d pools", j, x.size(), num_pools));
+    }
+    const Option& opt = job.options[o];
+    int n = 0;
+    for (size_t p = 0; p < num_pools; ++p) {
+      if (x[p] < 0) {
+        return absl::FailedPreconditionError(absl::StrFormat("job %d: pool %d count %d < 0", j, p, x[p]));
+      }
+      n += x[p];
+      used[p] += x[p];
+      if (x[p] > 0) {
+        if (opt.pattern < 0 ||
+            !std::binary_search(job.patterns[opt.pattern].pools.begin(),
+                                job.patterns[opt.pattern].pools.end(), static_cast<int>(p))) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "job %d: draws %d nodes from pool %d outside its option's pattern", j, x[p], p));
+        }
+      }
+      if (opt.nodes >= job.current_nodes && x[p] < job.current_per_pool[p]) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "job %d: grows to %d but drops nodes of pool %d (%d < %d held)", j, opt.nodes, p,
+            x[p], job.current_per_pool[p]));
+      }
+      if (opt.nodes <= job.current_nodes && x[p] > job.current_per_pool[p]) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "job %d: shrinks to %d but takes nodes of pool %d (%d > %d held)", j, opt.nodes, p,
+            x[p], job.current_per_pool[p]));
+      }
+    }
+    if (n != opt.nodes) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("job %d: per-pool counts sum to %d, option has %d nodes", j, n, opt.nodes));
+    }
+  }
+  for (size_t p = 0; p < num_pools; ++p) {
+    if (used[p] > model.pools[p].capacity) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pool %d over-subscribed: %d nodes assigned, capacity %d", p, used[p],
+          model.pools[p].capacity));
+    }
+  }
+  const double expected = SolutionObjective(model, solution.option);
+  if (std::abs(expected - solution.objective) > 1e-9 * std::max(1.0, std::abs(expected))) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "solution objective %.17g differs from its options' values %.17g", solution.objective,
+        expected));
+  }
+  return absl::OkStatus();
+}
+
+CountSolution CurrentSolution(const CountModel& model) {
+  CountSolution s;
+  for (const JobModel& job : model.jobs) {
+    s.option.push_back(job.current_option);
+    if (job.current_option != 0) {
+      s.per_pool.push_back(job.current_per_pool);
+    } else {
+      s.per_pool.push_back(std::vector<int>(model.pools.size(), 0));
+    }
+  }
+  s.objective = SolutionObjective(model, s.option);
+  return s;
+}
+
+}  // namespace malle::alloc

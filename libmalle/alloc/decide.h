@@ -1,0 +1,57 @@
+// One entry point for every allocation policy.
+//
+//   DecideOptions opts;
+//   opts.policy = PolicyKind::kMilp;
+//   MALLE_ASSIGN_OR_RETURN(Decision d, Decide(problem, opts));
+//   for (const JobAllocation& j : d.allocation.jobs) ...
+//
+// Decide validates and compiles the problem, runs the policy, checks its
+// answer and realises it into node ids. It is a pure function of (problem,
+// options) apart from the MILP's wall-clock limit.
+//
+// Thread-safety: thread-safe (MILP solves are serialised, see milp.h).
+#ifndef MALLE_ALLOC_DECIDE_H_
+#define MALLE_ALLOC_DECIDE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libmalle/alloc/count_model.h"
+#include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/milp.h"
+#include "libmalle/alloc/policy_result.h"
+#include "libmalle/alloc/problem.h"
+#include "libmalle/alloc/realize.h"
+
+namespace malle::alloc {
+
+enum class PolicyKind { kMilp, kDp, kGreedy, kEqualShare, kStatic };
+
+absl::string_view PolicyName(PolicyKind kind);  // "milp", "dp", "greedy", "equal_share", "static"
+// InvalidArgument listing the valid names for anything else.
+absl::StatusOr<PolicyKind> ParsePolicyName(absl::string_view name);
+
+struct DecideOptions {
+  PolicyKind policy = PolicyKind::kMilp;
+  CountModelOptions model;
+  MilpOptions milp;
+  DpOptions dp;
+};
+
+struct Decision {
+  PolicyKind policy = PolicyKind::kMilp;
+  Allocation allocation;
+  double objective = 0.0;         // of the realised allocation, in the count model
+  double current_objective = 0.0; // what keeping the current allocation would be worth
+  PolicyResult result;            // counts, reason, solver detail
+};
+
+// InvalidArgument for a bad problem (naming the field); otherwise the
+// policy's answer. A multi-pool problem too large for the DP fallback falls
+// back further to the greedy heuristic (reason says so).
+absl::StatusOr<Decision> Decide(const Problem& problem, const DecideOptions& options = {});
+
+}  // namespace malle::alloc
+
+#endif  // MALLE_ALLOC_DECIDE_H_

@@ -1,0 +1,218 @@
+#include "libmalle/alloc/dp.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace malle::alloc {
+namespace {
+
+constexpr double kUnreachable = -std::numeric_limits<double>::infinity();
+
+// Options of `job` in the order the DP tries them: the current allocation
+// first, so that among equally good answers the DP keeps the job where it is.
+std::vector<int> OptionOrder(const JobModel& job) {
+  std::vector<int> order;
+  order.push_back(job.current_option);
+  for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
+    if (o != job.current_option) order.push_back(o);
+  }
+  return order;
+}
+
+PolicyResult SolveSinglePool(const CountModel& model) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  int capacity = num_pools == 0 ? 0 : model.pools[0].capacity;
+  long long demand = 0;
+  for (const JobModel& job : model.jobs) demand += job.max_nodes;
+  capacity = static_cast<int>(std::min<long long>(capacity, demand));
+
+  // best[c]: best value of the jobs so far using at most c nodes.
+  std::vector<double> best(capacity + 1, 0.0), next(capacity + 1);
+  std::vector<int32_t> choice(static_cast<size_t>(num_jobs) * (capacity + 1));
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const std::vector<int> order = OptionOrder(job);
+    int32_t* row = &choice[static_cast<size_t>(j) * (capacity + 1)];
+    for (int c = 0; c <= capacity; ++c) {
+      double v = kUnreachable;
+      int32_t pick = 0;
+      for (int o : order) {
+        const Option& opt = job.options[o];
+        if (opt.nodes > c) continue;
+        const double candidate = best[c - opt.nodes] + opt.value;
+        if (candidate > v) {
+          v = candidate;
+          pick = o;
+        }
+      }
+      next[c] = v;
+      row[c] = pick;
+    }
+    best.swap(next);
+  }
+  CountSolution solution;
+  solution.option.assign(num_jobs, 0);
+  solution.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  int c = capacity;
+  for (int j = num_jobs - 1; j >= 0; --j) {
+    const int o = choice[static_cast<size_t>(j) * (capacity + 1) + c];
+    solution.option[j] = o;
+    const int n = model.jobs[j].options[o].nodes;
+    if (num_pools > 0) solution.per_pool[j][0] = n;
+    c -= n;
+  }
+  solution.objective = SolutionObjective(model, solution.option);
+  PolicyResult result;
+  result.solution = std::move(solution);
+  result.optimal = true;
+  return result;
+}
+
+struct Candidate {
+  int64_t offset;  // mixed-radix encoding of the per-pool vector
+  double value;
+  int option;
+  std::vector<int> per_pool;
+};
+
+absl::StatusOr<PolicyResult> SolveMultiPool(const CountModel& model, const DpOptions& options) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  std::vector<int64_t> stride(num_pools);
+  int64_t states = 1;
+  for (int p = 0; p < num_pools; ++p) {
+    stride[p] = states;
+    states *= model.pools[p].capacity + 1;
+    if (states > options.max_states) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "dp: %d pools with capacities up to pool %d already give more than max_states = %d "
+          "states; use the milp policy",
+          num_pools, p, options.max_states));
+    }
+  }
+  if (states * std::max(1, num_jobs) > 40'000'000) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "dp: %d states x %d jobs exceeds the DP table limit; use the milp policy", states,
+        num_jobs));
+  }
+
+  // Every per-pool vector each job may take, with its best option.
+  std::vector<std::vector<Candidate>> candidates(num_jobs);
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    std::vector<int> x(num_pools, 0);
+    // Odometer over x with sum(x) <= max_nodes.
+    while (true) {
+      int option = 0;
+      if (auto v = JobVectorValue(job, x, &option)) {
+        int64_t offset = 0;
+        for (int p = 0; p < num_pools; ++p) offset += x[p] * stride[p];
+        candidates[j].push_back({offset, *v, option, x});
+        if (static_cast<long long>(candidates[j].size()) > options.max_vectors_per_job) {
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "dp: job %d has more than max_vectors_per_job = %d per-pool vectors; use the "
+              "milp policy",
+              j, options.max_vectors_per_job));
+        }
+      }
+      int p = 0;
+      int sum = 0;
+      for (int v : x) sum += v;
+      for (; p < num_pools; ++p) {
+        if (x[p] < model.pools[p].capacity && sum < job.max_nodes) {
+          ++x[p];
+          break;
+        }
+        sum -= x[p];
+        x[p] = 0;
+      }
+      if (p == num_pools) break;
+    }
+    // Current allocation first: ties keep the job where it is.
+    std::stable_sort(candidates[j].begin(), candidates[j].end(),
+                     [&](const Candidate& a, const Candidate& b) {
+                       return (a.option == job.current_option) > (b.option == job.current_option);
+                     });
+  }
+
+  // dp over "used" vectors: value[u] = best value of jobs so far using
+  // exactly u nodes from each pool.
+  std::vector<double> value(states, kUnreachable), next(states);
+  value[0] = 0.0;
+  std::vector<int32_t> choice(static_cast<size_t>(num_jobs) * states, -1);
+  std::vector<int> digits(num_pools);
+  for (int j = 0; j < num_jobs; ++j) {
+    std::fill(next.begin(), next.end(), kUnreachable);
+    int32_t* row = &choice[static_cast<size_t>(j) * states];
+    for (int64_t u = 0; u < states; ++u) {
+      if (value[u] == kUnreachable) continue;
+      int64_t rest = u;
+      for (int p = 0; p < num_pools; ++p) {
+        digits[p] = static_cast<int>(rest % (model.pools[p].capacity + 1));
+        rest /= model.pools[p].capacity + 1;
+      }
+      for (size_t k = 0; k < candidates[j].size(); ++k) {
+        const Candidate& cand = candidates[j][k];
+        bool fits = true;
+        for (int p = 0; p < num_pools && fits; ++p) {
+          fits = digits[p] + cand.per_pool[p] <= model.pools[p].capacity;
+        }
+        if (!fits) continue;
+        const int64_t target = u + cand.offset;
+        const double v = value[u] + cand.value;
+        if (v > next[target]) {
+          next[target] = v;
+          row[target] = static_cast<int32_t>(k);
+        }
+      }
+    }
+    value.swap(next);
+  }
+  int64_t best_state = 0;
+  for (int64_t u = 0; u < states; ++u) {
+    if (value[u] > value[best_state]) best_state = u;
+  }
+  CountSolution solution;
+  solution.option.assign(num_jobs, 0);
+  solution.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  int64_t u = best_state;
+  for (int j = num_jobs - 1; j >= 0; --j) {
+    const Candidate& cand = candidates[j][choice[static_cast<size_t>(j) * states + u]];
+    solution.option[j] = cand.option;
+    solution.per_pool[j] = cand.per_pool;
+    u -= cand.offset;
+  }
+  solution.objective = SolutionObjective(model, solution.option);
+  PolicyResult result;
+  result.solution = std::move(solution);
+  result.optimal = true;
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyResult> SolveDp(const CountModel& model, const DpOptions& options) {
+  const absl::Time start = absl::Now();
+  PolicyResult result;
+  if (model.pools.size() <= 1) {
+    result = SolveSinglePool(model);
+  } else {
+    auto multi = SolveMultiPool(model, options);
+    if (!multi.ok()) return multi.status();
+    result = *std::move(multi);
+  }
+  result.solve_time = absl::Now() - start;
+  result.reason = absl::StrFormat("dp: optimal over %d jobs and %d pool(s) in %.2f ms",
+                                  model.jobs.size(), model.pools.size(),
+                                  absl::ToDoubleMilliseconds(result.solve_time));
+  return result;
+}
+
+}  // namespace malle::alloc

@@ -1,0 +1,82 @@
+// A plain-array MIP and one function that solves it with CBC.
+//
+// The only header of the allocator that leads to coin/*.hpp (included by
+// cbc_solver.cc alone). milp.cc builds the count formulation as a MipModel;
+// the benchmark builds BFTrainer's per-node reference formulation (with SOS2
+// sets) the same way.
+//
+// Thread-safety: SolveWithCbc is reentrant as far as CBC is, which is not
+// guaranteed; callers serialise (milp.cc holds a process-wide mutex).
+#ifndef MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_
+#define MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace malle::alloc::internal {
+
+struct MipModel {
+  bool maximize = true;
+  // Columns.
+  std::vector<double> col_lb, col_ub, obj;
+  std::vector<char> is_integer;  // 1 = integer (binary if bounds are [0, 1])
+  // Rows in compressed sparse row form: row r has entries
+  // [row_start[r], row_start[r + 1]) of (col_index, value).
+  std::vector<double> row_lb, row_ub;
+  std::vector<int> row_start{0};
+  std::vector<int> col_index;
+  std::vector<double> value;
+  // Special ordered sets of type 2 (reference formulation only).
+  struct Sos2 {
+    std::vector<int> cols;
+    std::vector<double> weights;  // strictly increasing
+  };
+  std::vector<Sos2> sos2;
+  // Optional feasible starting solution (one value per column).
+  std::vector<double> start;
+
+  int num_cols() const { return static_cast<int>(obj.size()); }
+  int num_rows() const { return static_cast<int>(row_lb.size()); }
+  int AddCol(double lb, double ub, double objective, bool integer);
+  // Adds lb <= sum(values[i] * x[cols[i]]) <= ub.
+  void AddRow(const std::vector<int>& cols, const std::vector<double>& values, double lb,
+              double ub);
+};
+
+struct CbcSettings {
+  absl::Duration time_limit = absl::Seconds(1);  // elapsed time
+  double relative_gap = 1e-9;
+  int log_level = 0;
+};
+
+struct MipResult {
+  enum class Status {
+    kOptimal,            // proven optimal within relative_gap
+    kLimitWithSolution,  // time limit hit; x is the best incumbent
+    kLimitNoSolution,    // time limit hit before any incumbent
+    kInfeasible,
+    kUnbounded,
+    kOther,              // anything else CBC reports; `detail` says what
+  };
+  Status status = Status::kOther;
+  std::vector<double> x;  // column values (empty without a solution)
+  double objective = 0.0;
+  double best_bound = 0.0;
+  long long branch_nodes = 0;
+  std::string detail;  // CBC's own status words, for reasons and logs
+};
+
+absl::string_view MipStatusName(MipResult::Status status);
+
+// Solves `model`. Errors only for a malformed model (InvalidArgument) or an
+// exception thrown by COIN (Internal, with its message); solver outcomes are
+// reported in MipResult::status.
+absl::StatusOr<MipResult> SolveWithCbc(const MipModel& model, const CbcSettings& settings);
+
+}  // namespace malle::alloc::internal
+
+#endif  // MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_

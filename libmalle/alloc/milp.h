@@ -1,0 +1,63 @@
+// The allocation MILP, solved with COIN-OR CBC.
+//
+// Count/class formulation (docs/allocator.md): one binary per (job, option)
+// with exactly one chosen per job; integer per-(job, pool) counts linked to
+// the chosen option by rows whose coefficients are node counts (no big-M,
+// no SOS in the model; CBC may branch on the choice rows as SOS1 sets); one
+// capacity row per pool. With a single pool it is the
+// multiple-choice knapsack and has no count variables at all.
+//
+// Robustness: CBC runs in a forked child by default (SolveIsolation::kFork):
+// a crash or a hang of the solver cannot take the allocator down. Whatever
+// goes wrong (crash, hard deadline, time limit without incumbent, an
+// infeasible or unbounded status, an answer that fails CheckSolution) the
+// answer comes from SolveDp instead and `reason` says why (fell_back = true).
+// A time limit reached with an incumbent returns the incumbent (optimal =
+// false) with its proven bound. Only one CBC solve runs at a time in a
+// process; concurrent callers wait.
+//
+//   MilpOptions opts;
+//   opts.time_limit = absl::Milliseconds(500);
+//   MALLE_ASSIGN_OR_RETURN(PolicyResult r, SolveMilp(model, opts));
+//
+// Thread-safety: thread-safe (serialised internally). Blocks for at most
+// about time_limit + kill_grace.
+#ifndef MALLE_ALLOC_MILP_H_
+#define MALLE_ALLOC_MILP_H_
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/count_model.h"
+#include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/policy_result.h"
+
+namespace malle::alloc {
+
+enum class SolveIsolation {
+  kFork,       // solve in a forked child; crash- and hang-proof
+  kInProcess,  // solve in this thread; cheaper, trusts CBC
+};
+
+// Test hooks: make the solver misbehave on purpose (only honoured with
+// kFork, where the misbehaviour is contained).
+enum class MilpFault { kNone, kCrash, kHang, kGarbage };
+
+struct MilpOptions {
+  absl::Duration time_limit = absl::Seconds(1);  // elapsed (wall) time given to CBC
+  // With kFork, the child is killed (SIGKILL, by pid) at time_limit + kill_grace.
+  absl::Duration kill_grace = absl::Milliseconds(500);
+  double relative_gap = 1e-9;  // stop when (bound - incumbent) / |incumbent| is below
+  SolveIsolation isolation = SolveIsolation::kFork;
+  bool use_mip_start = true;   // give CBC the current allocation as the first incumbent
+  DpOptions fallback;          // options for the DP fallback
+  MilpFault fault = MilpFault::kNone;
+};
+
+// Never returns an error for solver trouble (it falls back); returns an
+// error only if the fallback fails too (e.g. ResourceExhausted from a
+// multi-pool DP; then the caller may use a heuristic).
+absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOptions& options = {});
+
+}  // namespace malle::alloc
+
+#endif  // MALLE_ALLOC_MILP_H_

@@ -1,0 +1,130 @@
+// The allocation problem: which idle nodes each elastic job should hold.
+//
+// Plain data, no solver. A Problem is what the allocator knows at one event:
+// the idle nodes (grouped in classes), the jobs with their throughput curves
+// and current nodes, and the objective. Every policy (decide.h) is a pure
+// function of a Problem and its options.
+//
+//   Problem p;
+//   p.forward_window = absl::Minutes(2);
+//   for (int i = 0; i < 8; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+//   JobSpec job;
+//   job.id = "resnet";
+//   job.min_nodes = 1;
+//   job.max_nodes = 8;
+//   job.throughput = {{1, 100.0}, {8, 700.0}};
+//   p.jobs.push_back(job);
+//   MALLE_RETURN_IF_ERROR(ValidateProblem(p));
+//
+// Thread-safety: plain structs; functions here are pure and thread-safe.
+#ifndef MALLE_ALLOC_PROBLEM_H_
+#define MALLE_ALLOC_PROBLEM_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace malle::alloc {
+
+// One point of a throughput curve: `samples_per_s` when the job runs on
+// `nodes` nodes of speed 1.0. Between breakpoints throughput is interpolated
+// linearly.
+struct Breakpoint {
+  int nodes = 0;
+  double samples_per_s = 0.0;
+};
+
+// A throughput curve: breakpoints with strictly increasing `nodes` (>= 0) and
+// finite, non-negative throughput. It must cover the job's [min, max] range.
+using Curve = std::vector<Breakpoint>;
+
+// Piecewise-linear interpolation of `curve` at `nodes`. Requires a validated
+// curve whose range contains `nodes`; returns 0 outside the range.
+double Interpolate(absl::Span<const Breakpoint> curve, int nodes);
+
+// An alternative global batch size for a job (Pollux/Sia-style): the same job
+// trained with another batch size has another throughput curve. Switching
+// between options costs a resize pause (the job restarts its step loop).
+struct BatchOption {
+  std::string name;  // e.g. "bs1024"
+  Curve throughput;
+};
+
+struct JobSpec {
+  std::string id;  // unique, 1..128 chars
+  int min_nodes = 1;
+  int max_nodes = 1;
+  // Throughput at each node count. With batch options, leave empty and give
+  // one curve per option instead.
+  Curve throughput;
+  std::vector<BatchOption> batch_options;
+  int current_batch_option = 0;  // index into batch_options (if any)
+  // Pause (no training) when the job grows / shrinks; a start from zero
+  // nodes counts as a grow.
+  absl::Duration resize_up_pause = absl::ZeroDuration();
+  absl::Duration resize_down_pause = absl::ZeroDuration();
+  double weight = 1.0;  // used by Objective::kWeighted and kSpeedup
+  // Ids of the nodes the job holds now (each must be one of Problem::nodes).
+  std::vector<std::string> current_nodes;
+};
+
+// A class of interchangeable nodes: same locality group (rack, switch, cell),
+// same performance class. PAL-style: a synchronous data-parallel job runs at
+// the pace of its slowest node, so a job's throughput is scaled by the
+// smallest `speed` among its nodes.
+struct NodeClass {
+  std::string id;
+  std::string locality;  // jobs spanning several groups pay Problem::cross_locality_factor
+  double speed = 1.0;    // > 0
+};
+
+struct Node {
+  std::string id;
+  std::string class_id;  // empty: the only class (or "default")
+  // How long the node is expected to stay idle (the main scheduler's
+  // backfill forecast). Infinite when unknown.
+  absl::Duration expected_idle = absl::InfiniteDuration();
+};
+
+enum class Objective {
+  kThroughput,  // total samples/s, BFTrainer's default
+  kSpeedup,     // each job's throughput over its per-node throughput at min size, times weight
+  kWeighted,    // weight * samples/s
+};
+
+// How the cost of a resize is charged over the forward window.
+enum class ResizeCostModel {
+  // The job trains nothing during the pause: work = rate(new) * (H - pause).
+  kLostWork,
+  // BFTrainer's published model: work = rate(new) * H - rate(current) * pause.
+  // Linear in a per-node MILP because rate(current) is a constant.
+  kBftrainer,
+};
+
+struct Problem {
+  std::vector<NodeClass> classes;  // empty: one class "default" of speed 1
+  std::vector<Node> nodes;         // every idle node, free or held by a job
+  std::vector<JobSpec> jobs;
+  // Look-ahead of the objective (BFTrainer's T_fwd). A node's value is
+  // bounded by min(forward_window, expected_idle).
+  absl::Duration forward_window = absl::Minutes(2);
+  Objective objective = Objective::kThroughput;
+  ResizeCostModel resize_cost = ResizeCostModel::kLostWork;
+  // Throughput factor for a job whose nodes span several locality groups
+  // (1.0 = locality does not matter).
+  double cross_locality_factor = 1.0;
+};
+
+// Checks every field; the error (InvalidArgument) names the offending field
+// with its index and id, e.g. `jobs[2] ("vgg").min_nodes = 5 > max_nodes = 3`.
+absl::Status ValidateProblem(const Problem& problem);
+
+absl::string_view ObjectiveName(Objective objective);
+absl::string_view ResizeCostModelName(ResizeCostModel model);
+
+}  // namespace malle::alloc
+
+#endif  // MALLE_ALLOC_PROBLEM_H_

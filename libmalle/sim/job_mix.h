@@ -1,0 +1,91 @@
+// Job mixes: the elastic training jobs a simulation or a benchmark submits.
+//
+// Defines MixJob (one job of a mix: submit time, node range, work, resize
+// pauses and measured throughput curve), JobMix (the parsed jobs plus the
+// lines that were rejected), LoadJobMix / ParseJobMix (the CSV reader) and
+// ToJobSpec (a MixJob as the allocator's JobSpec).
+//
+// File format (see ../shared/data/README.md): UTF-8 text, '#' lines are
+// comments, blank lines are ignored, the first other line is the header
+//
+//   name,submit_time,min_nodes,max_nodes,work_samples,rescale_up_s,rescale_down_s,nodes,throughput
+//
+// and every following line is one job, e.g.
+//
+//   J00000-AlexNet,1612988475,1,64,130000000,17.788,11.273,0;1;2;4;8,0;7115.3;13071.7;21066.1;40484.9
+//
+// submit_time is Unix seconds (integer), nodes/throughput are ';'-separated
+// lists of equal length (node counts strictly increasing, throughput in
+// samples/s, finite and >= 0) and the curve must cover [min_nodes, max_nodes].
+//
+//   MALLE_ASSIGN_OR_RETURN(JobMix mix, LoadJobMix("jobs-imagenet-1001.csv"));
+//   for (const LineError& e : mix.rejected) std::cerr << e.file << ":" << e.line << ": "
+//                                                     << e.message << "\n";
+//   alloc::JobSpec spec = ToJobSpec(mix.jobs[0]);
+//
+// Thread-safety: plain structs and pure functions; LoadJobMix only reads the
+// file it is given. All are thread-safe.
+#ifndef MALLE_SIM_JOB_MIX_H_
+#define MALLE_SIM_JOB_MIX_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/problem.h"
+
+namespace malle::sim {
+
+struct MixJob {
+  std::string name;  // unique within a mix
+  absl::Time submit_time = absl::UnixEpoch();
+  int min_nodes = 1;
+  int max_nodes = 1;
+  double work_samples = 0.0;  // samples to train until the job is done (> 0)
+  absl::Duration rescale_up = absl::ZeroDuration();    // pause when growing (or starting)
+  absl::Duration rescale_down = absl::ZeroDuration();  // pause when shrinking
+  alloc::Curve throughput;  // as in the file, (0, 0) included if the file has it
+};
+
+// A data line that was not accepted (lenient parsing), or the reason a strict
+// parse failed. `line` is 1-based.
+struct LineError {
+  std::string file;
+  int line = 0;
+  std::string message;  // names the column, e.g. "min_nodes: 'x' is not an integer"
+};
+
+struct JobMix {
+  std::vector<MixJob> jobs;          // in file order
+  std::vector<LineError> rejected;   // in file order; always empty with strict parsing
+};
+
+struct JobMixOptions {
+  // true: the first bad data line makes the whole parse fail.
+  // false: bad data lines are skipped and listed in JobMix::rejected.
+  // A missing or wrong header is an error either way.
+  bool strict = false;
+};
+
+// Parses `text` (the contents of a job-mix file); `file_name` is only used
+// in messages. Never blocks. Returns InvalidArgument "file:line: column:
+// message" for a missing or wrong header and, in strict mode, for the first
+// bad data line. A header without data lines is an empty (valid) mix.
+// Fields are not quoted: a name cannot contain ','.
+absl::StatusOr<JobMix> ParseJobMix(absl::string_view text, absl::string_view file_name,
+                                   const JobMixOptions& options = {});
+
+// Reads `path` and parses it (blocks on the file read). NotFound if the file
+// does not exist, PermissionDenied if it cannot be read, Unavailable for any
+// other read failure, and ParseJobMix's errors.
+absl::StatusOr<JobMix> LoadJobMix(const std::string& path, const JobMixOptions& options = {});
+
+// The allocator's view of `job`: id = name, same node range and curve,
+// resize pauses, weight 1, no current nodes.
+alloc::JobSpec ToJobSpec(const MixJob& job);
+
+}  // namespace malle::sim
+
+#endif  // MALLE_SIM_JOB_MIX_H_

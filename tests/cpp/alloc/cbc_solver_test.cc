@@ -1,0 +1,338 @@
+#include "libmalle/alloc/internal/cbc_solver.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::alloc::internal {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Status = MipResult::Status;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// max 10a + 13b + 7c + 8d  s.t. 4a + 6b + 3c + 5d <= 10, binary.
+// Optimum: b + c (weight 9, value 20); a + b (10, 23) is better: 23.
+MipModel Knapsack() {
+  MipModel m;
+  const std::vector<double> values = {10, 13, 7, 8};
+  const std::vector<double> weights = {4, 6, 3, 5};
+  std::vector<int> cols;
+  for (double v : values) cols.push_back(m.AddCol(0, 1, v, true));
+  m.AddRow(cols, weights, -kInf, 10);
+  return m;
+}
+
+TEST(CbcSolverTest, SolvesKnapsackToOptimality) {
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(Knapsack(), {}));
+  EXPECT_EQ(r.status, Status::kOptimal) << r.detail;
+  EXPECT_NEAR(r.objective, 23.0, 1e-9);
+  ASSERT_EQ(r.x.size(), 4u);
+  EXPECT_NEAR(r.x[0], 1.0, 1e-6);
+  EXPECT_NEAR(r.x[1], 1.0, 1e-6);
+  EXPECT_NEAR(r.x[2], 0.0, 1e-6);
+  EXPECT_NEAR(r.x[3], 0.0, 1e-6);
+  EXPECT_GE(r.best_bound, 23.0 - 1e-9);
+  EXPECT_LE(r.best_bound, 23.0 + 1e-6);
+}
+
+TEST(CbcSolverTest, MinimisesWhenAsked) {
+  // min x + 2y  s.t. x + y >= 3.5, x <= 2, integers: x = 2, y = 2 -> 6.
+  MipModel m;
+  m.maximize = false;
+  int x = m.AddCol(0, 2, 1, true);
+  int y = m.AddCol(0, 10, 2, true);
+  m.AddRow({x, y}, {1, 1}, 3.5, kInf);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal);
+  EXPECT_NEAR(r.objective, 6.0, 1e-9);
+  EXPECT_NEAR(r.x[0], 2.0, 1e-6);
+  EXPECT_NEAR(r.x[1], 2.0, 1e-6);
+}
+
+TEST(CbcSolverTest, ReportsIntegerInfeasibility) {
+  // 2x = 1 has an LP solution but no integer one.
+  MipModel m;
+  int x = m.AddCol(0, 5, 1, true);
+  m.AddRow({x}, {2}, 1, 1);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kInfeasible) << r.detail;
+  EXPECT_TRUE(r.x.empty());
+}
+
+TEST(CbcSolverTest, ReportsLpInfeasibility) {
+  MipModel m;
+  int x = m.AddCol(0, 1, 1, true);
+  int y = m.AddCol(0, 1, 1, true);
+  m.AddRow({x, y}, {1, 1}, 3, kInf);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kInfeasible) << r.detail;
+}
+
+TEST(CbcSolverTest, ReportsUnbounded) {
+  MipModel m;
+  int x = m.AddCol(0, kInf, 1, true);
+  int y = m.AddCol(0, kInf, 1, true);
+  m.AddRow({x, y}, {1, -1}, -kInf, 3);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kUnbounded) << r.detail;
+}
+
+TEST(CbcSolverTest, HonoursSos2) {
+  // Piecewise-linear concave-free curve f on breakpoints 0, 1, 2 with values
+  // 0, 0, 10 (lambda formulation). max f(t) - 4t with t = sum(w_i l_i),
+  // sum l_i = 1. Without SOS2, l0 = l2 = 0.5 gives t = 1 and f = 5 -> 1;
+  // with it only adjacent pairs: t = 2 gives 10 - 8 = 2... so make the
+  // mixture strictly better: penalty on t at exactly 1 is what SOS2 forbids.
+  // Use: max  f  s.t. t = 1 (fixed). SOS2 forces l1 = 1 -> f = 0;
+  // without SOS2 the LP picks l0 = l2 = 0.5 -> f = 5.
+  MipModel m;
+  int l0 = m.AddCol(0, 1, 0, false);
+  int l1 = m.AddCol(0, 1, 0, false);
+  int l2 = m.AddCol(0, 1, 10, false);
+  m.AddRow({l0, l1, l2}, {1, 1, 1}, 1, 1);
+  m.AddRow({l0, l1, l2}, {0, 1, 2}, 1, 1);  // t = 1
+  ASSERT_OK_AND_ASSIGN(MipResult without, SolveWithCbc(m, {}));
+  EXPECT_EQ(without.status, Status::kOptimal);
+  EXPECT_NEAR(without.objective, 5.0, 1e-6);
+
+  m.sos2.push_back({{l0, l1, l2}, {0, 1, 2}});
+  ASSERT_OK_AND_ASSIGN(MipResult with, SolveWithCbc(m, {}));
+  EXPECT_EQ(with.status, Status::kOptimal) << with.detail;
+  EXPECT_NEAR(with.objective, 0.0, 1e-6);
+  EXPECT_NEAR(with.x[1], 1.0, 1e-6);
+}
+
+TEST(CbcSolverTest, Sos2WithIntegerChoice) {
+  // Two segments of a non-concave curve on [0, 4] with breakpoints
+  // (0, 0), (2, 1), (4, 10); integer node count n = sum(w_i l_i) <= 3:
+  // SOS2 keeps (n, f) on the curve: best n = 3 -> f = 5.5 (not the chord
+  // value 7.5 that l0 = 0.25, l2 = 0.75 would give).
+  MipModel m;
+  int l0 = m.AddCol(0, 1, 0, false);
+  int l1 = m.AddCol(0, 1, 1, false);
+  int l2 = m.AddCol(0, 1, 10, false);
+  int n = m.AddCol(0, 3, 0, true);
+  m.AddRow({l0, l1, l2}, {1, 1, 1}, 1, 1);
+  m.AddRow({l0, l1, l2, n}, {0, 2, 4, -1}, 0, 0);
+  m.sos2.push_back({{l0, l1, l2}, {0, 2, 4}});
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal) << r.detail;
+  EXPECT_NEAR(r.objective, 5.5, 1e-6);
+  EXPECT_NEAR(r.x[3], 3.0, 1e-6);
+}
+
+// A multiple-choice knapsack with random, non-concave values: 300 jobs,
+// 40 options each, is enough to keep CBC busy past a 10 ms limit.
+MipModel HardMultipleChoice(int jobs, int options, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> noise(0.0, 1.0);
+  MipModel m;
+  std::vector<int> cap_cols;
+  std::vector<double> cap_vals;
+  for (int j = 0; j < jobs; ++j) {
+    std::vector<int> choice;
+    for (int o = 0; o < options; ++o) {
+      double value = o == 0 ? 0.0 : 100.0 * std::sqrt(o) * (0.5 + noise(rng));
+      int c = m.AddCol(0, 1, value, true);
+      choice.push_back(c);
+      cap_cols.push_back(c);
+      cap_vals.push_back(o);
+    }
+    m.AddRow(choice, std::vector<double>(choice.size(), 1.0), 1, 1);
+  }
+  m.AddRow(cap_cols, cap_vals, -kInf, jobs * options / 7.0);
+  return m;
+}
+
+TEST(CbcSolverTest, TimeLimitStopsEarly) {
+  MipModel m = HardMultipleChoice(400, 50, 7);
+  CbcSettings s;
+  s.time_limit = absl::Milliseconds(10);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, s));
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Either CBC was stopped, or it happened to prove optimality anyway.
+  EXPECT_THAT(r.status, ::testing::AnyOf(Status::kLimitWithSolution, Status::kLimitNoSolution,
+                                         Status::kOptimal))
+      << r.detail;
+  if (r.status == Status::kLimitWithSolution) {
+    EXPECT_EQ(r.x.size(), static_cast<size_t>(m.num_cols()));
+    EXPECT_GE(r.best_bound, r.objective - 1e-6);
+  }
+  EXPECT_LT(elapsed, 2.0);
+}
+
+TEST(CbcSolverTest, StartIsUsedAsIncumbent) {
+  // With a start and no time to search, CBC still returns the start.
+  MipModel m = HardMultipleChoice(400, 50, 11);
+  m.start.assign(m.num_cols(), 0.0);
+  for (int j = 0; j < 400; ++j) m.start[j * 50] = 1.0;  // every job takes option 0
+  CbcSettings s;
+  s.time_limit = absl::Microseconds(1);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, s));
+  EXPECT_THAT(r.detail, HasSubstr("start accepted"));
+  EXPECT_THAT(r.status, ::testing::AnyOf(Status::kLimitWithSolution, Status::kOptimal));
+  EXPECT_EQ(r.x.size(), static_cast<size_t>(m.num_cols()));
+  EXPECT_GE(r.objective, 0.0);
+}
+
+// Market split: a few equality rows with large random coefficients over
+// binaries. Feasible by construction (the rhs is the row sum over a hidden
+// subset), yet LP rounding almost never lands on a solution, so without the
+// start CBC has no incumbent when the time limit hits.
+MipModel MarketSplit(std::vector<double>* hidden) {
+  std::mt19937 rng(5);
+  MipModel m;
+  const int n = 60, rows = 4;
+  hidden->assign(n, 0.0);
+  for (int c = 0; c < n; ++c) {
+    m.AddCol(0, 1, 0, true);
+    (*hidden)[c] = rng() % 2;
+  }
+  std::vector<int> cols(n);
+  for (int c = 0; c < n; ++c) cols[c] = c;
+  for (int r = 0; r < rows; ++r) {
+    std::vector<double> a(n);
+    double rhs = 0;
+    for (int c = 0; c < n; ++c) {
+      a[c] = static_cast<double>(rng() % 1000);
+      rhs += a[c] * (*hidden)[c];
+    }
+    m.AddRow(cols, a, rhs, rhs);
+  }
+  return m;
+}
+
+TEST(CbcSolverTest, StartIsTheIncumbentWhenNothingElseIsFound) {
+  std::vector<double> hidden;
+  MipModel m = MarketSplit(&hidden);
+  CbcSettings s;
+  s.time_limit = absl::Milliseconds(20);
+  ASSERT_OK_AND_ASSIGN(MipResult without, SolveWithCbc(m, s));
+  EXPECT_EQ(without.status, Status::kLimitNoSolution) << without.detail;
+
+  m.start = hidden;
+  ASSERT_OK_AND_ASSIGN(MipResult with, SolveWithCbc(m, s));
+  EXPECT_THAT(with.detail, HasSubstr("start accepted"));
+  // The only way CBC can have a solution is the start (any solution is
+  // optimal: the objective is zero).
+  EXPECT_THAT(with.status, ::testing::AnyOf(Status::kLimitWithSolution, Status::kOptimal))
+      << with.detail;
+  ASSERT_EQ(with.x.size(), hidden.size());
+}
+
+TEST(CbcSolverTest, StartIsTheAnswerWhenOptimal) {
+  // A start that is optimal must come back unchanged.
+  MipModel m = Knapsack();
+  m.start = {1, 1, 0, 0};
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal);
+  EXPECT_THAT(r.detail, HasSubstr("start accepted"));
+  EXPECT_NEAR(r.objective, 23.0, 1e-9);
+}
+
+TEST(CbcSolverTest, InfeasibleStartIsIgnored) {
+  MipModel m = Knapsack();
+  m.start = {1, 1, 1, 1};  // weight 18 > 10, value 38 would beat the optimum
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal);
+  EXPECT_THAT(r.detail, HasSubstr("start ignored"));
+  EXPECT_NEAR(r.objective, 23.0, 1e-9);
+}
+
+TEST(CbcSolverTest, ModelWithoutColumns) {
+  MipModel m;
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal);
+  EXPECT_EQ(r.objective, 0.0);
+  m.AddRow({}, {}, 1, 2);
+  ASSERT_OK_AND_ASSIGN(r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kInfeasible);
+}
+
+TEST(CbcSolverTest, ModelWithoutRows) {
+  MipModel m;
+  m.AddCol(0, 3, 2, true);
+  m.AddCol(-1, 1, -1, true);
+  ASSERT_OK_AND_ASSIGN(MipResult r, SolveWithCbc(m, {}));
+  EXPECT_EQ(r.status, Status::kOptimal);
+  EXPECT_NEAR(r.objective, 7.0, 1e-9);
+}
+
+TEST(CbcSolverTest, RejectsMalformedModels) {
+  const auto invalid = [](const MipModel& m, const char* what) {
+    EXPECT_THAT(SolveWithCbc(m, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)))
+        << what;
+  };
+  MipModel m = Knapsack();
+  m.obj.push_back(1.0);
+  invalid(m, "column arrays differ");
+
+  m = Knapsack();
+  m.obj[2] = std::nan("");
+  invalid(m, "obj[2]");
+
+  m = Knapsack();
+  m.obj[1] = kInf;
+  invalid(m, "obj[1]");
+
+  m = Knapsack();
+  m.col_lb[3] = 2;
+  invalid(m, "column 3 has bounds");
+
+  m = Knapsack();
+  m.col_index[1] = 9;
+  invalid(m, "refers to column 9");
+
+  m = Knapsack();
+  m.col_index[1] = 0;
+  invalid(m, "lists column 0 twice");
+
+  m = Knapsack();
+  m.row_start.push_back(4);
+  invalid(m, "row_start");
+
+  m = Knapsack();
+  m.row_lb[0] = 20;
+  invalid(m, "row 0 has bounds");
+
+  m = Knapsack();
+  m.value[0] = kInf;
+  invalid(m, "coefficient");
+
+  m = Knapsack();
+  m.start = {1, 0};
+  invalid(m, "start has 2 values");
+
+  m = Knapsack();
+  m.sos2.push_back({{0, 1}, {1, 1}});
+  invalid(m, "strictly increasing");
+
+  m = Knapsack();
+  m.sos2.push_back({{0, 7}, {1, 2}});
+  invalid(m, "sos2[0].cols[1]");
+}
+
+TEST(CbcSolverTest, StatusNames) {
+  EXPECT_EQ(MipStatusName(Status::kOptimal), "optimal");
+  EXPECT_EQ(MipStatusName(Status::kLimitWithSolution), "time limit with solution");
+  EXPECT_EQ(MipStatusName(Status::kLimitNoSolution), "time limit without solution");
+  EXPECT_EQ(MipStatusName(Status::kInfeasible), "infeasible");
+  EXPECT_EQ(MipStatusName(Status::kUnbounded), "unbounded");
+  EXPECT_EQ(MipStatusName(Status::kOther), "other");
+}
+
+}  // namespace
+}  // namespace malle::alloc::internal

@@ -1,0 +1,374 @@
+#include "libmalle/alloc/count_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/alloc/dp.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::alloc {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+JobSpec Job(const std::string& id, int min, int max, Curve curve) {
+  JobSpec j;
+  j.id = id;
+  j.min_nodes = min;
+  j.max_nodes = max;
+  j.throughput = std::move(curve);
+  return j;
+}
+
+Problem SingleClass(int nodes) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  for (int i = 0; i < nodes; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  return p;
+}
+
+TEST(CompileCountModelTest, SingleClassHandCheckedValues) {
+  Problem p = SingleClass(4);
+  JobSpec a = Job("a", 1, 3, {{0, 0}, {1, 10}, {2, 18}, {4, 30}});
+  a.resize_up_pause = absl::Seconds(10);
+  a.resize_down_pause = absl::Seconds(5);
+  a.current_nodes = {"n0", "n1"};
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_EQ(m.pools.size(), 1u);
+  EXPECT_EQ(m.pools[0].capacity, 4);
+  EXPECT_DOUBLE_EQ(m.pools[0].horizon_s, 100);
+  const JobModel& j = m.jobs[0];
+  EXPECT_EQ(j.current_nodes, 2);
+  EXPECT_DOUBLE_EQ(j.current_samples_per_s, 18);
+  ASSERT_EQ(j.options.size(), 4u);  // 0, 1, 2, 3 nodes
+  // Lost-work model: shrink to 1 -> 10 * (100 - 5); stay -> 18 * 100; grow
+  // to 3 (interpolated 24/s) -> 24 * (100 - 10); stop -> 0.
+  EXPECT_DOUBLE_EQ(j.options[0].value, 0);
+  EXPECT_DOUBLE_EQ(j.options[1].value, 950);
+  EXPECT_DOUBLE_EQ(j.options[2].value, 1800);
+  EXPECT_DOUBLE_EQ(j.options[3].value, 24 * 90);
+  EXPECT_EQ(j.current_option, 2);
+
+  p.resize_cost = ResizeCostModel::kBftrainer;
+  ASSERT_OK_AND_ASSIGN(CountModel b, CompileCountModel(p));
+  // BFTrainer: rate(new) * T - rate(current) * pause.
+  EXPECT_DOUBLE_EQ(b.jobs[0].options[0].value, -18 * 5);
+  EXPECT_DOUBLE_EQ(b.jobs[0].options[1].value, 1000 - 18 * 5);
+  EXPECT_DOUBLE_EQ(b.jobs[0].options[2].value, 1800);
+  EXPECT_DOUBLE_EQ(b.jobs[0].options[3].value, 2400 - 18 * 10);
+}
+
+TEST(CompileCountModelTest, ObjectivesScaleValues) {
+  Problem p = SingleClass(2);
+  JobSpec a = Job("a", 2, 2, {{1, 10}, {2, 16}});
+  a.weight = 3;
+  p.jobs = {a};
+  p.objective = Objective::kWeighted;
+  ASSERT_OK_AND_ASSIGN(CountModel w, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(w.jobs[0].options[1].value, 3 * 16 * 100);
+  p.objective = Objective::kSpeedup;
+  ASSERT_OK_AND_ASSIGN(CountModel s, CompileCountModel(p));
+  // Per-node rate at min_nodes = 8/s, so 16/s counts as speedup 2, weight 3.
+  EXPECT_DOUBLE_EQ(s.jobs[0].options[1].value, 3 * 2 * 100);
+}
+
+TEST(CompileCountModelTest, ShortIdleWindowsBoundTheValue) {
+  Problem p = SingleClass(2);
+  p.nodes[1].expected_idle = absl::Seconds(30);  // bucket 12.5 s -> 25 s
+  JobSpec a = Job("a", 1, 2, {{1, 10}, {2, 20}});
+  a.resize_up_pause = absl::Seconds(40);
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_EQ(m.pools.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.pools[0].horizon_s, 100);
+  EXPECT_DOUBLE_EQ(m.pools[1].horizon_s, 25);
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  // The short node is reclaimed before the 40 s start-up pays off: using it
+  // is worth 20 * (25 - 40) < 0, the long node alone 10 * 60.
+  EXPECT_DOUBLE_EQ(r.solution.objective, 600);
+  EXPECT_THAT(r.solution.per_pool[0], ElementsAre(1, 0));
+}
+
+TEST(CompileCountModelTest, RejectsBadProblemAndOptions) {
+  Problem p = SingleClass(1);
+  p.jobs = {Job("a", 2, 1, {{1, 1}})};
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("min_nodes = 2 > max_nodes = 1")));
+  p.jobs = {Job("a", 1, 1, {{1, 1}})};
+  CountModelOptions o;
+  o.horizon_buckets = 0;
+  EXPECT_THAT(CompileCountModel(p, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("horizon_buckets")));
+}
+
+TEST(CheckSolutionTest, NamesTheViolation) {
+  Problem p = SingleClass(3);
+  JobSpec a = Job("a", 1, 3, {{1, 1}, {3, 3}});
+  a.current_nodes = {"n0"};
+  p.jobs = {a, Job("b", 1, 3, {{1, 1}, {3, 3}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  CountSolution s = CurrentSolution(m);
+  EXPECT_THAT(CheckSolution(m, s), IsOk());
+  CountSolution over = s;
+  over.option = {3, 2};  // 3 + 2 nodes on 3
+  over.per_pool = {{3}, {2}};
+  over.objective = SolutionObjective(m, over.option);
+  EXPECT_THAT(CheckSolution(m, over),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("over-subscribed")));
+  CountSolution mismatch = s;
+  mismatch.per_pool[0] = {2};
+  EXPECT_THAT(CheckSolution(m, mismatch),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shrinks to 1 but takes nodes of pool 0")));
+  CountSolution wrong_objective = s;
+  wrong_objective.objective += 1;
+  EXPECT_THAT(CheckSolution(m, wrong_objective),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("objective")));
+}
+
+// ---------------------------------------------------------------------------
+// Brute force straight from the Problem's semantics (no count model): every
+// assignment of nodes to jobs, valued as docs/allocator.md defines it.
+
+struct Brute {
+  const Problem& p;
+  double T;
+  std::vector<int> owner;  // node -> job or -1 (current)
+
+  double ClassSpeed(int node) const {
+    if (p.classes.empty()) return 1.0;
+    for (const NodeClass& c : p.classes) {
+      if (c.id == p.nodes[node].class_id || (p.nodes[node].class_id.empty())) return c.speed;
+    }
+    return 1.0;
+  }
+  std::string Locality(int node) const {
+    for (const NodeClass& c : p.classes) {
+      if (c.id == p.nodes[node].class_id) return c.locality;
+    }
+    return "";
+  }
+  double Horizon(int node) const {
+    return std::min(T, absl::ToDoubleSeconds(p.nodes[node].expected_idle));
+  }
+  // Throughput factor of a node set: slowest node, locality penalty.
+  double Factor(const std::vector<int>& set) const {
+    double speed = 1e300;
+    std::set<std::string> groups;
+    for (int i : set) {
+      speed = std::min(speed, ClassSpeed(i));
+      groups.insert(Locality(i));
+    }
+    return speed * (groups.size() > 1 ? p.cross_locality_factor : 1.0);
+  }
+  double Scale(const JobSpec& j) const {
+    const Curve& c0 = j.batch_options.empty() ? j.throughput : j.batch_options[0].throughput;
+    switch (p.objective) {
+      case Objective::kThroughput:
+        return 1;
+      case Objective::kWeighted:
+        return j.weight;
+      case Objective::kSpeedup:
+        return j.weight * j.min_nodes / Interpolate(c0, j.min_nodes);
+    }
+    return 1;
+  }
+  // Value of job `j` holding exactly `set`; nullopt if not allowed.
+  std::optional<double> Value(int j, const std::vector<int>& set) const {
+    const JobSpec& job = p.jobs[j];
+    std::vector<int> cur;
+    for (size_t i = 0; i < p.nodes.size(); ++i) {
+      if (owner[i] == j) cur.push_back(static_cast<int>(i));
+    }
+    const bool superset = std::includes(set.begin(), set.end(), cur.begin(), cur.end());
+    const bool subset = std::includes(cur.begin(), cur.end(), set.begin(), set.end());
+    if (!superset && !subset) return std::nullopt;  // migration
+    const int n = static_cast<int>(set.size());
+    const int c = static_cast<int>(cur.size());
+    if (n != 0 && (n < job.min_nodes || n > job.max_nodes)) return std::nullopt;
+    std::vector<const Curve*> curves;
+    if (job.batch_options.empty()) {
+      curves.push_back(&job.throughput);
+    } else {
+      for (const BatchOption& b : job.batch_options) curves.push_back(&b.throughput);
+    }
+    const double rate_cur = (c >= job.min_nodes && c <= job.max_nodes)
+                                ? Interpolate(*curves[job.current_batch_option], c) * Factor(cur)
+                                : 0.0;
+    const double up = absl::ToDoubleSeconds(job.resize_up_pause);
+    const double down = absl::ToDoubleSeconds(job.resize_down_pause);
+    if (n == 0) {
+      return (c > 0 && p.resize_cost == ResizeCostModel::kBftrainer) ? -Scale(job) * rate_cur * down
+                                                                     : 0.0;
+    }
+    double h = T;
+    for (int i : set) h = std::min(h, Horizon(i));
+    double best = -1e300;
+    for (size_t b = 0; b < curves.size(); ++b) {
+      const double eff = Interpolate(*curves[b], n) * Factor(set);
+      double v;
+      if (n == c && static_cast<int>(b) == job.current_batch_option) {
+        v = eff * h;
+      } else {
+        const double pause = (n > c || n == c) ? up : down;
+        v = p.resize_cost == ResizeCostModel::kLostWork ? eff * (h - pause) : eff * h - rate_cur * pause;
+      }
+      best = std::max(best, v * Scale(job));
+    }
+    return best;
+  }
+  double Solve() const {
+    const int num_nodes = static_cast<int>(p.nodes.size());
+    const int num_jobs = static_cast<int>(p.jobs.size());
+    std::vector<int> assign(num_nodes, -1);  // -1 = idle
+    double best = -std::numeric_limits<double>::infinity();
+    while (true) {
+      double total = 0;
+      bool ok = true;
+      for (int j = 0; j < num_jobs && ok; ++j) {
+        std::vector<int> set;
+        for (int i = 0; i < num_nodes; ++i) {
+          if (assign[i] == j) set.push_back(i);
+        }
+        auto v = Value(j, set);
+        if (!v) ok = false; else total += *v;
+      }
+      if (ok) best = std::max(best, total);
+      int i = 0;
+      for (; i < num_nodes; ++i) {
+        if (++assign[i] < num_jobs) break;
+        assign[i] = -1;
+      }
+      if (i == num_nodes) break;
+    }
+    return best;
+  }
+};
+
+Problem RandomClassProblem(std::mt19937& rng) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  Problem p;
+  p.forward_window = absl::Seconds(80);
+  p.resize_cost = uni(0, 1) ? ResizeCostModel::kLostWork : ResizeCostModel::kBftrainer;
+  p.objective = static_cast<Objective>(uni(0, 2));
+  p.cross_locality_factor = uni(0, 1) ? 1.0 : 0.75;
+  const int num_classes = uni(1, 3);
+  const double speeds[] = {1.0, 0.5, 0.8};
+  for (int c = 0; c < num_classes; ++c) {
+    p.classes.push_back({absl::StrCat("c", c), absl::StrCat("rack", uni(0, 1)), speeds[uni(0, 2)]});
+  }
+  const int num_nodes = uni(2, 5);
+  // Windows that are multiples of the bucket (80 s / 8) or beyond the window,
+  // so bucketing does not round and the brute force needs no bucketing.
+  const double windows[] = {1e9, 40, 20, 60, 100};
+  for (int i = 0; i < num_nodes; ++i) {
+    Node n{absl::StrCat("n", i), absl::StrCat("c", uni(0, num_classes - 1))};
+    const double w = windows[uni(0, 4)];
+    if (w < 1e9) n.expected_idle = absl::Seconds(w);
+    p.nodes.push_back(n);
+  }
+  const int num_jobs = uni(1, 3);
+  std::vector<int> free_nodes(num_nodes);
+  for (int i = 0; i < num_nodes; ++i) free_nodes[i] = i;
+  std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
+  for (int j = 0; j < num_jobs; ++j) {
+    const int min = uni(1, 2);
+    const int max = uni(min, 4);
+    auto random_curve = [&]() {
+      Curve c;
+      double r = 0;
+      for (int n = 0; n <= max; ++n) {
+        if (n > 0 && n < max && n != min && uni(0, 1)) continue;  // sparse breakpoints
+        c.push_back({n, r});
+        r += uni(0, 20);  // non-concave, sometimes flat
+      }
+      return c;
+    };
+    JobSpec job = Job(absl::StrCat("j", j), min, max, {});
+    if (uni(0, 3) == 0) {
+      job.batch_options = {{"small", random_curve()}, {"large", random_curve()}};
+      job.current_batch_option = uni(0, 1);
+    } else {
+      job.throughput = random_curve();
+    }
+    if (p.objective == Objective::kSpeedup) {
+      auto fix = [&](Curve& c) {
+        for (Breakpoint& b : c) b.samples_per_s += b.nodes;  // positive at min
+      };
+      fix(job.throughput);
+      for (BatchOption& b : job.batch_options) fix(b.throughput);
+    }
+    job.resize_up_pause = absl::Seconds(uni(0, 50));
+    job.resize_down_pause = absl::Seconds(uni(0, 30));
+    job.weight = uni(1, 3);
+    const int held = std::min<int>(uni(0, max), free_nodes.size());
+    for (int k = 0; k < held; ++k) {
+      job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
+      free_nodes.pop_back();
+    }
+    p.jobs.push_back(job);
+  }
+  return p;
+}
+
+TEST(CountModelBruteForceTest, DpEqualsBruteForceOnTinyClassInstances) {
+  std::mt19937 rng(20261122);
+  int multi_pool = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    const Problem p = RandomClassProblem(rng);
+    ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+    multi_pool += !m.single_pool();
+    Brute brute{p, absl::ToDoubleSeconds(p.forward_window), {}};
+    brute.owner.assign(p.nodes.size(), -1);
+    for (size_t j = 0; j < p.jobs.size(); ++j) {
+      for (const std::string& id : p.jobs[j].current_nodes) {
+        for (size_t i = 0; i < p.nodes.size(); ++i) {
+          if (p.nodes[i].id == id) brute.owner[i] = static_cast<int>(j);
+        }
+      }
+    }
+    const double expected = brute.Solve();
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+    ASSERT_THAT(CheckSolution(m, r.solution), IsOk());
+    ASSERT_NEAR(r.solution.objective, expected, 1e-9 * std::max(1.0, std::abs(expected)))
+        << "instance " << iter;
+    // The current allocation is always feasible and never better than optimal.
+    const CountSolution current = CurrentSolution(m);
+    ASSERT_THAT(CheckSolution(m, current), IsOk());
+    ASSERT_LE(current.objective, r.solution.objective + 1e-9 * std::abs(expected));
+  }
+  EXPECT_GT(multi_pool, 200);  // most instances exercise classes/windows
+}
+
+TEST(JobVectorValueTest, EnforcesKeepAndReleaseRules) {
+  Problem p;
+  p.forward_window = absl::Seconds(10);
+  p.classes = {{"fast", "", 1.0}, {"slow", "", 0.5}};
+  p.nodes = {Node{"f0", "fast"}, Node{"f1", "fast"}, Node{"s0", "slow"}};
+  JobSpec a = Job("a", 1, 3, {{1, 10}, {3, 30}});
+  a.current_nodes = {"s0"};
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_EQ(m.pools.size(), 2u);  // fast, slow
+  // Growing must keep the slow node: {fast 1, slow 1} ok, {fast 2} is a migration.
+  EXPECT_TRUE(JobVectorValue(m.jobs[0], std::vector<int>{1, 1}).has_value());
+  EXPECT_FALSE(JobVectorValue(m.jobs[0], std::vector<int>{1, 0}).has_value());
+  EXPECT_FALSE(JobVectorValue(m.jobs[0], std::vector<int>{2, 0}).has_value());
+  // Value of {fast 1, slow 1}: 20/s at the slow node's speed 0.5, 10 s.
+  EXPECT_DOUBLE_EQ(*JobVectorValue(m.jobs[0], std::vector<int>{1, 1}), 20 * 0.5 * 10);
+  EXPECT_DOUBLE_EQ(*JobVectorValue(m.jobs[0], std::vector<int>{0, 0}), 0);
+}
+
+}  // namespace
+}  // namespace malle::alloc

@@ -1,0 +1,148 @@
+#include "libmalle/alloc/dp.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::alloc {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
+
+JobSpec Job(const std::string& id, int min, int max, Curve curve) {
+  JobSpec j;
+  j.id = id;
+  j.min_nodes = min;
+  j.max_nodes = max;
+  j.throughput = std::move(curve);
+  return j;
+}
+
+Problem Nodes(int n) {
+  Problem p;
+  p.forward_window = absl::Seconds(10);
+  for (int i = 0; i < n; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  return p;
+}
+
+std::vector<int> Counts(const CountModel& m, const PolicyResult& r) {
+  std::vector<int> n;
+  for (size_t j = 0; j < m.jobs.size(); ++j) n.push_back(m.jobs[j].options[r.solution.option[j]].nodes);
+  return n;
+}
+
+TEST(DpTest, PrefersTheBetterScalingJob) {
+  Problem p = Nodes(4);
+  // a scales linearly; b saturates after 1 node.
+  p.jobs = {Job("a", 1, 4, {{1, 10}, {4, 40}}), Job("b", 1, 4, {{1, 15}, {2, 16}, {4, 17}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_TRUE(r.optimal);
+  EXPECT_THAT(Counts(m, r), ElementsAre(3, 1));
+  EXPECT_DOUBLE_EQ(r.solution.objective, (30 + 15) * 10);
+  EXPECT_THAT(CheckSolution(m, r.solution), IsOk());
+}
+
+TEST(DpTest, NonConcaveCurveTakesAllOrNothing) {
+  Problem p = Nodes(4);
+  // a is worthless until it has 4 nodes (e.g. a model that only fits on 4).
+  p.jobs = {Job("a", 1, 4, {{1, 0}, {3, 0}, {4, 100}}), Job("b", 1, 4, {{1, 20}, {4, 35}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_THAT(Counts(m, r), ElementsAre(4, 0));
+}
+
+TEST(DpTest, JobTakesAllNodes) {
+  Problem p = Nodes(5);
+  p.jobs = {Job("a", 5, 5, {{5, 50}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_THAT(Counts(m, r), ElementsAre(5));
+}
+
+TEST(DpTest, MinAboveAvailableNodesLeavesJobStopped) {
+  Problem p = Nodes(3);
+  p.jobs = {Job("big", 4, 8, {{4, 400}, {8, 800}}), Job("small", 1, 2, {{1, 1}, {2, 2}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_EQ(m.jobs[0].options.size(), 1u);  // only "stop": 4 nodes cannot exist
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_THAT(Counts(m, r), ElementsAre(0, 2));
+}
+
+TEST(DpTest, ZeroNodesAndZeroJobs) {
+  Problem p = Nodes(0);
+  p.jobs = {Job("a", 1, 2, {{1, 1}, {2, 2}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_THAT(Counts(m, r), ElementsAre(0));
+  EXPECT_DOUBLE_EQ(r.solution.objective, 0);
+
+  Problem empty = Nodes(3);
+  ASSERT_OK_AND_ASSIGN(CountModel e, CompileCountModel(empty));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r2, SolveDp(e));
+  EXPECT_TRUE(r2.solution.option.empty());
+}
+
+TEST(DpTest, TiesKeepTheCurrentAllocation) {
+  Problem p = Nodes(1);
+  // One node, two identical jobs, no resize cost: giving the node to a is
+  // exactly as good as leaving it with b. The DP must not move it.
+  JobSpec b = Job("b", 1, 1, {{1, 10}});
+  b.current_nodes = {"n0"};
+  JobSpec a = Job("a", 1, 1, {{1, 10}});
+  for (bool b_first : {true, false}) {
+    p.jobs = b_first ? std::vector<JobSpec>{b, a} : std::vector<JobSpec>{a, b};
+    ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+    EXPECT_DOUBLE_EQ(r.solution.objective, 100);
+    const int bi = b_first ? 0 : 1;
+    EXPECT_EQ(r.solution.option[bi], m.jobs[bi].current_option) << "b_first=" << b_first;
+  }
+}
+
+TEST(DpTest, ResizeCostCanMakeStayingBest) {
+  Problem p = Nodes(4);
+  JobSpec a = Job("a", 1, 4, {{1, 10}, {4, 40}});
+  a.current_nodes = {"n0", "n1"};
+  a.resize_up_pause = absl::Seconds(6);  // growing to 4: 40 * (10 - 6) = 160 < 20 * 10
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_THAT(Counts(m, r), ElementsAre(2));
+  p.jobs[0].resize_up_pause = absl::Seconds(4);  // 40 * 6 = 240 > 200
+  ASSERT_OK_AND_ASSIGN(CountModel m2, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r2, SolveDp(m2));
+  EXPECT_THAT(Counts(m2, r2), ElementsAre(4));
+}
+
+TEST(DpTest, BatchOptionChoiceIsPartOfTheOptimum) {
+  Problem p = Nodes(4);
+  JobSpec a = Job("a", 1, 4, {});
+  a.batch_options = {{"bs256", {{1, 10}, {4, 25}}}, {"bs1024", {{1, 8}, {4, 30}}}};
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  const Option& chosen = m.jobs[0].options[r.solution.option[0]];
+  EXPECT_EQ(chosen.nodes, 4);
+  EXPECT_EQ(chosen.batch_option, 1);
+  EXPECT_DOUBLE_EQ(r.solution.objective, 300);
+}
+
+TEST(DpTest, MultiPoolRefusesHugeStateSpaces) {
+  Problem p;
+  p.forward_window = absl::Seconds(10);
+  for (int c = 0; c < 6; ++c) p.classes.push_back({absl::StrCat("c", c), "", 1.0 - 0.1 * c});
+  for (int i = 0; i < 120; ++i) p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 6)});
+  p.jobs = {Job("a", 1, 4, {{1, 1}, {4, 4}})};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_THAT(SolveDp(m).status(), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+}  // namespace
+}  // namespace malle::alloc

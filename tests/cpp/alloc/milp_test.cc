@@ -1,0 +1,380 @@
+#include "libmalle/alloc/milp.h"
+
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/alloc/count_model.h"
+#include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/problem.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::alloc {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::testing::HasSubstr;
+
+// MILP and DP agree when their objectives are within this (relative).
+constexpr double kTolerance = 1e-6;
+
+double Rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
+
+// A throughput curve over [lo, hi]: 2-4 breakpoints, sometimes concave
+// (diminishing returns), sometimes not (random values; a bump or a dip).
+Curve RandomCurve(std::mt19937& rng, int lo, int hi, double per_node) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int> xs = {lo, hi};
+  const int extra = static_cast<int>(rng() % 3);
+  for (int i = 0; i < extra && hi - lo > 1; ++i) xs.push_back(lo + 1 + rng() % (hi - lo - 1));
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  const bool concave = rng() % 2 == 0;
+  Curve curve;
+  double slope = per_node;
+  double y = per_node * lo * (0.5 + u(rng));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i > 0) {
+      if (concave) {
+        slope *= 0.3 + 0.7 * u(rng);
+        y += slope * (xs[i] - xs[i - 1]);
+      } else {
+        y = per_node * xs[i] * (0.2 + 1.3 * u(rng));
+      }
+    }
+    curve.push_back({xs[i], y});
+  }
+  return curve;
+}
+
+struct GenOptions {
+  int max_nodes = 40;
+  int max_jobs = 8;
+  bool multi_pool = false;
+};
+
+// A random Problem exercising the edge cases the DP and MILP must agree on.
+Problem RandomProblem(std::mt19937& rng, const GenOptions& g) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  Problem p;
+  p.forward_window = absl::Seconds(60 + rng() % 240);
+  p.objective = static_cast<Objective>(rng() % 3);
+  p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
+
+  int num_nodes = rng() % 10 == 0 ? 0 : 1 + static_cast<int>(rng() % g.max_nodes);
+  if (g.multi_pool) {
+    const int classes = 2 + rng() % 2;
+    for (int c = 0; c < classes; ++c) {
+      p.classes.push_back(NodeClass{absl::StrCat("c", c), absl::StrCat("rack", rng() % 2),
+                                    c == 0 ? 1.0 : 0.5 + 0.5 * u(rng)});
+    }
+    p.cross_locality_factor = rng() % 2 == 0 ? 1.0 : 0.7 + 0.3 * u(rng);
+  }
+  for (int i = 0; i < num_nodes; ++i) {
+    Node node{absl::StrCat("n", i)};
+    if (g.multi_pool) {
+      node.class_id = p.classes[rng() % p.classes.size()].id;
+      if (rng() % 3 == 0) node.expected_idle = p.forward_window * (0.2 + 0.7 * u(rng));
+    }
+    p.nodes.push_back(node);
+  }
+  std::vector<int> free_nodes(num_nodes);
+  for (int i = 0; i < num_nodes; ++i) free_nodes[i] = i;
+  std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
+
+  const int num_jobs = 1 + static_cast<int>(rng() % g.max_jobs);
+  const double magnitude = std::pow(10.0, rng() % 6);  // samples/s per node: 1 .. 1e5
+  for (int j = 0; j < num_jobs; ++j) {
+    if (j > 0 && rng() % 6 == 0) {  // a tie: an identical copy of the previous job
+      JobSpec copy = p.jobs.back();
+      copy.id = absl::StrCat("j", j);
+      copy.current_nodes.clear();
+      p.jobs.push_back(copy);
+      continue;
+    }
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    const int kind = rng() % 10;
+    if (kind == 0) {  // may take every node (and more)
+      job.min_nodes = 1;
+      job.max_nodes = std::max(1, num_nodes + static_cast<int>(rng() % 3));
+    } else if (kind == 1) {  // cannot start: needs more nodes than exist
+      job.min_nodes = num_nodes + 1 + rng() % 3;
+      job.max_nodes = job.min_nodes + rng() % 4;
+    } else {
+      job.min_nodes = 1 + rng() % 4;
+      job.max_nodes = job.min_nodes + rng() % 12;
+    }
+    const double per_node = magnitude * (0.5 + u(rng));
+    if (rng() % 4 == 0) {
+      const int options = 2 + rng() % 2;
+      for (int b = 0; b < options; ++b) {
+        job.batch_options.push_back({absl::StrCat("bs", 256 << b),
+                                     RandomCurve(rng, job.min_nodes, job.max_nodes, per_node)});
+      }
+      job.current_batch_option = rng() % options;
+    } else {
+      job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, per_node);
+    }
+    job.resize_up_pause = absl::Seconds(rng() % 40);
+    job.resize_down_pause = absl::Seconds(rng() % 20);
+    job.weight = 0.5 + 2.0 * u(rng);
+    // Current nodes: none, below min (must stop or grow), within range.
+    if (!free_nodes.empty() && rng() % 3 != 0) {
+      const int want = 1 + rng() % std::min<int>(job.max_nodes, free_nodes.size());
+      for (int k = 0; k < want; ++k) {
+        job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
+        free_nodes.pop_back();
+      }
+    }
+    p.jobs.push_back(job);
+  }
+  return p;
+}
+
+// Solves `problem` with the DP and the MILP and checks that they agree.
+void ExpectAgrees(const Problem& problem, const MilpOptions& options, const std::string& label) {
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+  ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+  ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
+  EXPECT_LE(Rel(milp.solution.objective, dp.solution.objective), kTolerance)
+      << label << ": milp " << milp.solution.objective << " dp " << dp.solution.objective
+      << " reason: " << milp.reason;
+  EXPECT_THAT(CheckSolution(model, milp.solution), IsOk()) << label;
+  EXPECT_FALSE(milp.fell_back) << label << ": " << milp.reason;
+  EXPECT_TRUE(milp.optimal) << label << ": " << milp.reason;
+  EXPECT_GE(milp.best_bound, milp.solution.objective - 1e-9 * std::fabs(milp.solution.objective))
+      << label;
+  EXPECT_GT(milp.columns, 0) << label;
+}
+
+TEST(MilpTest, SinglePoolMatchesDpOnRandomProblems) {
+  std::mt19937 rng(20240601);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);  // never the reason to disagree
+  for (int i = 0; i < 1000; ++i) {
+    const Problem problem = RandomProblem(rng, {});
+    ExpectAgrees(problem, options, absl::StrCat("instance ", i));
+    if (::testing::Test::HasFailure()) break;  // one report is enough
+  }
+}
+
+TEST(MilpTest, SinglePoolMatchesDpInForkedChild) {
+  std::mt19937 rng(777);
+  MilpOptions options;
+  options.time_limit = absl::Seconds(10);
+  for (int i = 0; i < 50; ++i) {
+    const Problem problem = RandomProblem(rng, {});
+    ExpectAgrees(problem, options, absl::StrCat("forked instance ", i));
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
+  std::mt19937 rng(4242);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  GenOptions g;
+  g.multi_pool = true;
+  g.max_nodes = 10;
+  g.max_jobs = 4;
+  int multi = 0;
+  for (int i = 0; i < 200; ++i) {
+    const Problem problem = RandomProblem(rng, g);
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+    multi += model.single_pool() ? 0 : 1;
+    ExpectAgrees(problem, options, absl::StrCat("multi-pool instance ", i));
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(multi, 150);  // the generator really makes several pools
+}
+
+TEST(MilpTest, NoJobsAndNoNodes) {
+  Problem p;
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, {}));
+  EXPECT_TRUE(r.solution.option.empty());
+  EXPECT_EQ(r.solution.objective, 0.0);
+
+  JobSpec job;
+  job.id = "a";
+  job.throughput = {{1, 10.0}, {4, 30.0}};
+  job.max_nodes = 4;
+  p.jobs.push_back(job);
+  ASSERT_OK_AND_ASSIGN(model, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(r, SolveMilp(model, {}));
+  ASSERT_EQ(r.solution.option.size(), 1u);
+  EXPECT_EQ(r.solution.option[0], 0);
+  EXPECT_FALSE(r.fell_back) << r.reason;
+}
+
+// Four jobs with distinct curves on 12 nodes: the answer is known from the
+// DP, the faults must not change it.
+Problem FaultProblem() {
+  std::mt19937 rng(99);
+  Problem p;
+  for (int i = 0; i < 12; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  for (int j = 0; j < 4; ++j) {
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    job.min_nodes = 1;
+    job.max_nodes = 8;
+    job.throughput = RandomCurve(rng, 1, 8, 100.0 * (j + 1));
+    p.jobs.push_back(job);
+  }
+  p.jobs[0].current_nodes = {"n0", "n1"};
+  return p;
+}
+
+bool NoChildLeft() {
+  errno = 0;
+  return waitpid(-1, nullptr, WNOHANG) == -1 && errno == ECHILD;
+}
+
+void ExpectFaultFallsBack(MilpFault fault, const std::string& cause) {
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(FaultProblem()));
+  ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+  MilpOptions options;
+  options.fault = fault;
+  options.time_limit = absl::Milliseconds(200);
+  options.kill_grace = absl::Milliseconds(200);
+  const absl::Time t0 = absl::Now();
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_THAT(r.reason, HasSubstr(cause));
+  EXPECT_THAT(r.reason, HasSubstr("answered by dp"));
+  EXPECT_NEAR(r.solution.objective, dp.solution.objective, 1e-9);
+  EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+  EXPECT_LT(took, absl::Seconds(2));  // time_limit + kill_grace, plus slack
+  EXPECT_TRUE(NoChildLeft()) << "the solver child was not reaped";
+}
+
+TEST(MilpTest, CrashFallsBackToDp) {
+  ExpectFaultFallsBack(MilpFault::kCrash, "solver crashed (signal 11)");
+}
+
+TEST(MilpTest, HangIsKilledAndFallsBackToDp) {
+  const absl::Time t0 = absl::Now();
+  ExpectFaultFallsBack(MilpFault::kHang, "solver hung");
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(400));  // it waited for the deadline
+}
+
+TEST(MilpTest, GarbageFallsBackToDp) { ExpectFaultFallsBack(MilpFault::kGarbage, "garbage"); }
+
+TEST(MilpTest, FaultsAreIgnoredInProcess) {
+  // Only the forked child can misbehave safely; in process the hook is a no-op.
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(FaultProblem()));
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.fault = MilpFault::kCrash;
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+  EXPECT_FALSE(r.fell_back) << r.reason;
+  EXPECT_TRUE(r.optimal);
+}
+
+// Many jobs with non-concave curves (a bump at their current size, from the
+// resize pause): hard enough that 1 ms is too little for CBC.
+Problem LargeProblem(int jobs, int nodes, unsigned seed) {
+  std::mt19937 rng(seed);
+  Problem p;
+  p.resize_cost = ResizeCostModel::kLostWork;
+  for (int i = 0; i < nodes; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  int next = 0;
+  for (int j = 0; j < jobs; ++j) {
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    job.min_nodes = 1 + rng() % 4;
+    job.max_nodes = 64;
+    job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 1e4);
+    job.resize_up_pause = absl::Seconds(10 + rng() % 30);
+    job.resize_down_pause = absl::Seconds(5);
+    const int held = rng() % 3 == 0 ? 0 : job.min_nodes + rng() % 4;
+    for (int k = 0; k < held && next < nodes; ++k)
+      job.current_nodes.push_back(absl::StrCat("n", next++));
+    if (static_cast<int>(job.current_nodes.size()) < job.min_nodes) job.current_nodes.clear();
+    p.jobs.push_back(job);
+  }
+  return p;
+}
+
+TEST(MilpTest, ShortTimeLimitReturnsIncumbentOrDpAnswer) {
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(LargeProblem(400, 1500, 3)));
+  ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+  for (SolveIsolation isolation : {SolveIsolation::kInProcess, SolveIsolation::kFork}) {
+    MilpOptions options;
+    options.isolation = isolation;
+    options.time_limit = absl::Milliseconds(1);
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+    EXPECT_THAT(CheckSolution(model, r.solution), IsOk()) << r.reason;
+    if (r.fell_back) {
+      EXPECT_NEAR(r.solution.objective, dp.solution.objective,
+                  1e-9 * std::fabs(dp.solution.objective));
+    } else if (!r.optimal) {
+      EXPECT_LE(r.solution.objective, dp.solution.objective * (1 + 1e-9)) << r.reason;
+      EXPECT_GE(r.best_bound, dp.solution.objective * (1 - kTolerance)) << r.reason;
+      EXPECT_THAT(r.reason, HasSubstr("time limit"));
+    } else {
+      EXPECT_LE(Rel(r.solution.objective, dp.solution.objective), kTolerance) << r.reason;
+    }
+  }
+  EXPECT_TRUE(NoChildLeft());
+}
+
+TEST(MilpTest, ConcurrentCallersGetCorrectAnswers) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 8;
+  std::vector<CountModel> models;
+  std::vector<double> expected;
+  std::mt19937 rng(31337);
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(RandomProblem(rng, {})));
+    ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(m));
+    models.push_back(std::move(m));
+    expected.push_back(dp.solution.objective);
+  }
+  std::vector<double> got(models.size(), std::nan(""));
+  std::vector<std::string> reasons(models.size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t * kPerThread + k;
+        MilpOptions options;
+        // Mix both isolations: they share the one lock.
+        options.isolation = k % 2 == 0 ? SolveIsolation::kFork : SolveIsolation::kInProcess;
+        options.time_limit = absl::Seconds(10);
+        absl::StatusOr<PolicyResult> r = SolveMilp(models[i], options);
+        if (r.ok()) {
+          got[i] = r->solution.objective;
+          reasons[i] = r->reason;
+        } else {
+          reasons[i] = r.status().ToString();
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < models.size(); ++i) {
+    EXPECT_LE(Rel(got[i], expected[i]), kTolerance) << "model " << i << ": " << reasons[i];
+    EXPECT_THAT(reasons[i], HasSubstr("milp: optimal")) << "model " << i;
+  }
+  EXPECT_TRUE(NoChildLeft());
+}
+
+}  // namespace
+}  // namespace malle::alloc
