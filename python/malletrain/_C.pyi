@@ -37,3 +37,28 @@ def _raise_status(code: int, message: str, error_class: str | None = None) -> No
 
 def _status_code_names() -> dict[int, str]:
     """Abseil's name of every status code, e.g. ``{4: "DEADLINE_EXCEEDED", ...}``."""
+
+def alloc_solve(problem_json: str, options_json: str) -> str:
+    """Decides an allocation (``malletrain.alloc.solve`` is the public API).
+
+    Args:
+        problem_json: a problem, JSON version 1 (``docs/allocator-json.md``).
+        options_json: ``{"policy", "time_limit_s", "isolation", "relative_gap",
+            "horizon_buckets"}``, every key optional; ``""`` means all defaults.
+
+    Returns:
+        The decision as compact JSON. Releases the GIL; blocks for up to the MILP
+        time limit plus its kill grace.
+
+    Raises:
+        malletrain.errors.MalleValueError: invalid problem or options; the message
+            starts with the JSON path of the field.
+        malletrain.errors.MalleError: the allocator failed otherwise.
+    """
+
+def alloc_validate(problem_json: str) -> str:
+    """Checks a problem; returns ``"ok: N jobs, M nodes, K pools"``. Releases the GIL.
+
+    Raises:
+        malletrain.errors.MalleValueError: the problem is invalid (JSON path first).
+    """

@@ -1,6 +1,8 @@
 """The ``malletrain`` command line.
 
-    malletrain version     versions of malletrain and of the torch it was built against
+    malletrain version                 versions of malletrain and of the torch it was built against
+    malletrain alloc solve PROBLEM     decide which idle nodes each elastic job should hold
+    malletrain alloc validate PROBLEM  check an allocation problem (JSON file, or - for stdin)
 
 Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in
 :func:`build_parser`; the exit code is its return value (argparse itself exits
@@ -10,6 +12,9 @@ with 2 on a usage error).
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +37,109 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_problem(path: str) -> str | pathlib.Path:
+    """The problem argument as :mod:`malletrain.alloc` takes it: ``-`` is stdin."""
+    return sys.stdin.read() if path == "-" else pathlib.Path(path)
+
+
+def _alloc_failed(e: Exception) -> int:
+    """Prints an allocator error; bad input (the user's to fix) exits 2, anything else 1."""
+    from malletrain.errors import MalleValueError
+
+    print(f"malletrain alloc: {e}", file=sys.stderr)
+    return 2 if isinstance(e, (MalleValueError, OSError)) else 1
+
+
+def _cmd_alloc_solve(args: argparse.Namespace) -> int:
+    from malletrain import alloc
+    from malletrain.errors import MalleError
+
+    try:
+        decision = alloc.solve(
+            _read_problem(args.problem),
+            policy=args.policy,
+            time_limit=args.time_limit,
+            isolation=args.isolation,
+        )
+    except (MalleError, OSError) as e:
+        return _alloc_failed(e)
+    if args.compact:
+        print(json.dumps(decision, separators=(",", ":")))
+    else:
+        print(json.dumps(decision, indent=2))
+    return 0
+
+
+def _cmd_alloc_validate(args: argparse.Namespace) -> int:
+    from malletrain import alloc
+    from malletrain.errors import MalleError
+
+    try:
+        summary = alloc._summary(_read_problem(args.problem))
+    except (MalleError, OSError) as e:
+        return _alloc_failed(e)
+    print(summary)
+    return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 0.5), got {text!r}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
+
+
+def _add_alloc_parser(commands: argparse._SubParsersAction) -> None:
+    # No choices=: building the parser must not import malletrain (and torch);
+    # the allocator itself rejects a wrong name, listing the valid ones.
+    alloc = commands.add_parser(
+        "alloc",
+        help="allocate idle nodes to elastic jobs",
+        description="Solve or check an allocation problem given as JSON "
+        "(docs/allocator-json.md). Exit codes: 0 ok, 2 bad input, 1 other errors.",
+    )
+    alloc_commands = alloc.add_subparsers(dest="alloc_command", metavar="COMMAND", required=True)
+    problem_help = "the problem: a JSON file, or - for stdin"
+
+    solve = alloc_commands.add_parser(
+        "solve",
+        help="decide which nodes each job should hold; prints the decision as JSON",
+        description="Decide which idle nodes each elastic job should hold and print the "
+        "decision as JSON on stdout.",
+    )
+    solve.add_argument("problem", metavar="PROBLEM", help=problem_help)
+    solve.add_argument(
+        "--policy",
+        default="milp",
+        help="milp (default), dp, greedy, equal_share or static",
+    )
+    solve.add_argument(
+        "--time-limit",
+        type=_positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="wall-clock limit of the MILP solve (default: 1)",
+    )
+    solve.add_argument(
+        "--isolation",
+        default="fork",
+        help="fork: CBC runs in a child process (default); in_process: cheaper",
+    )
+    solve.add_argument("--compact", action="store_true", help="print the decision on one line")
+    solve.set_defaults(func=_cmd_alloc_solve)
+
+    validate = alloc_commands.add_parser(
+        "validate",
+        help="check a problem; prints 'ok: N jobs, M nodes, K pools'",
+        description="Check an allocation problem without solving it.",
+    )
+    validate.add_argument("problem", metavar="PROBLEM", help=problem_help)
+    validate.set_defaults(func=_cmd_alloc_validate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="malletrain",
@@ -46,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "torch installed now.",
     )
     version.set_defaults(func=_cmd_version)
+    _add_alloc_parser(commands)
     return parser
 
 

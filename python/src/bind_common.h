@@ -60,6 +60,7 @@ T ValueOrThrow(absl::StatusOr<T> value_or) {
 // One per libmalle module, called from PYBIND11_MODULE in bind_main.cc.
 // BindBase must run first: it registers the StatusError translator.
 void BindBase(pybind11::module_& m);
+void BindAlloc(pybind11::module_& m);
 
 }  // namespace malle::python
 
