@@ -6,6 +6,7 @@
 find_package(absl REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)  # gzip-compressed traces (sim/)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(CBC REQUIRED IMPORTED_TARGET cbc)
 
