@@ -1,0 +1,509 @@
+#include "libmalle/sim/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "libmalle/base/status_macros.h"
+
+namespace malle::sim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Idle fragments kept for the estimated forecast (the most recent ones).
+constexpr size_t kFragmentMemory = 4096;
+constexpr size_t kMinFragments = 32;
+
+double Sec(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+struct JobState {
+  const MixJob* mix = nullptr;
+  double submit = 0;  // replay seconds
+  bool submitted = false, finished = false;
+  double done = 0;
+  std::vector<int> nodes;  // held, in holding order
+  double paused_until = -kInf;
+  double size_since = 0;               // when the current size started
+  std::map<int, double> observed;      // learned mode: size -> measured rate
+  JobOutcome out;
+};
+
+absl::Status ValidateOptions(const SimOptions& o) {
+  if (o.max_waiting < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_waiting: must be >= 0, got ", o.max_waiting));
+  }
+  if (o.debounce < absl::ZeroDuration()) return absl::InvalidArgumentError("debounce: must be >= 0");
+  if (o.forward_window <= absl::ZeroDuration() || o.forward_window == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("forward_window: must be finite and > 0");
+  }
+  if (o.timeline_step <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeline_step: must be > 0");
+  }
+  if (o.learned_warmup < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("learned_warmup: must be >= 0");
+  }
+  if (o.skip_snapshots < 0) return absl::InvalidArgumentError("skip_snapshots: must be >= 0");
+  if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
+  return absl::OkStatus();
+}
+
+class Replay {
+ public:
+  Replay(const IdleTrace& trace, const std::vector<MixJob>& jobs, const SimOptions& options)
+      : trace_(trace), options_(options) {
+    jobs_.resize(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) jobs_[j].mix = &jobs[j];
+  }
+
+  absl::StatusOr<SimResult> Run();
+
+ private:
+  double Rate(const JobState& j, int n) const { return alloc::Interpolate(j.mix->throughput, n); }
+  void Advance(double to);
+  void Record(const std::string& kind, int job, int node, int before, int after, double ms = 0);
+  void ChargeResize(JobState& j, int before, int after, bool grow);
+  void ReleaseAll(int job);
+  alloc::Curve CurveFor(const JobState& j) const;
+  absl::Status Decide();
+  double NextFinish() const;
+
+  const IdleTrace& trace_;
+  const SimOptions& options_;
+  std::vector<JobState> jobs_;
+  absl::Time origin_;  // replay second 0
+  double now_ = 0, end_ = 0;
+  std::vector<char> idle_;
+  std::vector<int> holder_;
+  absl::flat_hash_map<std::string, int> node_index_;
+  std::vector<double> idle_since_;
+  std::vector<double> next_busy_;  // oracle forecast, per node (replay seconds)
+  std::deque<double> fragments_;
+  int idle_count_ = 0, used_count_ = 0;
+  double idle_node_s_ = 0, used_node_s_ = 0;
+  std::vector<double> latencies_ms_;
+  SimResult result_;
+  Summary& summary_ = result_.summary;
+};
+
+void Replay::Record(const std::string& kind, int job, int node, int before, int after, double ms) {
+  if (!options_.record_events) return;
+  EventRecord e;
+  e.time = origin_ + absl::Seconds(now_);
+  e.kind = kind;
+  if (job >= 0) e.job = jobs_[job].mix->name;
+  if (node >= 0) e.node = trace_.nodes[node];
+  e.nodes_before = before;
+  e.nodes_after = after;
+  e.idle_nodes = idle_count_;
+  e.used_nodes = used_count_;
+  e.decision_ms = ms;
+  result_.events.push_back(std::move(e));
+}
+
+void Replay::Advance(double to) {
+  const double dt = to - now_;
+  if (dt <= 0) return;
+  idle_node_s_ += idle_count_ * dt;
+  used_node_s_ += used_count_ * dt;
+  for (JobState& j : jobs_) {
+    const int n = static_cast<int>(j.nodes.size());
+    if (n == 0 || j.finished) continue;
+    const double r = Rate(j, n);
+    const double training = to - std::max(now_, std::min(to, j.paused_until));
+    j.done += r * std::max(0.0, training);
+    j.out.ideal_samples += r * dt;
+    j.out.node_seconds += n * dt;
+    if (options_.curves == CurveMode::kLearned && to - j.size_since >= Sec(options_.learned_warmup)) {
+      j.observed[n] = r;  // what the job's own step timer would report
+    }
+  }
+  now_ = to;
+}
+
+void Replay::ChargeResize(JobState& j, int before, int after, bool grow) {
+  const double pause = Sec(grow ? j.mix->rescale_up : j.mix->rescale_down);
+  if (options_.accounting == Accounting::kBftrainer) {
+    j.done -= Rate(j, before) * pause;  // r(0) = 0: a start is free
+  } else if (before > 0 || after > 0) {
+    j.paused_until = now_ + pause;
+  }
+  j.size_since = now_;
+}
+
+void Replay::ReleaseAll(int job) {
+  for (int node : jobs_[job].nodes) {
+    holder_[node] = -1;
+    --used_count_;
+  }
+  jobs_[job].nodes.clear();
+}
+
+double Replay::NextFinish() const {
+  double next = kInf;
+  for (const JobState& j : jobs_) {
+    const int n = static_cast<int>(j.nodes.size());
+    if (n == 0 || j.finished) continue;
+    const double r = Rate(j, n);
+    if (r <= 0) continue;
+    const double start = std::max(now_, j.paused_until);
+    next = std::min(next, start + std::max(0.0, j.mix->work_samples - j.done) / r);
+  }
+  return next;
+}
+
+alloc::Curve Replay::CurveFor(const JobState& j) const {
+  if (options_.curves == CurveMode::kOracle) return j.mix->throughput;
+  const int lo = j.mix->min_nodes, hi = j.mix->max_nodes;
+  std::map<int, double> points = j.observed;
+  if (points.empty()) points[lo] = Rate(j, lo);  // a never-run job: one number, linear
+  // Beyond the observed sizes: the nearest observation's per-node rate.
+  const auto first = *points.begin();
+  const auto last = *points.rbegin();
+  if (lo < first.first) points[lo] = first.second * lo / first.first;
+  if (hi > last.first) points[hi] = last.second * hi / last.first;
+  alloc::Curve curve;
+  for (const auto& [n, r] : points) curve.push_back({n, r});
+  return curve;
+}
+
+absl::Status Replay::Decide() {
+  alloc::Problem problem;
+  problem.forward_window = options_.forward_window;
+  problem.objective = options_.objective;
+  problem.resize_cost = options_.resize_cost;
+  std::vector<double> sorted_fragments;
+  if (options_.forecast == ForecastMode::kEstimated && fragments_.size() >= kMinFragments) {
+    sorted_fragments.assign(fragments_.begin(), fragments_.end());
+    std::sort(sorted_fragments.begin(), sorted_fragments.end());
+  }
+  for (size_t n = 0; n < idle_.size(); ++n) {
+    if (!idle_[n]) continue;
+    alloc::Node node;
+    node.id = trace_.nodes[n];
+    if (options_.forecast == ForecastMode::kOracle && std::isfinite(next_busy_[n])) {
+      node.expected_idle = absl::Seconds(std::max(0.0, next_busy_[n] - now_));
+    } else if (!sorted_fragments.empty()) {
+      // Median remaining length of past fragments that lasted longer than
+      // this node has been idle so far.
+      const double age = now_ - idle_since_[n];
+      auto it = std::upper_bound(sorted_fragments.begin(), sorted_fragments.end(), age);
+      const size_t longer = sorted_fragments.end() - it;
+      if (longer > 0) node.expected_idle = absl::Seconds(*(it + longer / 2) - age);
+    }
+    problem.nodes.push_back(std::move(node));
+  }
+  std::vector<int> considered;
+  int waiting = 0;
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    const JobState& s = jobs_[j];
+    if (!s.submitted || s.finished) continue;
+    if (s.nodes.empty()) {
+      if (waiting >= options_.max_waiting) continue;
+      ++waiting;
+    }
+    considered.push_back(static_cast<int>(j));
+    alloc::JobSpec spec = ToJobSpec(*s.mix);
+    spec.throughput = CurveFor(s);
+    for (int node : s.nodes) spec.current_nodes.push_back(trace_.nodes[node]);
+    problem.jobs.push_back(std::move(spec));
+  }
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<alloc::Decision> decision = alloc::Decide(problem, options_.decide);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  if (!decision.ok()) {
+    return absl::Status(decision.status().code(),
+                        absl::StrCat("decision at replay second ", now_, ": ",
+                                     decision.status().message()));
+  }
+  latencies_ms_.push_back(ms);
+  ++summary_.decisions;
+  Record("decide", -1, -1, 0, 0, ms);
+  for (size_t k = 0; k < considered.size(); ++k) {
+    const int j = considered[k];
+    JobState& s = jobs_[j];
+    const alloc::JobAllocation& a = decision->allocation.jobs[k];
+    const int before = static_cast<int>(s.nodes.size());
+    const int after = static_cast<int>(a.nodes.size());
+    if (before == after) continue;
+    ReleaseAll(j);
+    for (const std::string& id : a.nodes) {
+      const int node = node_index_.at(id);
+      holder_[node] = j;
+      ++used_count_;
+      s.nodes.push_back(node);
+    }
+    ChargeResize(s, before, after, after > before);
+    ++s.out.resizes;
+    ++summary_.resizes;
+    if (before == 0 && s.out.first_start == absl::InfiniteFuture()) {
+      s.out.first_start = origin_ + absl::Seconds(now_);
+    }
+    Record("resize", j, -1, before, after);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SimResult> Replay::Run() {
+  const absl::Time wall0 = absl::Now();
+  MALLE_RETURN_IF_ERROR(ValidateOptions(options_));
+  if (trace_.events.empty()) return absl::InvalidArgumentError("trace: has no events");
+  const int num_nodes = static_cast<int>(trace_.nodes.size());
+  idle_.assign(num_nodes, 0);
+  holder_.assign(num_nodes, -1);
+  for (int n = 0; n < num_nodes; ++n) node_index_[trace_.nodes[n]] = n;
+  idle_since_.assign(num_nodes, 0);
+  next_busy_.assign(num_nodes, kInf);
+
+  // Replay start: the (skip_snapshots + 1)-th distinct event time.
+  absl::Time start = trace_.events.front().time;
+  for (size_t i = 1, distinct = 0; i < trace_.events.size() &&
+                                   distinct < static_cast<size_t>(options_.skip_snapshots);
+       ++i) {
+    if (trace_.events[i].time != trace_.events[i - 1].time) {
+      ++distinct;
+      start = trace_.events[i].time;
+    }
+  }
+  start = std::max(start, options_.start);
+  const absl::Time end = std::min(trace_.end, options_.end);
+  if (end <= start) return absl::InvalidArgumentError("start: the replay window is empty");
+  origin_ = start;
+  end_ = Sec(end - start);
+
+  // For the oracle forecast: each event's next event of the same node.
+  std::vector<size_t> next_of_node(trace_.events.size(), trace_.events.size());
+  {
+    std::vector<size_t> later(num_nodes, trace_.events.size());
+    for (size_t i = trace_.events.size(); i-- > 0;) {
+      next_of_node[i] = later[trace_.events[i].node];
+      later[trace_.events[i].node] = i;
+    }
+  }
+  auto replay_s = [&](absl::Time t) { return Sec(t - origin_); };
+
+  // Events before the start only set the initial state.
+  size_t ev = 0;
+  for (; ev < trace_.events.size() && trace_.events[ev].time < start; ++ev) {
+    const IdleEvent& e = trace_.events[ev];
+    if (e.idle != static_cast<bool>(idle_[e.node])) idle_count_ += e.idle ? 1 : -1;
+    idle_[e.node] = e.idle;
+    idle_since_[e.node] = replay_s(e.time);
+    next_busy_[e.node] = next_of_node[ev] < trace_.events.size()
+                             ? replay_s(trace_.events[next_of_node[ev]].time)
+                             : kInf;
+  }
+
+  // Submit times, aligned to the replay start when asked.
+  double shift = 0;
+  if (options_.align_submit_times && !jobs_.empty()) {
+    absl::Time first = jobs_[0].mix->submit_time;
+    for (const JobState& j : jobs_) first = std::min(first, j.mix->submit_time);
+    shift = Sec(start - first);
+  }
+  std::vector<int> by_submit(jobs_.size());
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    jobs_[j].submit = Sec(jobs_[j].mix->submit_time - origin_) + shift;
+    jobs_[j].out.name = jobs_[j].mix->name;
+    jobs_[j].out.work_samples = jobs_[j].mix->work_samples;
+    jobs_[j].out.submit = origin_ + absl::Seconds(jobs_[j].submit);
+    by_submit[j] = static_cast<int>(j);
+  }
+  std::stable_sort(by_submit.begin(), by_submit.end(),
+                   [&](int a, int b) { return jobs_[a].submit < jobs_[b].submit; });
+  size_t next_submit = 0;
+  double decision_at = kInf;
+  double next_sample = 0;
+  auto schedule = [&]() {
+    if (decision_at == kInf) decision_at = now_ + Sec(options_.debounce);
+  };
+  double last_progress = -1;
+
+  while (true) {
+    const double t_event = ev < trace_.events.size() ? replay_s(trace_.events[ev].time) : kInf;
+    const double t_submit =
+        next_submit < by_submit.size() ? std::max(0.0, jobs_[by_submit[next_submit]].submit) : kInf;
+    const double t_finish = NextFinish();
+    double t = std::min({t_event, t_submit, t_finish, decision_at, next_sample, end_});
+    Advance(t);
+    if (t >= end_) break;
+
+    // Finished jobs.
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      JobState& s = jobs_[j];
+      if (s.finished || s.nodes.empty()) continue;
+      if (s.done >= s.mix->work_samples * (1 - 1e-12) - 1e-6) {
+        s.finished = true;
+        s.out.finish = origin_ + absl::Seconds(now_);
+        ++summary_.jobs_finished;
+        Record("finish", static_cast<int>(j), -1, static_cast<int>(s.nodes.size()), 0);
+        ReleaseAll(static_cast<int>(j));
+        schedule();
+      }
+    }
+    // Trace events at this time.
+    for (; ev < trace_.events.size() && replay_s(trace_.events[ev].time) <= now_; ++ev) {
+      const IdleEvent& e = trace_.events[ev];
+      const int node = e.node;
+      if (e.idle) {
+        if (!idle_[node]) ++idle_count_;
+        idle_[node] = 1;
+        idle_since_[node] = now_;
+        next_busy_[node] = next_of_node[ev] < trace_.events.size()
+                               ? replay_s(trace_.events[next_of_node[ev]].time)
+                               : kInf;
+        Record("idle", -1, node, 0, 0);
+      } else {
+        if (idle_[node]) {
+          --idle_count_;
+          fragments_.push_back(now_ - idle_since_[node]);
+          if (fragments_.size() > kFragmentMemory) fragments_.pop_front();
+        }
+        idle_[node] = 0;
+        const int j = holder_[node];
+        if (j >= 0) {
+          JobState& s = jobs_[j];
+          const int before = static_cast<int>(s.nodes.size());
+          s.nodes.erase(std::find(s.nodes.begin(), s.nodes.end(), node));
+          holder_[node] = -1;
+          --used_count_;
+          ++s.out.reclaims;
+          ++summary_.reclaims;
+          ChargeResize(s, before, before - 1, /*grow=*/false);
+          Record("reclaim", j, node, before, before - 1);
+          if (before - 1 < s.mix->min_nodes && before - 1 > 0) {
+            ReleaseAll(j);
+            ++s.out.preemptions;
+            ++summary_.preemptions;
+            Record("preempt", j, -1, before - 1, 0);
+          } else if (before - 1 == 0) {
+            ++s.out.preemptions;
+            ++summary_.preemptions;
+            Record("preempt", j, -1, 0, 0);
+          }
+        }
+        Record("busy", -1, node, 0, 0);
+      }
+      schedule();
+    }
+    // Submissions.
+    for (; next_submit < by_submit.size() &&
+           std::max(0.0, jobs_[by_submit[next_submit]].submit) <= now_;
+         ++next_submit) {
+      JobState& s = jobs_[by_submit[next_submit]];
+      s.submitted = true;
+      ++summary_.jobs_submitted;
+      s.size_since = now_;
+      Record("submit", by_submit[next_submit], -1, 0, 0);
+      schedule();
+    }
+    if (decision_at <= now_) {
+      decision_at = kInf;
+      MALLE_RETURN_IF_ERROR(Decide());
+    }
+    if (next_sample <= now_) {
+      TimelineSample sample;
+      sample.time = origin_ + absl::Seconds(now_);
+      sample.idle_nodes = idle_count_;
+      sample.used_nodes = used_count_;
+      for (const JobState& s : jobs_) {
+        if (!s.submitted || s.finished) continue;
+        ++(s.nodes.empty() ? sample.waiting_jobs : sample.running_jobs);
+      }
+      result_.timeline.push_back(sample);
+      next_sample = now_ + Sec(options_.timeline_step);
+    }
+    if (options_.progress && now_ - last_progress >= end_ / 200) {
+      last_progress = now_;
+      options_.progress(now_ / end_);
+    }
+  }
+  if (options_.progress) options_.progress(1.0);
+
+  double ideal = 0;
+  for (JobState& s : jobs_) {
+    s.out.samples_done = std::max(0.0, std::min(s.done, s.mix->work_samples));
+    summary_.samples_trained += s.out.samples_done;
+    ideal += s.out.ideal_samples;
+    result_.jobs.push_back(s.out);
+  }
+  summary_.policy = std::string(alloc::PolicyName(options_.decide.policy));
+  summary_.idle_node_hours = idle_node_s_ / 3600;
+  summary_.used_node_hours = used_node_s_ / 3600;
+  summary_.efficiency = ideal > 0 ? summary_.samples_trained / ideal : 0;
+  summary_.utilisation = idle_node_s_ > 0 ? used_node_s_ / idle_node_s_ : 0;
+  if (!latencies_ms_.empty()) {
+    std::sort(latencies_ms_.begin(), latencies_ms_.end());
+    auto at = [&](double q) {
+      const size_t k = static_cast<size_t>(std::ceil(q * latencies_ms_.size())) - 1;
+      return latencies_ms_[std::min(k, latencies_ms_.size() - 1)];
+    };
+    summary_.decision_p50_ms = at(0.5);
+    summary_.decision_p99_ms = at(0.99);
+    summary_.decision_max_ms = latencies_ms_.back();
+  }
+  summary_.wall_s = absl::ToDoubleSeconds(absl::Now() - wall0);
+  return std::move(result_);
+}
+
+std::string Csv(double v) { return absl::StrFormat("%.17g", v); }
+std::string Unix(absl::Time t) {
+  if (t == absl::InfiniteFuture() || t == absl::InfinitePast()) return "";
+  return Csv(absl::ToDoubleSeconds(t - absl::UnixEpoch()));
+}
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const IdleTrace& trace, const std::vector<MixJob>& jobs,
+                                   const SimOptions& options) {
+  Replay replay(trace, jobs, options);
+  return replay.Run();
+}
+
+std::string EventsToCsv(const std::vector<EventRecord>& events) {
+  std::string out = "time,kind,job,node,nodes_before,nodes_after,idle_nodes,used_nodes,decision_ms\n";
+  for (const EventRecord& e : events) {
+    absl::StrAppend(&out, Unix(e.time), ",", e.kind, ",", e.job, ",", e.node, ",", e.nodes_before,
+                    ",", e.nodes_after, ",", e.idle_nodes, ",", e.used_nodes, ",",
+                    Csv(e.decision_ms), "\n");
+  }
+  return out;
+}
+
+std::string JobsToCsv(const std::vector<JobOutcome>& jobs) {
+  std::string out =
+      "name,submit,first_start,finish,work_samples,samples_done,node_seconds,ideal_samples,"
+      "resizes,preemptions,reclaims\n";
+  for (const JobOutcome& j : jobs) {
+    absl::StrAppend(&out, j.name, ",", Unix(j.submit), ",", Unix(j.first_start), ",",
+                    Unix(j.finish), ",", Csv(j.work_samples), ",", Csv(j.samples_done), ",",
+                    Csv(j.node_seconds), ",", Csv(j.ideal_samples), ",", j.resizes, ",",
+                    j.preemptions, ",", j.reclaims, "\n");
+  }
+  return out;
+}
+
+std::string SummariesToCsv(const std::vector<Summary>& summaries) {
+  std::string out =
+      "policy,samples_trained,idle_node_hours,used_node_hours,efficiency,utilisation,"
+      "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decision_p50_ms,"
+      "decision_p99_ms,decision_max_ms,wall_s\n";
+  for (const Summary& s : summaries) {
+    absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
+                    Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
+                    s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions,
+                    ",", s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
+                    Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), "\n");
+  }
+  return out;
+}
+
+}  // namespace malle::sim

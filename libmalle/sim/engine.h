@@ -1,0 +1,163 @@
+// The trace-driven simulator: replays an idle-node trace, submits a job mix,
+// and lets an allocation policy (the same alloc::Decide the live allocator
+// runs) decide who gets which idle node.
+//
+//   MALLE_ASSIGN_OR_RETURN(IdleTrace trace, LoadIdleTrace(".../summit-idle-2021-02.csv.gz"));
+//   MALLE_ASSIGN_OR_RETURN(JobMix mix, LoadJobMix(".../jobs-imagenet-1001.csv"));
+//   SimOptions opts;
+//   opts.decide.policy = alloc::PolicyKind::kDp;
+//   MALLE_ASSIGN_OR_RETURN(SimResult r, Simulate(trace, mix.jobs, opts));
+//   std::cout << r.summary.efficiency << "\n";
+//
+// Accounting (BFTrainer-compatible, docs/simulator.md has the worked example):
+//   - between events a running job on n nodes trains r(n) samples/s;
+//   - a resize decided by the policy costs r(old n) * pause (up pause when it
+//     grows, down pause when it shrinks; a start from 0 nodes costs nothing
+//     because r(0) = 0) — Accounting::kBftrainer. Accounting::kPause instead
+//     stops the job for the pause (it trains nothing for that long), which is
+//     what malletrain's elastic layer actually does;
+//   - a node reclaimed from under a job is a forced shrink and costs the down
+//     pause the same way; if the job falls below min_nodes it stops (a
+//     preemption), keeps its progress and waits for nodes again;
+//   - a job finishes when it has trained work_samples; its nodes are freed;
+//   - jobs are admitted at their submit time; the policy considers running
+//     jobs and the first `max_waiting` waiting jobs (FIFO);
+//   - decisions are debounced: an event schedules a decision `debounce`
+//     later unless one is already pending (events at one time always
+//     coalesce).
+//
+// Deterministic: same inputs and options, same output (the seed only drives
+// the estimated forecast's tie-breaking and synthetic mixes).
+//
+// Thread-safety: Simulate is a pure function of its arguments (apart from
+// the MILP's wall-clock limit and the measured decision latencies).
+#ifndef MALLE_SIM_ENGINE_H_
+#define MALLE_SIM_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/decide.h"
+#include "libmalle/sim/idle_trace.h"
+#include "libmalle/sim/job_mix.h"
+
+namespace malle::sim {
+
+enum class Accounting { kBftrainer, kPause };
+
+// What the policy knows of a job's scalability.
+enum class CurveMode {
+  kOracle,   // the job's true (measured) curve
+  // Only what an in-job advisor could have learned: the rates at the sizes
+  // the job actually ran at (after `learned_warmup`), linear in between and
+  // scaled by the last known per-node rate beyond; a job that never ran is
+  // assumed to scale linearly from its rate at min_nodes.
+  kLearned,
+};
+
+// What the policy knows of when idle nodes will be reclaimed.
+enum class ForecastMode {
+  kNone,       // nothing: every window is unknown (infinite)
+  kOracle,     // the true time until the node's next busy event in the trace
+  kEstimated,  // from idle-fragment statistics of the trace seen so far
+};
+
+struct SimOptions {
+  alloc::DecideOptions decide;  // policy and its options
+  alloc::Objective objective = alloc::Objective::kThroughput;
+  alloc::ResizeCostModel resize_cost = alloc::ResizeCostModel::kBftrainer;
+  absl::Duration forward_window = absl::Minutes(2);
+  absl::Duration debounce = absl::ZeroDuration();
+  int max_waiting = 64;
+  Accounting accounting = Accounting::kBftrainer;
+  CurveMode curves = CurveMode::kOracle;
+  absl::Duration learned_warmup = absl::ZeroDuration();
+  ForecastMode forecast = ForecastMode::kNone;
+  // Replay window; InfinitePast/InfiniteFuture = the trace's own bounds.
+  // BFTrainer's replayer starts at the trace's 1,000th snapshot
+  // (skip_snapshots = 999).
+  absl::Time start = absl::InfinitePast();
+  absl::Time end = absl::InfiniteFuture();
+  int skip_snapshots = 0;
+  // Job submit times are shifted so that the first job arrives at the replay
+  // start plus this offset (mixes and traces come from different periods).
+  bool align_submit_times = true;
+  uint64_t seed = 1;
+  bool record_events = true;       // fill SimResult::events
+  absl::Duration timeline_step = absl::Minutes(10);  // SimResult::timeline sampling
+  // Called now and then with the fraction of the replay done (0..1).
+  std::function<void(double)> progress;
+};
+
+struct JobOutcome {
+  std::string name;
+  absl::Time submit, first_start = absl::InfiniteFuture(), finish = absl::InfiniteFuture();
+  double work_samples = 0, samples_done = 0;
+  double node_seconds = 0;       // node-time held
+  double ideal_samples = 0;      // integral of r(n(t)) dt: same node counts, no losses
+  int resizes = 0;               // policy-decided size changes (starts included)
+  int preemptions = 0;           // forced stops (fell below min_nodes)
+  int reclaims = 0;              // nodes taken from under the job
+};
+
+struct EventRecord {
+  absl::Time time;
+  std::string kind;  // "idle", "busy", "submit", "finish", "decide", "resize", "reclaim", "preempt"
+  std::string job;   // empty if none
+  std::string node;  // empty if none
+  int nodes_before = 0, nodes_after = 0;  // the job's, for resize/reclaim/preempt
+  int idle_nodes = 0;                     // idle nodes after the event
+  int used_nodes = 0;                     // idle nodes held by jobs after the event
+  double decision_ms = 0;                 // for "decide"
+};
+
+struct TimelineSample {
+  absl::Time time;
+  int idle_nodes = 0;
+  int used_nodes = 0;
+  int running_jobs = 0;
+  int waiting_jobs = 0;
+};
+
+struct Summary {
+  std::string policy;
+  double samples_trained = 0;
+  double idle_node_hours = 0;   // offered by the trace during the replay
+  double used_node_hours = 0;   // held by jobs
+  // Samples trained over the samples the same node-time would have trained
+  // at the same node counts without resize and preemption losses (our
+  // reading of BFTrainer's "efficiency compared with dedicated nodes";
+  // docs/simulator.md).
+  double efficiency = 0;
+  double utilisation = 0;       // used / idle node-hours
+  int jobs_submitted = 0, jobs_finished = 0;
+  int resizes = 0, preemptions = 0, reclaims = 0;
+  int decisions = 0;
+  double decision_p50_ms = 0, decision_p99_ms = 0, decision_max_ms = 0;
+  double wall_s = 0;            // time the replay took
+};
+
+struct SimResult {
+  Summary summary;
+  std::vector<JobOutcome> jobs;        // in mix order
+  std::vector<EventRecord> events;     // empty unless record_events
+  std::vector<TimelineSample> timeline;
+};
+
+// InvalidArgument for bad options (naming the field) or an empty trace;
+// errors of the policy are returned as they are.
+absl::StatusOr<SimResult> Simulate(const IdleTrace& trace, const std::vector<MixJob>& jobs,
+                                   const SimOptions& options);
+
+// CSV writers (header line + one row per record; times as Unix seconds).
+std::string EventsToCsv(const std::vector<EventRecord>& events);
+std::string JobsToCsv(const std::vector<JobOutcome>& jobs);
+std::string SummariesToCsv(const std::vector<Summary>& summaries);
+
+}  // namespace malle::sim
+
+#endif  // MALLE_SIM_ENGINE_H_
