@@ -5,6 +5,9 @@ between releases. Every function that fails raises a class of
 ``malletrain.errors`` (never a bare ``RuntimeError`` from C++).
 """
 
+from collections.abc import Callable
+from typing import Any
+
 def version() -> str:
     """malletrain version this extension was built as (CMake's PROJECT_VERSION)."""
 
@@ -62,3 +65,70 @@ def alloc_validate(problem_json: str) -> str:
     Raises:
         malletrain.errors.MalleValueError: the problem is invalid (JSON path first).
     """
+
+class IdleTrace:
+    """A loaded idle-node trace (opaque; see malletrain.sim.load_trace)."""
+
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def num_events(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def redundant_rows(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def rejected(self) -> list[tuple[str, int, str]]: ...
+
+class JobMix:
+    """A loaded job mix (opaque; see malletrain.sim.load_job_mix)."""
+
+    @property
+    def num_jobs(self) -> int: ...
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def rejected(self) -> list[tuple[str, int, str]]: ...
+
+class SimOptions:
+    """Options of one replay; field meanings in malletrain.sim.simulate."""
+
+    policy: str
+    objective: str
+    resize_cost: str
+    accounting: str
+    curves: str
+    forecast: str
+    forward_window_s: float
+    debounce_s: float
+    max_waiting: int
+    learned_warmup_s: float
+    time_limit_s: float
+    skip_snapshots: int
+    start: float
+    end: float
+    align_submit_times: bool
+    seed: int
+    record_events: bool
+    timeline_step_s: float
+    def __init__(self) -> None: ...
+
+def sim_load_trace(path: str, strict: bool = False) -> IdleTrace:
+    """Loads an idle-node trace (.csv or .csv.gz). Raises MalleValueError for bad rows
+    (strict) or a bad header, MalleError(NOT_FOUND) for a missing file."""
+
+def sim_load_job_mix(path: str, strict: bool = False) -> JobMix:
+    """Loads a job-mix CSV file."""
+
+def sim_run(
+    trace: IdleTrace,
+    mix: JobMix,
+    options: SimOptions,
+    progress: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Replays `trace` with `mix`; returns {"summary": dict, "jobs": [dict], "timeline":
+    [tuple], "events": [tuple]}. Releases the GIL for the replay."""

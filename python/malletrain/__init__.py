@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         f"installed torch {torch.__version__}: pip install --no-build-isolation ."
     ) from e
 
-from malletrain import alloc
+from malletrain import alloc, sim
 from malletrain.errors import (
     MalleError,
     MalleTimeoutError,
@@ -45,6 +45,7 @@ if _C.torch_version() != torch.__version__:
 __all__ = [
     "__version__",
     "alloc",
+    "sim",
     "MalleError",
     "MalleTimeoutError",
     "MalleValueError",

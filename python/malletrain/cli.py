@@ -3,6 +3,8 @@
     malletrain version                 versions of malletrain and of the torch it was built against
     malletrain alloc solve PROBLEM     decide which idle nodes each elastic job should hold
     malletrain alloc validate PROBLEM  check an allocation problem (JSON file, or - for stdin)
+    malletrain simulate --trace T --jobs J [--policy dp,greedy ...] [--out DIR]
+                                       replay an idle-node trace with a job mix per policy
 
 Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in
 :func:`build_parser`; the exit code is its return value (argparse itself exits
@@ -140,6 +142,99 @@ def _add_alloc_parser(commands: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=_cmd_alloc_validate)
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from malletrain import errors, sim
+
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not policies:
+        print("malletrain simulate: --policy: give at least one policy", file=sys.stderr)
+        return 2
+    try:
+        trace = sim.load_trace(args.trace, strict=args.strict)
+        mix = sim.load_job_mix(args.jobs, strict=args.strict)
+    except (ValueError, OSError, errors.MalleError) as e:
+        print(f"malletrain simulate: {e}", file=sys.stderr)
+        return 2
+    for what, rejected in (("trace", trace.rejected), ("jobs", mix.rejected)):
+        for file, line, message in rejected:
+            print(f"warning: {file}:{line}: {message} (row skipped)", file=sys.stderr)
+        if rejected:
+            print(f"warning: {len(rejected)} {what} rows rejected", file=sys.stderr)
+    print(f"trace: {trace.num_nodes} nodes, {trace.rows} rows, {trace.num_events} state changes; "
+          f"jobs: {mix.num_jobs}", file=sys.stderr)
+    results = []
+    for policy in policies:
+        bar = None
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=1000, desc=policy, unit="‰", leave=True, file=sys.stderr,
+                       disable=args.quiet)
+        except ImportError:
+            pass
+
+        def progress(fraction: float, bar=bar) -> None:
+            if bar is not None:
+                bar.update(max(0, int(fraction * 1000) - bar.n))
+
+        try:
+            result = sim.simulate(
+                trace, mix, policy=policy, curves=args.curves, forecast=args.forecast,
+                accounting=args.accounting, objective=args.objective,
+                forward_window=args.forward_window, debounce=args.debounce,
+                max_waiting=args.max_waiting, time_limit=args.time_limit,
+                skip_snapshots=args.skip_snapshots, record_events=args.events,
+                progress=progress)
+        except (ValueError, errors.MalleError) as e:
+            if bar is not None:
+                bar.close()
+            print(f"malletrain simulate: {e}", file=sys.stderr)
+            return 2
+        if bar is not None:
+            bar.update(1000 - bar.n)
+            bar.close()
+        results.append(result)
+        if args.out:
+            out = pathlib.Path(args.out) / policy
+            result.write_csv(out)
+            sim.plot_utilisation(result, out / "utilisation.png")
+            sim.plot_gantt(result, out / "gantt.png")
+    print(sim.summary_table(results))
+    if args.out:
+        sim.plot_policy_comparison(results, pathlib.Path(args.out) / "policies.png")
+        print(f"written to {args.out}/ (per policy: summary/jobs/timeline CSV and plots)")
+    return 0
+
+
+def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "simulate",
+        help="replay an idle-node trace with a job mix under allocation policies",
+        description="Replay an idle-node trace (CSV or CSV.gz) with a job mix (CSV) under one or "
+        "more allocation policies; print a summary table and optionally write CSVs and plots.",
+    )
+    p.add_argument("--trace", required=True, help="idle-node transition trace (.csv or .csv.gz)")
+    p.add_argument("--jobs", required=True, help="job-mix CSV")
+    p.add_argument("--policy", default="dp",
+                   help="comma-separated policies: milp, dp, greedy, equal_share, static")
+    p.add_argument("--curves", default="oracle", help="oracle or learned")
+    p.add_argument("--forecast", default="none", help="none, oracle or estimated")
+    p.add_argument("--accounting", default="bftrainer", help="bftrainer or pause")
+    p.add_argument("--objective", default="throughput", help="throughput, speedup or weighted")
+    p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")
+    p.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--max-waiting", type=int, default=64)
+    p.add_argument("--time-limit", type=_positive_seconds, default=1.0, metavar="SECONDS",
+                   help="MILP time limit per decision")
+    p.add_argument("--skip-snapshots", type=int, default=0,
+                   help="start at this trace timestamp index (BFTrainer's replayer uses 999)")
+    p.add_argument("--events", action="store_true", help="record every event (events.csv)")
+    p.add_argument("--strict", action="store_true", help="fail on the first bad input row")
+    p.add_argument("--out", help="directory for CSVs and PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_simulate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="malletrain",
@@ -155,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     version.set_defaults(func=_cmd_version)
     _add_alloc_parser(commands)
+    _add_simulate_parser(commands)
     return parser
 
 

@@ -61,6 +61,7 @@ T ValueOrThrow(absl::StatusOr<T> value_or) {
 // BindBase must run first: it registers the StatusError translator.
 void BindBase(pybind11::module_& m);
 void BindAlloc(pybind11::module_& m);
+void BindSim(pybind11::module_& m);
 
 }  // namespace malle::python
 

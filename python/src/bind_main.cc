@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Private C++ extension of malletrain; use the malletrain package instead.";
   malle::python::BindBase(m);
   malle::python::BindAlloc(m);
+  malle::python::BindSim(m);
 }

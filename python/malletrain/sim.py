@@ -1,0 +1,281 @@
+"""Replay a machine's idle-node history with a job mix, under any allocation policy.
+
+The simulator drives the same allocator code as the live system (``libmalle/alloc``), so its
+figures are the allocator's figures. Inputs are an idle-node transition trace (e.g.
+``summit-idle-2021-02.csv.gz``) and a job-mix CSV (e.g. ``jobs-imagenet-1001.csv``); the format
+of both is described in ``docs/simulator.md``.
+
+Example (a notebook)::
+
+    from malletrain import sim
+
+    trace = sim.load_trace("../shared/data/summit-idle-2021-02.csv.gz")
+    mix = sim.load_job_mix("../shared/data/jobs-hpo-shufflenet-10.csv")
+    results = [sim.simulate(trace, mix, policy=p) for p in ("dp", "greedy", "equal_share")]
+    for r in results:
+        print(r.summary["policy"], r.summary["efficiency"])
+    sim.plot_policy_comparison(results, "policies.png")
+
+Results are plain records (dicts and tuples); :meth:`SimulationResult.to_dataframes` returns
+pandas data frames when pandas is installed.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from malletrain import _C
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+TIMELINE_FIELDS = ("time", "idle_nodes", "used_nodes", "running_jobs", "waiting_jobs")
+EVENT_FIELDS = (
+    "time",
+    "kind",
+    "job",
+    "node",
+    "nodes_before",
+    "nodes_after",
+    "idle_nodes",
+    "used_nodes",
+    "decision_ms",
+)
+
+POLICIES = ("milp", "dp", "greedy", "equal_share", "static")
+
+
+def load_trace(path: PathLike, *, strict: bool = False) -> _C.IdleTrace:
+    """Loads an idle-node trace (``.csv`` or ``.csv.gz``).
+
+    Lenient by default: malformed rows are skipped and listed in ``trace.rejected`` as
+    ``(file, line, message)``; with ``strict=True`` the first one raises ``ValueError``.
+    """
+    return _C.sim_load_trace(os.fspath(path), strict)
+
+
+def load_job_mix(path: PathLike, *, strict: bool = False) -> _C.JobMix:
+    """Loads a job-mix CSV file (bad lines in ``mix.rejected`` unless ``strict``)."""
+    return _C.sim_load_job_mix(os.fspath(path), strict)
+
+
+@dataclass
+class SimulationResult:
+    """What one replay produced, as plain records."""
+
+    summary: dict[str, Any]
+    jobs: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dataframes(self) -> dict[str, Any]:
+        """``{"summary", "jobs", "timeline", "events"}`` as pandas data frames (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("to_dataframes() needs pandas: pip install pandas") from e
+        return {
+            "summary": pd.DataFrame([self.summary]),
+            "jobs": pd.DataFrame(self.jobs),
+            "timeline": pd.DataFrame(self.timeline),
+            "events": pd.DataFrame(self.events, columns=list(EVENT_FIELDS)),
+        }
+
+    def write_csv(self, directory: PathLike) -> list[str]:
+        """Writes ``summary.csv``, ``jobs.csv``, ``timeline.csv`` (and ``events.csv`` when events
+        were recorded) into ``directory``; returns the paths written."""
+        os.makedirs(directory, exist_ok=True)
+        written = []
+        tables = [
+            ("summary.csv", [self.summary]),
+            ("jobs.csv", self.jobs),
+            ("timeline.csv", self.timeline),
+        ]
+        if self.events:
+            tables.append(("events.csv", self.events))
+        for name, rows in tables:
+            path = os.path.join(os.fspath(directory), name)
+            with open(path, "w", newline="") as f:
+                if rows:
+                    writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+                    writer.writeheader()
+                    writer.writerows(rows)
+            written.append(path)
+        return written
+
+
+def _seconds(value: float | datetime.timedelta, name: str) -> float:
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected seconds (float) or datetime.timedelta, got {value!r}")
+    return float(value)
+
+
+def simulate(
+    trace: _C.IdleTrace | PathLike,
+    mix: _C.JobMix | PathLike,
+    *,
+    policy: str = "dp",
+    objective: str = "throughput",
+    resize_cost: str = "bftrainer",
+    accounting: str = "bftrainer",
+    curves: str = "oracle",
+    forecast: str = "none",
+    forward_window: float | datetime.timedelta = 120.0,
+    debounce: float | datetime.timedelta = 0.0,
+    max_waiting: int = 64,
+    learned_warmup: float | datetime.timedelta = 0.0,
+    time_limit: float | datetime.timedelta = 1.0,
+    skip_snapshots: int = 0,
+    seed: int = 1,
+    record_events: bool = False,
+    timeline_step: float | datetime.timedelta = 600.0,
+    progress: Callable[[float], None] | None = None,
+) -> SimulationResult:
+    """Replays ``trace`` with the jobs of ``mix`` under one allocation ``policy``.
+
+    ``trace`` and ``mix`` are loaded objects (:func:`load_trace`, :func:`load_job_mix`) or
+    paths. ``policy`` is one of ``milp``, ``dp``, ``greedy``, ``equal_share``, ``static``;
+    ``curves="learned"`` hides the true scalability curves from the policy (it sees only what
+    the job measured at the sizes it ran at); ``forecast`` is ``none``, ``oracle`` or
+    ``estimated``. ``accounting="bftrainer"`` charges a resize as BFTrainer's replayer does
+    (old rate x pause); ``"pause"`` stops the job for the pause. ``progress`` is called with the
+    fraction done (0..1). Bad options raise ``ValueError`` naming the option.
+    """
+    if not isinstance(trace, _C.IdleTrace):
+        trace = load_trace(trace)
+    if not isinstance(mix, _C.JobMix):
+        mix = load_job_mix(mix)
+    o = _C.SimOptions()
+    o.policy = policy
+    o.objective = objective
+    o.resize_cost = resize_cost
+    o.accounting = accounting
+    o.curves = curves
+    o.forecast = forecast
+    o.forward_window_s = _seconds(forward_window, "forward_window")
+    o.debounce_s = _seconds(debounce, "debounce")
+    o.max_waiting = int(max_waiting)
+    o.learned_warmup_s = _seconds(learned_warmup, "learned_warmup")
+    o.time_limit_s = _seconds(time_limit, "time_limit")
+    o.skip_snapshots = int(skip_snapshots)
+    o.seed = int(seed)
+    o.record_events = bool(record_events)
+    o.timeline_step_s = _seconds(timeline_step, "timeline_step")
+    raw = _C.sim_run(trace, mix, o, progress)
+    return SimulationResult(
+        summary=raw["summary"],
+        jobs=raw["jobs"],
+        timeline=[dict(zip(TIMELINE_FIELDS, t)) for t in raw["timeline"]],
+        events=[dict(zip(EVENT_FIELDS, e)) for e in raw["events"]],
+    )
+
+
+def compare(
+    trace: _C.IdleTrace | PathLike,
+    mix: _C.JobMix | PathLike,
+    policies: Iterable[str] = ("milp", "dp", "greedy", "equal_share", "static"),
+    **options: Any,
+) -> list[SimulationResult]:
+    """Runs :func:`simulate` once per policy on the same inputs (loaded once)."""
+    if not isinstance(trace, _C.IdleTrace):
+        trace = load_trace(trace)
+    if not isinstance(mix, _C.JobMix):
+        mix = load_job_mix(mix)
+    return [simulate(trace, mix, policy=p, **options) for p in policies]
+
+
+def summary_table(results: Sequence[SimulationResult]) -> str:
+    """A fixed-width text table of the summaries, one row per policy."""
+    cols = [
+        ("policy", "{}", 12),
+        ("samples_trained", "{:.4g}", 12),
+        ("idle_node_hours", "{:.1f}", 11),
+        ("used_node_hours", "{:.1f}", 11),
+        ("utilisation", "{:.1%}", 8),
+        ("efficiency", "{:.1%}", 8),
+        ("jobs_finished", "{}", 6),
+        ("resizes", "{}", 8),
+        ("preemptions", "{}", 8),
+        ("decision_p50_ms", "{:.2f}", 8),
+        ("decision_p99_ms", "{:.2f}", 8),
+        ("wall_s", "{:.1f}", 7),
+    ]
+    header = "  ".join(name[:w].rjust(w) for name, _, w in cols)
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append("  ".join(fmt.format(r.summary[name]).rjust(w) for name, fmt, w in cols))
+    return "\n".join(lines)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; works without a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _datetime(unix_s: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc)
+
+
+def plot_utilisation(result: SimulationResult, path: PathLike) -> None:
+    """Idle nodes offered and nodes used over time (PNG)."""
+    plt = _pyplot()
+    t = [_datetime(s["time"]) for s in result.timeline]
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    ax.fill_between(t, [s["idle_nodes"] for s in result.timeline], step="post", alpha=0.3,
+                    label="idle nodes offered")
+    ax.step(t, [s["used_nodes"] for s in result.timeline], where="post", lw=0.8,
+            label="used by jobs")
+    ax.set_ylabel("nodes")
+    ax.set_title(f"Utilisation of idle nodes ({result.summary['policy']})")
+    ax.legend(loc="upper right")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=120)
+    plt.close(fig)
+
+
+def plot_gantt(result: SimulationResult, path: PathLike, max_jobs: int = 60) -> None:
+    """Per-job life lines (submit to finish, running part highlighted) for the first jobs."""
+    plt = _pyplot()
+    jobs = result.jobs[:max_jobs]
+    fig, ax = plt.subplots(figsize=(10, 0.15 * len(jobs) + 1.5))
+    end = max((s["time"] for s in result.timeline), default=0.0)
+    for i, j in enumerate(jobs):
+        finish = j["finish"] if j["finish"] >= 0 else end
+        ax.hlines(i, _datetime(j["submit"]), _datetime(finish), color="0.8", lw=3)
+        if j["first_start"] >= 0:
+            ax.hlines(i, _datetime(j["first_start"]), _datetime(finish), color="C0", lw=3)
+    ax.set_yticks(range(len(jobs)))
+    ax.set_yticklabels([j["name"] for j in jobs], fontsize=5)
+    ax.invert_yaxis()
+    ax.set_title(f"Jobs: waiting (grey) and running until done (blue), {result.summary['policy']}")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=120)
+    plt.close(fig)
+
+
+def plot_policy_comparison(results: Sequence[SimulationResult], path: PathLike) -> None:
+    """Bars of samples trained, efficiency and utilisation per policy (PNG)."""
+    plt = _pyplot()
+    names = [r.summary["policy"] for r in results]
+    metrics = [("samples_trained", "samples trained"), ("efficiency", "efficiency"),
+               ("utilisation", "utilisation of idle nodes")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(12, 3.5))
+    for ax, (key, label) in zip(axes, metrics):
+        ax.bar(names, [r.summary[key] for r in results], color="C0")
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,269 @@
+// Bindings of libmalle/sim: load an idle-node trace and a job mix once, then
+// replay them under any policy. The Python API (keyword options, records,
+// plots, progress bars) is malletrain/sim.py; this only adapts types and
+// errors and releases the GIL while the replay runs.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/decide.h"
+#include "libmalle/sim/engine.h"
+#include "libmalle/sim/idle_trace.h"
+#include "libmalle/sim/job_mix.h"
+#include "python/src/bind_common.h"
+
+namespace py = pybind11;
+
+namespace malle::python {
+namespace {
+
+struct TraceHandle {
+  std::shared_ptr<const sim::IdleTrace> trace;
+};
+struct MixHandle {
+  std::shared_ptr<const sim::JobMix> mix;
+};
+
+double UnixSeconds(absl::Time t) {
+  if (t == absl::InfiniteFuture() || t == absl::InfinitePast()) return -1.0;
+  return absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
+
+template <typename Enum>
+Enum ParseName(const std::string& field, const std::string& value,
+               const std::vector<std::pair<const char*, Enum>>& names) {
+  std::string valid;
+  for (const auto& [name, e] : names) {
+    if (value == name) return e;
+    absl::StrAppend(&valid, valid.empty() ? "" : ", ", name);
+  }
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown value \"", value, "\"; expected one of ", valid)));
+}
+
+py::list LineErrors(const std::vector<sim::LineError>& errors) {
+  py::list out;
+  for (const sim::LineError& e : errors) {
+    out.append(py::make_tuple(e.file, e.line, e.message));
+  }
+  return out;
+}
+
+// Keyword options of malletrain.sim.simulate, already checked for type in
+// Python; ranges are checked by Simulate.
+struct Options {
+  std::string policy = "dp";
+  std::string objective = "throughput";
+  std::string resize_cost = "bftrainer";
+  std::string accounting = "bftrainer";
+  std::string curves = "oracle";
+  std::string forecast = "none";
+  double forward_window_s = 120;
+  double debounce_s = 0;
+  int max_waiting = 64;
+  double learned_warmup_s = 0;
+  double time_limit_s = 1;
+  int skip_snapshots = 0;
+  double start = -1, end = -1;  // Unix seconds; < 0: the trace's bounds
+  bool align_submit_times = true;
+  long long seed = 1;
+  bool record_events = false;
+  double timeline_step_s = 600;
+};
+
+sim::SimOptions ToSimOptions(const Options& o) {
+  sim::SimOptions s;
+  s.decide.policy = ValueOrThrow(alloc::ParsePolicyName(o.policy));
+  s.decide.milp.time_limit = absl::Seconds(o.time_limit_s);
+  s.objective = ParseName<alloc::Objective>("objective", o.objective,
+                                            {{"throughput", alloc::Objective::kThroughput},
+                                             {"speedup", alloc::Objective::kSpeedup},
+                                             {"weighted", alloc::Objective::kWeighted}});
+  s.resize_cost = ParseName<alloc::ResizeCostModel>(
+      "resize_cost", o.resize_cost,
+      {{"bftrainer", alloc::ResizeCostModel::kBftrainer},
+       {"lost_work", alloc::ResizeCostModel::kLostWork}});
+  s.accounting = ParseName<sim::Accounting>(
+      "accounting", o.accounting,
+      {{"bftrainer", sim::Accounting::kBftrainer}, {"pause", sim::Accounting::kPause}});
+  s.curves = ParseName<sim::CurveMode>(
+      "curves", o.curves, {{"oracle", sim::CurveMode::kOracle}, {"learned", sim::CurveMode::kLearned}});
+  s.forecast = ParseName<sim::ForecastMode>("forecast", o.forecast,
+                                            {{"none", sim::ForecastMode::kNone},
+                                             {"oracle", sim::ForecastMode::kOracle},
+                                             {"estimated", sim::ForecastMode::kEstimated}});
+  s.forward_window = absl::Seconds(o.forward_window_s);
+  s.debounce = absl::Seconds(o.debounce_s);
+  s.max_waiting = o.max_waiting;
+  s.learned_warmup = absl::Seconds(o.learned_warmup_s);
+  s.skip_snapshots = o.skip_snapshots;
+  if (o.start >= 0) s.start = absl::FromUnixSeconds(0) + absl::Seconds(o.start);
+  if (o.end >= 0) s.end = absl::FromUnixSeconds(0) + absl::Seconds(o.end);
+  s.align_submit_times = o.align_submit_times;
+  s.seed = static_cast<uint64_t>(o.seed);
+  s.record_events = o.record_events;
+  s.timeline_step = absl::Seconds(o.timeline_step_s);
+  return s;
+}
+
+py::dict SummaryDict(const sim::Summary& s) {
+  py::dict d;
+  d["policy"] = s.policy;
+  d["samples_trained"] = s.samples_trained;
+  d["idle_node_hours"] = s.idle_node_hours;
+  d["used_node_hours"] = s.used_node_hours;
+  d["efficiency"] = s.efficiency;
+  d["utilisation"] = s.utilisation;
+  d["jobs_submitted"] = s.jobs_submitted;
+  d["jobs_finished"] = s.jobs_finished;
+  d["resizes"] = s.resizes;
+  d["preemptions"] = s.preemptions;
+  d["reclaims"] = s.reclaims;
+  d["decisions"] = s.decisions;
+  d["decision_p50_ms"] = s.decision_p50_ms;
+  d["decision_p99_ms"] = s.decision_p99_ms;
+  d["decision_max_ms"] = s.decision_max_ms;
+  d["wall_s"] = s.wall_s;
+  return d;
+}
+
+py::dict ResultDict(const sim::SimResult& r) {
+  py::dict out;
+  out["summary"] = SummaryDict(r.summary);
+  py::list jobs;
+  for (const sim::JobOutcome& j : r.jobs) {
+    py::dict d;
+    d["name"] = j.name;
+    d["submit"] = UnixSeconds(j.submit);
+    d["first_start"] = UnixSeconds(j.first_start);
+    d["finish"] = UnixSeconds(j.finish);
+    d["work_samples"] = j.work_samples;
+    d["samples_done"] = j.samples_done;
+    d["node_seconds"] = j.node_seconds;
+    d["ideal_samples"] = j.ideal_samples;
+    d["resizes"] = j.resizes;
+    d["preemptions"] = j.preemptions;
+    d["reclaims"] = j.reclaims;
+    jobs.append(std::move(d));
+  }
+  out["jobs"] = std::move(jobs);
+  py::list timeline;
+  for (const sim::TimelineSample& t : r.timeline) {
+    timeline.append(py::make_tuple(UnixSeconds(t.time), t.idle_nodes, t.used_nodes,
+                                   t.running_jobs, t.waiting_jobs));
+  }
+  out["timeline"] = std::move(timeline);
+  py::list events;
+  for (const sim::EventRecord& e : r.events) {
+    events.append(py::make_tuple(UnixSeconds(e.time), e.kind, e.job, e.node, e.nodes_before,
+                                 e.nodes_after, e.idle_nodes, e.used_nodes, e.decision_ms));
+  }
+  out["events"] = std::move(events);
+  return out;
+}
+
+}  // namespace
+
+void BindSim(py::module_& m) {
+  py::class_<TraceHandle>(m, "IdleTrace", "A loaded idle-node trace (opaque).")
+      .def_property_readonly("num_nodes", [](const TraceHandle& h) { return h.trace->nodes.size(); })
+      .def_property_readonly("num_events", [](const TraceHandle& h) { return h.trace->events.size(); })
+      .def_property_readonly("rows", [](const TraceHandle& h) { return h.trace->rows; })
+      .def_property_readonly("redundant_rows",
+                             [](const TraceHandle& h) { return h.trace->redundant_rows; })
+      .def_property_readonly("start", [](const TraceHandle& h) { return UnixSeconds(h.trace->start); })
+      .def_property_readonly("end", [](const TraceHandle& h) { return UnixSeconds(h.trace->end); })
+      .def_property_readonly("rejected",
+                             [](const TraceHandle& h) { return LineErrors(h.trace->rejected); });
+  py::class_<MixHandle>(m, "JobMix", "A loaded job mix (opaque).")
+      .def_property_readonly("num_jobs", [](const MixHandle& h) { return h.mix->jobs.size(); })
+      .def_property_readonly("names",
+                             [](const MixHandle& h) {
+                               std::vector<std::string> names;
+                               for (const sim::MixJob& j : h.mix->jobs) names.push_back(j.name);
+                               return names;
+                             })
+      .def_property_readonly("rejected",
+                             [](const MixHandle& h) { return LineErrors(h.mix->rejected); });
+
+  m.def(
+      "sim_load_trace",
+      [](const std::string& path, bool strict) {
+        sim::IdleTraceOptions o;
+        o.strict = strict;
+        auto trace = ValueOrThrow(sim::LoadIdleTrace(path, o));
+        return TraceHandle{std::make_shared<const sim::IdleTrace>(std::move(trace))};
+      },
+      py::arg("path"), py::arg("strict") = false, py::call_guard<py::gil_scoped_release>(),
+      "Loads an idle-node trace (.csv or .csv.gz). Blocks on the file read.");
+  m.def(
+      "sim_load_job_mix",
+      [](const std::string& path, bool strict) {
+        sim::JobMixOptions o;
+        o.strict = strict;
+        auto mix = ValueOrThrow(sim::LoadJobMix(path, o));
+        return MixHandle{std::make_shared<const sim::JobMix>(std::move(mix))};
+      },
+      py::arg("path"), py::arg("strict") = false, py::call_guard<py::gil_scoped_release>(),
+      "Loads a job-mix CSV file.");
+
+  py::class_<Options>(m, "SimOptions", "Options of one replay (see malletrain.sim.simulate).")
+      .def(py::init<>())
+      .def_readwrite("policy", &Options::policy)
+      .def_readwrite("objective", &Options::objective)
+      .def_readwrite("resize_cost", &Options::resize_cost)
+      .def_readwrite("accounting", &Options::accounting)
+      .def_readwrite("curves", &Options::curves)
+      .def_readwrite("forecast", &Options::forecast)
+      .def_readwrite("forward_window_s", &Options::forward_window_s)
+      .def_readwrite("debounce_s", &Options::debounce_s)
+      .def_readwrite("max_waiting", &Options::max_waiting)
+      .def_readwrite("learned_warmup_s", &Options::learned_warmup_s)
+      .def_readwrite("time_limit_s", &Options::time_limit_s)
+      .def_readwrite("skip_snapshots", &Options::skip_snapshots)
+      .def_readwrite("start", &Options::start)
+      .def_readwrite("end", &Options::end)
+      .def_readwrite("align_submit_times", &Options::align_submit_times)
+      .def_readwrite("seed", &Options::seed)
+      .def_readwrite("record_events", &Options::record_events)
+      .def_readwrite("timeline_step_s", &Options::timeline_step_s);
+
+  m.def(
+      "sim_run",
+      [](const TraceHandle& trace, const MixHandle& mix, const Options& options,
+         std::function<void(double)> progress) {
+        sim::SimOptions o = ToSimOptions(options);
+        if (progress) {
+          // Called from the replay thread without the GIL; take it briefly.
+          o.progress = [progress](double fraction) {
+            py::gil_scoped_acquire gil;
+            try {
+              progress(fraction);
+            } catch (py::error_already_set& e) {
+              // libmalle does not throw through; a broken progress bar must
+              // not end the replay. Python reports it as unraisable.
+              e.discard_as_unraisable("malletrain.sim progress callback");
+            }
+          };
+        }
+        absl::StatusOr<sim::SimResult> result;
+        {
+          py::gil_scoped_release release;
+          result = sim::Simulate(*trace.trace, mix.mix->jobs, o);
+        }
+        return ResultDict(ValueOrThrow(std::move(result)));
+      },
+      py::arg("trace"), py::arg("mix"), py::arg("options"), py::arg("progress") = nullptr,
+      "Replays the trace with the mix under options.policy; returns plain records. Blocks "
+      "for the whole replay (the GIL is released; `progress` is called with it held).");
+}
+
+}  // namespace malle::python
