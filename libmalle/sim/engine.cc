@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "libmalle/base/check.h"
 #include "libmalle/base/status_macros.h"
 
 namespace malle::sim {
@@ -227,27 +228,34 @@ absl::Status Replay::Decide() {
   latencies_ms_.push_back(ms);
   ++summary_.decisions;
   Record("decide", -1, -1, 0, 0, ms);
+  // Two passes: a node one job releases may be taken by a job listed before
+  // it, so every release happens before any take.
+  std::vector<int> before(considered.size());
+  for (size_t k = 0; k < considered.size(); ++k) {
+    const int j = considered[k];
+    before[k] = static_cast<int>(jobs_[j].nodes.size());
+    if (decision->allocation.jobs[k].nodes.size() != jobs_[j].nodes.size()) ReleaseAll(j);
+  }
   for (size_t k = 0; k < considered.size(); ++k) {
     const int j = considered[k];
     JobState& s = jobs_[j];
     const alloc::JobAllocation& a = decision->allocation.jobs[k];
-    const int before = static_cast<int>(s.nodes.size());
     const int after = static_cast<int>(a.nodes.size());
-    if (before == after) continue;
-    ReleaseAll(j);
+    if (before[k] == after) continue;
     for (const std::string& id : a.nodes) {
       const int node = node_index_.at(id);
+      MALLE_CHECK(holder_[node] == -1) << "node " << id << " given to two jobs";
       holder_[node] = j;
       ++used_count_;
       s.nodes.push_back(node);
     }
-    ChargeResize(s, before, after, after > before);
+    ChargeResize(s, before[k], after, after > before[k]);
     ++s.out.resizes;
     ++summary_.resizes;
-    if (before == 0 && s.out.first_start == absl::InfiniteFuture()) {
+    if (before[k] == 0 && s.out.first_start == absl::InfiniteFuture()) {
       s.out.first_start = origin_ + absl::Seconds(now_);
     }
-    Record("resize", j, -1, before, after);
+    Record("resize", j, -1, before[k], after);
   }
   return absl::OkStatus();
 }
