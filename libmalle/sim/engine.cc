@@ -5,7 +5,9 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -20,7 +22,8 @@ namespace malle::sim {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Idle fragments kept for the estimated forecast (the most recent ones).
+// Idle fragments kept for the estimated forecast (the most recent ones), and
+// how many must have been seen before it says anything.
 constexpr size_t kFragmentMemory = 4096;
 constexpr size_t kMinFragments = 32;
 
@@ -29,34 +32,49 @@ double Sec(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 struct JobState {
   const MixJob* mix = nullptr;
   double submit = 0;  // replay seconds
+  int rank = 0;       // position in submit order (FIFO), ties by mix order
   bool submitted = false, finished = false;
   double done = 0;
   std::vector<int> nodes;  // held, in holding order
   double paused_until = -kInf;
-  double size_since = 0;               // when the current size started
-  std::map<int, double> observed;      // learned mode: size -> measured rate
+  double size_since = 0;           // when the current size started
+  std::map<int, double> observed;  // learned mode: size -> measured rate
   JobOutcome out;
 };
 
 absl::Status ValidateOptions(const SimOptions& o) {
   if (o.max_waiting < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_waiting: must be >= 0, got ", o.max_waiting));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_waiting: must be >= 0, got ", o.max_waiting));
   }
-  if (o.debounce < absl::ZeroDuration()) return absl::InvalidArgumentError("debounce: must be >= 0");
+  if (o.debounce < absl::ZeroDuration() || o.debounce == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("debounce: must be finite and >= 0, got ", absl::FormatDuration(o.debounce)));
+  }
   if (o.forward_window <= absl::ZeroDuration() || o.forward_window == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("forward_window: must be finite and > 0");
+    return absl::InvalidArgumentError(absl::StrCat("forward_window: must be finite and > 0, got ",
+                                                   absl::FormatDuration(o.forward_window)));
   }
   if (o.timeline_step <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("timeline_step: must be > 0");
+    return absl::InvalidArgumentError(absl::StrCat("timeline_step: must be > 0, got ",
+                                                   absl::FormatDuration(o.timeline_step)));
   }
   if (o.learned_warmup < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("learned_warmup: must be >= 0");
+    return absl::InvalidArgumentError(absl::StrCat("learned_warmup: must be >= 0, got ",
+                                                   absl::FormatDuration(o.learned_warmup)));
   }
-  if (o.skip_snapshots < 0) return absl::InvalidArgumentError("skip_snapshots: must be >= 0");
+  if (o.skip_snapshots < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("skip_snapshots: must be >= 0, got ", o.skip_snapshots));
+  }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return absl::OkStatus();
 }
 
+// The replay. Per-step work is O(running jobs), never O(all jobs) nor
+// O(machine nodes): running jobs are kept in `running_`, waiting jobs in
+// `waiting_` (both keyed by submit rank), so a 1,000-job mix on a
+// 4,600-node machine costs what its running jobs and idle nodes cost.
 class Replay {
  public:
   Replay(const IdleTrace& trace, const std::vector<MixJob>& jobs, const SimOptions& options)
@@ -70,24 +88,35 @@ class Replay {
  private:
   double Rate(const JobState& j, int n) const { return alloc::Interpolate(j.mix->throughput, n); }
   void Advance(double to);
-  void Record(const std::string& kind, int job, int node, int before, int after, double ms = 0);
-  void ChargeResize(JobState& j, int before, int after, bool grow);
+  void Record(const char* kind, int job, int node, int before, int after, double ms = 0);
+  void ChargeResize(JobState& j, int before, int after);
   void ReleaseAll(int job);
+  void StartRunning(int job);
+  void StopRunning(int job, bool wait_again);
   alloc::Curve CurveFor(const JobState& j) const;
+  absl::Duration EstimatedIdle(int node);
   absl::Status Decide();
-  double NextFinish() const;
+  double FinishTime(const JobState& j) const;
+  void FinishJobs();
+  void ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_node);
+  void AddFragment(double length);
 
   const IdleTrace& trace_;
   const SimOptions& options_;
   std::vector<JobState> jobs_;
-  absl::Time origin_;  // replay second 0
+  std::vector<int> by_rank_;     // job index by submit rank
+  std::set<int> running_;        // ranks of jobs holding nodes
+  std::set<int> waiting_;        // ranks of submitted jobs holding none (FIFO)
+  absl::Time origin_;            // replay second 0
   double now_ = 0, end_ = 0;
   std::vector<char> idle_;
-  std::vector<int> holder_;
+  std::vector<int> holder_;      // job index holding each node, -1 if none
   absl::flat_hash_map<std::string, int> node_index_;
   std::vector<double> idle_since_;
   std::vector<double> next_busy_;  // oracle forecast, per node (replay seconds)
-  std::deque<double> fragments_;
+  std::deque<double> fragments_;   // estimated forecast: recent idle fragment lengths
+  std::vector<double> sorted_fragments_;
+  bool fragments_dirty_ = false;
   int idle_count_ = 0, used_count_ = 0;
   double idle_node_s_ = 0, used_node_s_ = 0;
   std::vector<double> latencies_ms_;
@@ -95,7 +124,7 @@ class Replay {
   Summary& summary_ = result_.summary;
 };
 
-void Replay::Record(const std::string& kind, int job, int node, int before, int after, double ms) {
+void Replay::Record(const char* kind, int job, int node, int before, int after, double ms) {
   if (!options_.record_events) return;
   EventRecord e;
   e.time = origin_ + absl::Seconds(now_);
@@ -115,26 +144,27 @@ void Replay::Advance(double to) {
   if (dt <= 0) return;
   idle_node_s_ += idle_count_ * dt;
   used_node_s_ += used_count_ * dt;
-  for (JobState& j : jobs_) {
+  const double warmup = Sec(options_.learned_warmup);
+  for (int rank : running_) {
+    JobState& j = jobs_[by_rank_[rank]];
     const int n = static_cast<int>(j.nodes.size());
-    if (n == 0 || j.finished) continue;
     const double r = Rate(j, n);
     const double training = to - std::max(now_, std::min(to, j.paused_until));
     j.done += r * std::max(0.0, training);
     j.out.ideal_samples += r * dt;
     j.out.node_seconds += n * dt;
-    if (options_.curves == CurveMode::kLearned && to - j.size_since >= Sec(options_.learned_warmup)) {
+    if (options_.curves == CurveMode::kLearned && to - j.size_since >= warmup) {
       j.observed[n] = r;  // what the job's own step timer would report
     }
   }
   now_ = to;
 }
 
-void Replay::ChargeResize(JobState& j, int before, int after, bool grow) {
-  const double pause = Sec(grow ? j.mix->rescale_up : j.mix->rescale_down);
+void Replay::ChargeResize(JobState& j, int before, int after) {
+  const double pause = Sec(after > before ? j.mix->rescale_up : j.mix->rescale_down);
   if (options_.accounting == Accounting::kBftrainer) {
     j.done -= Rate(j, before) * pause;  // r(0) = 0: a start is free
-  } else if (before > 0 || after > 0) {
+  } else {
     j.paused_until = now_ + pause;
   }
   j.size_since = now_;
@@ -148,17 +178,44 @@ void Replay::ReleaseAll(int job) {
   jobs_[job].nodes.clear();
 }
 
-double Replay::NextFinish() const {
-  double next = kInf;
-  for (const JobState& j : jobs_) {
-    const int n = static_cast<int>(j.nodes.size());
-    if (n == 0 || j.finished) continue;
-    const double r = Rate(j, n);
-    if (r <= 0) continue;
-    const double start = std::max(now_, j.paused_until);
-    next = std::min(next, start + std::max(0.0, j.mix->work_samples - j.done) / r);
+void Replay::StartRunning(int job) {
+  waiting_.erase(jobs_[job].rank);
+  running_.insert(jobs_[job].rank);
+}
+
+void Replay::StopRunning(int job, bool wait_again) {
+  running_.erase(jobs_[job].rank);
+  if (wait_again) waiting_.insert(jobs_[job].rank);
+}
+
+// When the job reaches its work at its current size (kInf if never).
+double Replay::FinishTime(const JobState& j) const {
+  const double r = Rate(j, static_cast<int>(j.nodes.size()));
+  if (r <= 0) return kInf;
+  return std::max(now_, j.paused_until) + std::max(0.0, j.mix->work_samples - j.done) / r;
+}
+
+void Replay::FinishJobs() {
+  std::vector<int> finished;
+  for (int rank : running_) {
+    const int j = by_rank_[rank];
+    const JobState& s = jobs_[j];
+    // The second test guarantees progress when the remaining time is below
+    // the resolution of `now_`.
+    if (s.done >= s.mix->work_samples * (1 - 1e-12) || FinishTime(s) <= now_) {
+      finished.push_back(j);
+    }
   }
-  return next;
+  for (int j : finished) {
+    JobState& s = jobs_[j];
+    s.finished = true;
+    s.out.finish = origin_ + absl::Seconds(now_);
+    ++summary_.jobs_finished;
+    const int n = static_cast<int>(s.nodes.size());
+    ReleaseAll(j);
+    StopRunning(j, /*wait_again=*/false);
+    Record("finish", j, -1, n, 0);
+  }
 }
 
 alloc::Curve Replay::CurveFor(const JobState& j) const {
@@ -172,58 +229,87 @@ alloc::Curve Replay::CurveFor(const JobState& j) const {
   if (lo < first.first) points[lo] = first.second * lo / first.first;
   if (hi > last.first) points[hi] = last.second * hi / last.first;
   alloc::Curve curve;
+  curve.reserve(points.size());
   for (const auto& [n, r] : points) curve.push_back({n, r});
   return curve;
 }
 
+void Replay::AddFragment(double length) {
+  if (options_.forecast != ForecastMode::kEstimated) return;
+  fragments_.push_back(length);
+  if (fragments_.size() > kFragmentMemory) fragments_.pop_front();
+  fragments_dirty_ = true;
+}
+
+// Median remaining length of the past fragments that lasted longer than this
+// node has been idle so far; unknown (infinite) until enough were seen or
+// when none lasted that long.
+absl::Duration Replay::EstimatedIdle(int node) {
+  if (fragments_.size() < kMinFragments) return absl::InfiniteDuration();
+  if (fragments_dirty_) {
+    sorted_fragments_.assign(fragments_.begin(), fragments_.end());
+    std::sort(sorted_fragments_.begin(), sorted_fragments_.end());
+    fragments_dirty_ = false;
+  }
+  const double age = now_ - idle_since_[node];
+  auto it = std::upper_bound(sorted_fragments_.begin(), sorted_fragments_.end(), age);
+  const size_t longer = sorted_fragments_.end() - it;
+  if (longer == 0) return absl::InfiniteDuration();
+  return absl::Seconds(*(it + longer / 2) - age);
+}
+
 absl::Status Replay::Decide() {
+  // Running jobs and the first max_waiting waiting ones, in submit order.
+  std::vector<int> ranks(running_.begin(), running_.end());
+  {
+    int taken = 0;
+    for (auto it = waiting_.begin(); it != waiting_.end() && taken < options_.max_waiting;
+         ++it, ++taken) {
+      ranks.push_back(*it);
+    }
+    std::sort(ranks.begin(), ranks.end());
+  }
+  if (ranks.empty()) return absl::OkStatus();  // nothing any policy could change
+
   alloc::Problem problem;
   problem.forward_window = options_.forward_window;
   problem.objective = options_.objective;
   problem.resize_cost = options_.resize_cost;
-  std::vector<double> sorted_fragments;
-  if (options_.forecast == ForecastMode::kEstimated && fragments_.size() >= kMinFragments) {
-    sorted_fragments.assign(fragments_.begin(), fragments_.end());
-    std::sort(sorted_fragments.begin(), sorted_fragments.end());
-  }
+  problem.nodes.reserve(idle_count_);
   for (size_t n = 0; n < idle_.size(); ++n) {
     if (!idle_[n]) continue;
     alloc::Node node;
     node.id = trace_.nodes[n];
-    if (options_.forecast == ForecastMode::kOracle && std::isfinite(next_busy_[n])) {
-      node.expected_idle = absl::Seconds(std::max(0.0, next_busy_[n] - now_));
-    } else if (!sorted_fragments.empty()) {
-      // Median remaining length of past fragments that lasted longer than
-      // this node has been idle so far.
-      const double age = now_ - idle_since_[n];
-      auto it = std::upper_bound(sorted_fragments.begin(), sorted_fragments.end(), age);
-      const size_t longer = sorted_fragments.end() - it;
-      if (longer > 0) node.expected_idle = absl::Seconds(*(it + longer / 2) - age);
+    if (options_.forecast == ForecastMode::kOracle) {
+      if (std::isfinite(next_busy_[n])) {
+        node.expected_idle = absl::Seconds(std::max(0.0, next_busy_[n] - now_));
+      }
+    } else if (options_.forecast == ForecastMode::kEstimated) {
+      node.expected_idle = EstimatedIdle(static_cast<int>(n));
     }
     problem.nodes.push_back(std::move(node));
   }
   std::vector<int> considered;
-  int waiting = 0;
-  for (size_t j = 0; j < jobs_.size(); ++j) {
+  considered.reserve(ranks.size());
+  problem.jobs.reserve(ranks.size());
+  for (int rank : ranks) {
+    const int j = by_rank_[rank];
     const JobState& s = jobs_[j];
-    if (!s.submitted || s.finished) continue;
-    if (s.nodes.empty()) {
-      if (waiting >= options_.max_waiting) continue;
-      ++waiting;
-    }
-    considered.push_back(static_cast<int>(j));
+    considered.push_back(j);
     alloc::JobSpec spec = ToJobSpec(*s.mix);
-    spec.throughput = CurveFor(s);
+    if (options_.curves != CurveMode::kOracle) spec.throughput = CurveFor(s);
+    spec.current_nodes.reserve(s.nodes.size());
     for (int node : s.nodes) spec.current_nodes.push_back(trace_.nodes[node]);
     problem.jobs.push_back(std::move(spec));
   }
+
   const absl::Time t0 = absl::Now();
   absl::StatusOr<alloc::Decision> decision = alloc::Decide(problem, options_.decide);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
   if (!decision.ok()) {
     return absl::Status(decision.status().code(),
-                        absl::StrCat("decision at replay second ", now_, ": ",
-                                     decision.status().message()));
+                        absl::StrCat("decision at ", absl::FormatTime(origin_ + absl::Seconds(now_)),
+                                     ": ", decision.status().message()));
   }
   latencies_ms_.push_back(ms);
   ++summary_.decisions;
@@ -245,19 +331,78 @@ absl::Status Replay::Decide() {
     for (const std::string& id : a.nodes) {
       const int node = node_index_.at(id);
       MALLE_CHECK(holder_[node] == -1) << "node " << id << " given to two jobs";
+      MALLE_CHECK(idle_[node]) << "node " << id << " is busy";
       holder_[node] = j;
       ++used_count_;
       s.nodes.push_back(node);
     }
-    ChargeResize(s, before[k], after, after > before[k]);
+    ChargeResize(s, before[k], after);
     ++s.out.resizes;
     ++summary_.resizes;
-    if (before[k] == 0 && s.out.first_start == absl::InfiniteFuture()) {
-      s.out.first_start = origin_ + absl::Seconds(now_);
+    if (before[k] == 0) {
+      StartRunning(j);
+      if (s.out.first_start == absl::InfiniteFuture()) {
+        s.out.first_start = origin_ + absl::Seconds(now_);
+      }
+    } else if (after == 0) {
+      StopRunning(j, /*wait_again=*/true);
     }
     Record("resize", j, -1, before[k], after);
   }
   return absl::OkStatus();
+}
+
+// Applies every trace event at `now_`. Nodes reclaimed from one job at one
+// time are one forced shrink: the job sees one membership change and pays
+// one down pause, whatever the number of nodes it lost.
+void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_node) {
+  std::vector<std::pair<int, int>> shrunk;  // (job, nodes before this time)
+  for (; ev < trace_.events.size() && Sec(trace_.events[ev].time - origin_) <= now_; ++ev) {
+    const IdleEvent& e = trace_.events[ev];
+    const int node = e.node;
+    if (e.idle) {
+      if (!idle_[node]) ++idle_count_;
+      idle_[node] = 1;
+      idle_since_[node] = now_;
+      next_busy_[node] = next_of_node[ev] < trace_.events.size()
+                             ? Sec(trace_.events[next_of_node[ev]].time - origin_)
+                             : kInf;
+      Record("idle", -1, node, 0, 0);
+      continue;
+    }
+    if (idle_[node]) {
+      --idle_count_;
+      AddFragment(now_ - idle_since_[node]);
+    }
+    idle_[node] = 0;
+    const int j = holder_[node];
+    if (j >= 0) {
+      JobState& s = jobs_[j];
+      const int n = static_cast<int>(s.nodes.size());
+      if (std::none_of(shrunk.begin(), shrunk.end(), [j](const auto& p) { return p.first == j; })) {
+        shrunk.emplace_back(j, n);
+      }
+      s.nodes.erase(std::find(s.nodes.begin(), s.nodes.end(), node));
+      holder_[node] = -1;
+      --used_count_;
+      ++s.out.reclaims;
+      ++summary_.reclaims;
+      Record("reclaim", j, node, n, n - 1);
+    }
+    Record("busy", -1, node, 0, 0);
+  }
+  for (const auto& [j, before] : shrunk) {
+    JobState& s = jobs_[j];
+    const int after = static_cast<int>(s.nodes.size());
+    ChargeResize(s, before, after);
+    if (after < s.mix->min_nodes) {
+      ReleaseAll(j);
+      StopRunning(j, /*wait_again=*/true);
+      ++s.out.preemptions;
+      ++summary_.preemptions;
+      Record("preempt", j, -1, after, 0);
+    }
+  }
 }
 
 absl::StatusOr<SimResult> Replay::Run() {
@@ -265,25 +410,46 @@ absl::StatusOr<SimResult> Replay::Run() {
   MALLE_RETURN_IF_ERROR(ValidateOptions(options_));
   if (trace_.events.empty()) return absl::InvalidArgumentError("trace: has no events");
   const int num_nodes = static_cast<int>(trace_.nodes.size());
+  for (size_t i = 0; i < trace_.events.size(); ++i) {
+    const IdleEvent& e = trace_.events[i];
+    if (e.node < 0 || e.node >= num_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: events[", i, "].node = ", e.node,
+                                                     " is not a node index (", num_nodes,
+                                                     " nodes)"));
+    }
+    if (i > 0 && e.time < trace_.events[i - 1].time) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace: events[", i, "] is earlier than the event before it"));
+    }
+  }
   idle_.assign(num_nodes, 0);
   holder_.assign(num_nodes, -1);
+  node_index_.reserve(num_nodes);
   for (int n = 0; n < num_nodes; ++n) node_index_[trace_.nodes[n]] = n;
   idle_since_.assign(num_nodes, 0);
   next_busy_.assign(num_nodes, kInf);
 
   // Replay start: the (skip_snapshots + 1)-th distinct event time.
   absl::Time start = trace_.events.front().time;
-  for (size_t i = 1, distinct = 0; i < trace_.events.size() &&
-                                   distinct < static_cast<size_t>(options_.skip_snapshots);
-       ++i) {
+  int skipped = 0;
+  for (size_t i = 1; i < trace_.events.size() && skipped < options_.skip_snapshots; ++i) {
     if (trace_.events[i].time != trace_.events[i - 1].time) {
-      ++distinct;
+      ++skipped;
       start = trace_.events[i].time;
     }
   }
+  if (skipped < options_.skip_snapshots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("skip_snapshots: ", options_.skip_snapshots, " but the trace has only ",
+                     skipped + 1, " distinct event times"));
+  }
   start = std::max(start, options_.start);
-  const absl::Time end = std::min(trace_.end, options_.end);
-  if (end <= start) return absl::InvalidArgumentError("start: the replay window is empty");
+  const absl::Time end = std::min(std::max(trace_.end, trace_.events.back().time), options_.end);
+  if (end <= start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start: the replay window [", absl::FormatTime(start), ", ",
+                     absl::FormatTime(end), ") is empty"));
+  }
   origin_ = start;
   end_ = Sec(end - start);
 
@@ -296,18 +462,24 @@ absl::StatusOr<SimResult> Replay::Run() {
       later[trace_.events[i].node] = i;
     }
   }
-  auto replay_s = [&](absl::Time t) { return Sec(t - origin_); };
 
-  // Events before the start only set the initial state.
+  // Events before the start only set the initial state (and, for the
+  // estimated forecast, the history of fragments).
   size_t ev = 0;
   for (; ev < trace_.events.size() && trace_.events[ev].time < start; ++ev) {
     const IdleEvent& e = trace_.events[ev];
-    if (e.idle != static_cast<bool>(idle_[e.node])) idle_count_ += e.idle ? 1 : -1;
+    const double t = Sec(e.time - origin_);
+    if (e.idle) {
+      if (!idle_[e.node]) ++idle_count_;
+      idle_since_[e.node] = t;
+      next_busy_[e.node] = next_of_node[ev] < trace_.events.size()
+                               ? Sec(trace_.events[next_of_node[ev]].time - origin_)
+                               : kInf;
+    } else if (idle_[e.node]) {
+      --idle_count_;
+      AddFragment(t - idle_since_[e.node]);
+    }
     idle_[e.node] = e.idle;
-    idle_since_[e.node] = replay_s(e.time);
-    next_busy_[e.node] = next_of_node[ev] < trace_.events.size()
-                             ? replay_s(trace_.events[next_of_node[ev]].time)
-                             : kInf;
   }
 
   // Submit times, aligned to the replay start when asked.
@@ -317,100 +489,59 @@ absl::StatusOr<SimResult> Replay::Run() {
     for (const JobState& j : jobs_) first = std::min(first, j.mix->submit_time);
     shift = Sec(start - first);
   }
-  std::vector<int> by_submit(jobs_.size());
+  by_rank_.resize(jobs_.size());
   for (size_t j = 0; j < jobs_.size(); ++j) {
-    jobs_[j].submit = Sec(jobs_[j].mix->submit_time - origin_) + shift;
+    const double submit = Sec(jobs_[j].mix->submit_time - origin_) + shift;
+    // A job submitted before the replay start arrives at the start (its
+    // outcome keeps the submit time it was given).
+    jobs_[j].submit = std::max(0.0, submit);
     jobs_[j].out.name = jobs_[j].mix->name;
     jobs_[j].out.work_samples = jobs_[j].mix->work_samples;
-    jobs_[j].out.submit = origin_ + absl::Seconds(jobs_[j].submit);
-    by_submit[j] = static_cast<int>(j);
+    jobs_[j].out.submit = origin_ + absl::Seconds(submit);
+    by_rank_[j] = static_cast<int>(j);
   }
-  std::stable_sort(by_submit.begin(), by_submit.end(),
+  std::stable_sort(by_rank_.begin(), by_rank_.end(),
                    [&](int a, int b) { return jobs_[a].submit < jobs_[b].submit; });
+  for (size_t r = 0; r < by_rank_.size(); ++r) jobs_[by_rank_[r]].rank = static_cast<int>(r);
+
   size_t next_submit = 0;
   double decision_at = kInf;
   double next_sample = 0;
   auto schedule = [&]() {
     if (decision_at == kInf) decision_at = now_ + Sec(options_.debounce);
   };
-  double last_progress = -1;
+  double last_progress = -kInf;
 
   while (true) {
-    const double t_event = ev < trace_.events.size() ? replay_s(trace_.events[ev].time) : kInf;
+    const double t_event =
+        ev < trace_.events.size() ? Sec(trace_.events[ev].time - origin_) : kInf;
     const double t_submit =
-        next_submit < by_submit.size() ? std::max(0.0, jobs_[by_submit[next_submit]].submit) : kInf;
-    const double t_finish = NextFinish();
-    double t = std::min({t_event, t_submit, t_finish, decision_at, next_sample, end_});
+        next_submit < by_rank_.size() ? jobs_[by_rank_[next_submit]].submit : kInf;
+    double t_finish = kInf;
+    for (int rank : running_) t_finish = std::min(t_finish, FinishTime(jobs_[by_rank_[rank]]));
+    const double t = std::min({t_event, t_submit, t_finish, decision_at, next_sample, end_});
     Advance(t);
-    if (t >= end_) break;
-
-    // Finished jobs.
-    for (size_t j = 0; j < jobs_.size(); ++j) {
-      JobState& s = jobs_[j];
-      if (s.finished || s.nodes.empty()) continue;
-      if (s.done >= s.mix->work_samples * (1 - 1e-12) - 1e-6) {
-        s.finished = true;
-        s.out.finish = origin_ + absl::Seconds(now_);
-        ++summary_.jobs_finished;
-        Record("finish", static_cast<int>(j), -1, static_cast<int>(s.nodes.size()), 0);
-        ReleaseAll(static_cast<int>(j));
-        schedule();
-      }
+    if (t >= end_) {
+      FinishJobs();  // a job done exactly at the end counts as finished
+      break;
     }
-    // Trace events at this time.
-    for (; ev < trace_.events.size() && replay_s(trace_.events[ev].time) <= now_; ++ev) {
-      const IdleEvent& e = trace_.events[ev];
-      const int node = e.node;
-      if (e.idle) {
-        if (!idle_[node]) ++idle_count_;
-        idle_[node] = 1;
-        idle_since_[node] = now_;
-        next_busy_[node] = next_of_node[ev] < trace_.events.size()
-                               ? replay_s(trace_.events[next_of_node[ev]].time)
-                               : kInf;
-        Record("idle", -1, node, 0, 0);
-      } else {
-        if (idle_[node]) {
-          --idle_count_;
-          fragments_.push_back(now_ - idle_since_[node]);
-          if (fragments_.size() > kFragmentMemory) fragments_.pop_front();
-        }
-        idle_[node] = 0;
-        const int j = holder_[node];
-        if (j >= 0) {
-          JobState& s = jobs_[j];
-          const int before = static_cast<int>(s.nodes.size());
-          s.nodes.erase(std::find(s.nodes.begin(), s.nodes.end(), node));
-          holder_[node] = -1;
-          --used_count_;
-          ++s.out.reclaims;
-          ++summary_.reclaims;
-          ChargeResize(s, before, before - 1, /*grow=*/false);
-          Record("reclaim", j, node, before, before - 1);
-          if (before - 1 < s.mix->min_nodes && before - 1 > 0) {
-            ReleaseAll(j);
-            ++s.out.preemptions;
-            ++summary_.preemptions;
-            Record("preempt", j, -1, before - 1, 0);
-          } else if (before - 1 == 0) {
-            ++s.out.preemptions;
-            ++summary_.preemptions;
-            Record("preempt", j, -1, 0, 0);
-          }
-        }
-        Record("busy", -1, node, 0, 0);
-      }
+
+    const int running_before = static_cast<int>(running_.size());
+    FinishJobs();
+    if (static_cast<int>(running_.size()) != running_before) schedule();
+    if (ev < trace_.events.size() && Sec(trace_.events[ev].time - origin_) <= now_) {
+      ApplyTraceEvents(ev, next_of_node);
       schedule();
     }
-    // Submissions.
-    for (; next_submit < by_submit.size() &&
-           std::max(0.0, jobs_[by_submit[next_submit]].submit) <= now_;
+    for (; next_submit < by_rank_.size() && jobs_[by_rank_[next_submit]].submit <= now_;
          ++next_submit) {
-      JobState& s = jobs_[by_submit[next_submit]];
+      const int j = by_rank_[next_submit];
+      JobState& s = jobs_[j];
       s.submitted = true;
-      ++summary_.jobs_submitted;
       s.size_since = now_;
-      Record("submit", by_submit[next_submit], -1, 0, 0);
+      waiting_.insert(s.rank);
+      ++summary_.jobs_submitted;
+      Record("submit", j, -1, 0, 0);
       schedule();
     }
     if (decision_at <= now_) {
@@ -422,10 +553,8 @@ absl::StatusOr<SimResult> Replay::Run() {
       sample.time = origin_ + absl::Seconds(now_);
       sample.idle_nodes = idle_count_;
       sample.used_nodes = used_count_;
-      for (const JobState& s : jobs_) {
-        if (!s.submitted || s.finished) continue;
-        ++(s.nodes.empty() ? sample.waiting_jobs : sample.running_jobs);
-      }
+      sample.running_jobs = static_cast<int>(running_.size());
+      sample.waiting_jobs = static_cast<int>(waiting_.size());
       result_.timeline.push_back(sample);
       next_sample = now_ + Sec(options_.timeline_step);
     }
@@ -437,6 +566,7 @@ absl::StatusOr<SimResult> Replay::Run() {
   if (options_.progress) options_.progress(1.0);
 
   double ideal = 0;
+  result_.jobs.reserve(jobs_.size());
   for (JobState& s : jobs_) {
     s.out.samples_done = std::max(0.0, std::min(s.done, s.mix->work_samples));
     summary_.samples_trained += s.out.samples_done;
@@ -477,7 +607,8 @@ absl::StatusOr<SimResult> Simulate(const IdleTrace& trace, const std::vector<Mix
 }
 
 std::string EventsToCsv(const std::vector<EventRecord>& events) {
-  std::string out = "time,kind,job,node,nodes_before,nodes_after,idle_nodes,used_nodes,decision_ms\n";
+  std::string out =
+      "time,kind,job,node,nodes_before,nodes_after,idle_nodes,used_nodes,decision_ms\n";
   for (const EventRecord& e : events) {
     absl::StrAppend(&out, Unix(e.time), ",", e.kind, ",", e.job, ",", e.node, ",", e.nodes_before,
                     ",", e.nodes_after, ",", e.idle_nodes, ",", e.used_nodes, ",",

@@ -2,10 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
@@ -14,6 +20,7 @@ namespace malle::sim {
 namespace {
 
 using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Rows "time,node,idle"; the trace ends at the last row's time.
@@ -23,6 +30,8 @@ IdleTrace Trace(const std::string& rows) {
   return *t;
 }
 
+// A job with a linear curve, `per_node` samples/s per node, 10 s up pause
+// and 5 s down pause, submitted at Unix time 0.
 MixJob Job(const std::string& name, int min, int max, double work, double per_node = 10) {
   MixJob j;
   j.name = name;
@@ -43,8 +52,49 @@ SimOptions Dp() {
   return o;
 }
 
+absl::Time T(int64_t s) { return absl::FromUnixSeconds(s); }
+
+// "time kind job before->after" for every event of `kind`.
+std::vector<std::string> EventsOf(const SimResult& r, const std::string& kind) {
+  std::vector<std::string> out;
+  for (const EventRecord& e : r.events) {
+    if (e.kind != kind) continue;
+    out.push_back(absl::StrCat(absl::ToUnixSeconds(e.time), " ", e.job, e.node, " ",
+                               e.nodes_before, "->", e.nodes_after));
+  }
+  return out;
+}
+
 // n0 idle from 0, n1 idle from 100, end at 1000.
 constexpr char kGrow[] = "0,n0,1\n0,n1,0\n100,n1,1\n1000,n0,1\n";
+// n0 and n1 idle from 0 to 1000.
+constexpr char kTwoNodes[] = "0,n0,1\n0,n1,1\n1000,n0,1\n";
+
+TEST(EngineTest, JobAloneFinishesAtTheComputedTime) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 5000)}, Dp()));
+  // Starts on both nodes at 0 (free), 20/s: 5000 samples at t = 250.
+  EXPECT_EQ(r.jobs[0].first_start, T(0));
+  EXPECT_EQ(r.jobs[0].finish, T(250));
+  EXPECT_DOUBLE_EQ(r.jobs[0].samples_done, 5000);
+  EXPECT_DOUBLE_EQ(r.jobs[0].node_seconds, 500);
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 5000);
+  EXPECT_EQ(r.summary.jobs_submitted, 1);
+  EXPECT_EQ(r.summary.jobs_finished, 1);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, 1.0);
+  EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 2000.0 / 3600);
+  EXPECT_DOUBLE_EQ(r.summary.used_node_hours, 500.0 / 3600);
+  EXPECT_DOUBLE_EQ(r.summary.utilisation, 0.25);
+  EXPECT_THAT(EventsOf(r, "finish"), ElementsAre("250 j 2->0"));
+
+  // Pause accounting: the 10 s start-up pause delays the finish to 260 and
+  // the node-time held during it is lost.
+  SimOptions o = Dp();
+  o.accounting = Accounting::kPause;
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 5000)}, o));
+  EXPECT_EQ(r.jobs[0].finish, T(260));
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 5200);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, 5000.0 / 5200);
+}
 
 TEST(EngineTest, GrowChargesOldRateTimesPause) {
   ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, Dp()));
@@ -57,7 +107,8 @@ TEST(EngineTest, GrowChargesOldRateTimesPause) {
   EXPECT_DOUBLE_EQ(r.summary.utilisation, 1.0);
   EXPECT_EQ(r.summary.resizes, 2);
   EXPECT_EQ(r.summary.decisions, 2);
-  EXPECT_EQ(r.jobs[0].first_start, absl::FromUnixSeconds(0));
+  EXPECT_EQ(r.jobs[0].first_start, T(0));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 j 0->1", "100 j 1->2"));
 }
 
 TEST(EngineTest, PauseAccountingStopsTheJob) {
@@ -66,39 +117,93 @@ TEST(EngineTest, PauseAccountingStopsTheJob) {
   ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o));
   // 10 s start-up pause, then 10 s grow pause at 100.
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 10 * 90 + 20 * 890);
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 19000);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, (10 * 90 + 20 * 890) / 19000.0);
+  EXPECT_EQ(r.summary.resizes, 2);
 }
 
 TEST(EngineTest, ReclaimForcesAShrink) {
   ASSERT_OK_AND_ASSIGN(
       SimResult r,
       Simulate(Trace("0,n0,1\n0,n1,1\n500,n1,0\n1000,n0,1\n"), {Job("j", 1, 2, 1e9)}, Dp()));
+  // The forced shrink at 500 costs r(2) x 5 s.
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 500 + 10 * 500 - 20 * 5);
   EXPECT_EQ(r.summary.reclaims, 1);
   EXPECT_EQ(r.summary.preemptions, 0);
+  EXPECT_EQ(r.summary.resizes, 1);  // the start; a reclaim is not a policy resize
   EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 1500.0 / 3600);
+  EXPECT_DOUBLE_EQ(r.summary.used_node_hours, 1500.0 / 3600);
+  EXPECT_THAT(EventsOf(r, "reclaim"), ElementsAre("500 jn1 2->1"));
+}
+
+TEST(EngineTest, NodesReclaimedAtOneTimeAreOneShrink) {
+  ASSERT_OK_AND_ASSIGN(
+      SimResult r,
+      Simulate(Trace("0,n0,1\n0,n1,1\n0,n2,1\n500,n1,0\n500,n2,0\n1000,n0,1\n"),
+               {Job("j", 1, 3, 1e9)}, Dp()));
+  // One down pause at the old size: r(3) x 5 s, not r(3) x 5 + r(2) x 5.
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 30 * 500 - 30 * 5 + 10 * 500);
+  EXPECT_EQ(r.summary.reclaims, 2);
+  EXPECT_EQ(r.jobs[0].reclaims, 2);
+  EXPECT_THAT(EventsOf(r, "reclaim"), ElementsAre("500 jn1 3->2", "500 jn2 2->1"));
 }
 
 TEST(EngineTest, ReclaimBelowMinPreemptsAndTheJobResumesWithItsProgress) {
-  ASSERT_OK_AND_ASSIGN(
-      SimResult r, Simulate(Trace("0,n0,1\n0,n1,1\n500,n1,0\n700,n1,1\n1000,n0,1\n"),
-                            {Job("j", 2, 2, 1e9)}, Dp()));
+  constexpr char kTrace[] = "0,n0,1\n0,n1,1\n500,n1,0\n700,n1,1\n1000,n0,1\n";
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTrace), {Job("j", 2, 2, 1e9)}, Dp()));
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 500 - 20 * 5 + 20 * 300);
   EXPECT_EQ(r.summary.preemptions, 1);
+  EXPECT_EQ(r.jobs[0].preemptions, 1);
   EXPECT_EQ(r.jobs[0].resizes, 2);  // start, restart
+  EXPECT_EQ(r.jobs[0].first_start, T(0));
   EXPECT_DOUBLE_EQ(r.summary.used_node_hours, (2 * 500 + 2 * 300) / 3600.0);
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 20 * 800);
+  EXPECT_THAT(EventsOf(r, "preempt"), ElementsAre("500 j 1->0"));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 j 0->2", "700 j 0->2"));
+
+  // The job needs 15,900 samples in all: preempted with 9,900 done, it
+  // finishes 300 s after its restart, not 795 s after.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15900)}, Dp()));
+  EXPECT_EQ(r.jobs[0].finish, T(1000));
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15000)}, Dp()));
+  EXPECT_EQ(r.jobs[0].finish, T(955));
+  EXPECT_DOUBLE_EQ(r.jobs[0].samples_done, 15000);
 }
 
 TEST(EngineTest, FinishedJobFreesItsNodesForTheNext) {
   MixJob first = Job("first", 2, 2, 5000);  // 20/s: done at t = 250
   MixJob second = Job("second", 2, 2, 1e9);
-  second.submit_time = absl::FromUnixSeconds(1);
-  ASSERT_OK_AND_ASSIGN(SimResult r,
-                       Simulate(Trace("0,n0,1\n0,n1,1\n1000,n0,1\n"), {first, second}, Dp()));
+  second.submit_time = T(1);
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {first, second}, Dp()));
   EXPECT_EQ(r.summary.jobs_finished, 1);
-  EXPECT_EQ(r.jobs[0].finish, absl::FromUnixSeconds(250));
+  EXPECT_EQ(r.jobs[0].finish, T(250));
   EXPECT_DOUBLE_EQ(r.jobs[0].samples_done, 5000);
-  EXPECT_EQ(r.jobs[1].first_start, absl::FromUnixSeconds(250));
+  EXPECT_EQ(r.jobs[1].submit, T(1));
+  EXPECT_EQ(r.jobs[1].first_start, T(250));
   EXPECT_DOUBLE_EQ(r.jobs[1].samples_done, 20 * 750);
+}
+
+// Concave curves: r(1..4) = 10, 15, 18, 20.
+MixJob Concave(const std::string& name, double work) {
+  MixJob j = Job(name, 1, 4, work);
+  j.throughput = {{0, 0}, {1, 10}, {2, 15}, {3, 18}, {4, 20}};
+  return j;
+}
+
+TEST(EngineTest, TwoJobsShareNodesUnderDp) {
+  constexpr char kFour[] = "0,n0,1\n0,n1,1\n0,n2,1\n0,n3,1\n1000,n0,1\n";
+  ASSERT_OK_AND_ASSIGN(SimResult r,
+                       Simulate(Trace(kFour), {Concave("a", 4500), Concave("b", 1e9)}, Dp()));
+  // 2 + 2 (15 + 15 = 30/s) beats 3 + 1 (28) and 4 + 0 (20). `a` is done at
+  // 300; `b` then grows to 4 nodes paying r(2) x 10 s.
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 a 0->2", "0 b 0->2", "300 b 2->4"));
+  EXPECT_EQ(r.jobs[0].finish, T(300));
+  EXPECT_DOUBLE_EQ(r.jobs[1].samples_done, 15 * 300 + 20 * 700 - 15 * 10);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 4500 + 15 * 300 + 20 * 700 - 15 * 10);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, 22850.0 / 23000);
+  EXPECT_DOUBLE_EQ(r.jobs[0].node_seconds, 600);
+  EXPECT_DOUBLE_EQ(r.jobs[1].node_seconds, 600 + 2800);
+  EXPECT_DOUBLE_EQ(r.summary.utilisation, 1.0);
 }
 
 TEST(EngineTest, DebounceCoalescesDecisions) {
@@ -106,21 +211,126 @@ TEST(EngineTest, DebounceCoalescesDecisions) {
   o.debounce = absl::Seconds(200);
   ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o));
   EXPECT_EQ(r.summary.decisions, 1);  // at t = 200, for the events at 0 and 100
-  EXPECT_EQ(r.jobs[0].first_start, absl::FromUnixSeconds(200));
+  EXPECT_EQ(r.jobs[0].first_start, T(200));
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 800);
+
+  // 50 s: one decision at 50 (events at 0), one at 150 (the event at 100).
+  o.debounce = absl::Seconds(50);
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_EQ(r.summary.decisions, 2);
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("50 j 0->1", "150 j 1->2"));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 10 * 100 + 20 * 850 - 10 * 10);
+
+  // No debounce: every timestamp with an event decides (0 and 100).
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, Dp()));
+  EXPECT_EQ(r.summary.decisions, 2);
+}
+
+TEST(EngineTest, NodeHoursAndTimeline) {
+  SimOptions o = Dp();
+  o.timeline_step = absl::Seconds(250);
+  // n0 idle 0-1000, n1 100-400, n2 200-1000; no jobs.
+  ASSERT_OK_AND_ASSIGN(
+      SimResult r,
+      Simulate(Trace("0,n0,1\n0,n1,0\n0,n2,0\n100,n1,1\n200,n2,1\n400,n1,0\n1000,n0,1\n"), {},
+               o));
+  EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, (1000 + 300 + 800) / 3600.0);
+  EXPECT_DOUBLE_EQ(r.summary.used_node_hours, 0);
+  EXPECT_DOUBLE_EQ(r.summary.utilisation, 0);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 0);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, 0);
+  EXPECT_EQ(r.summary.decisions, 0);  // nothing to decide without jobs
+  std::vector<int> idle;
+  for (const TimelineSample& s : r.timeline) idle.push_back(s.idle_nodes);
+  EXPECT_THAT(idle, ElementsAre(1, 3, 2, 2));
+  EXPECT_EQ(r.timeline[1].time, T(250));
+}
+
+TEST(EngineTest, TimelineCountsRunningAndWaitingJobs) {
+  SimOptions o = Dp();
+  o.timeline_step = absl::Seconds(400);
+  MixJob late = Job("late", 1, 1, 1e9);
+  late.submit_time = T(10);
+  ASSERT_OK_AND_ASSIGN(SimResult r,
+                       Simulate(Trace("0,n0,1\n1000,n0,1\n"), {Job("a", 1, 1, 1e9), late}, o));
+  ASSERT_EQ(r.timeline.size(), 3u);  // 0, 400, 800
+  EXPECT_EQ(r.timeline[0].running_jobs, 1);
+  EXPECT_EQ(r.timeline[0].waiting_jobs, 0);
+  EXPECT_EQ(r.timeline[1].running_jobs, 1);
+  EXPECT_EQ(r.timeline[1].waiting_jobs, 1);
+  EXPECT_EQ(r.timeline[1].used_nodes, 1);
+}
+
+TEST(EngineTest, WaitingJobsAreConsideredFifoBySubmitTime) {
+  SimOptions o = Dp();
+  o.max_waiting = 1;
+  o.debounce = absl::Seconds(10);
+  MixJob later = Job("later", 1, 1, 1e9);
+  later.submit_time = T(5);
+  MixJob earlier = Job("earlier", 1, 1, 1e9);
+  // Listed second in the mix but submitted first: it is the one considered.
+  ASSERT_OK_AND_ASSIGN(SimResult r,
+                       Simulate(Trace("0,n0,1\n1000,n0,1\n"), {later, earlier}, o));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("10 earlier 0->1"));
+
+  o.max_waiting = 0;  // waiting jobs are never considered: nothing runs
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace("0,n0,1\n1000,n0,1\n"), {later, earlier}, o));
+  EXPECT_EQ(r.summary.resizes, 0);
+  EXPECT_EQ(r.summary.jobs_submitted, 2);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 0);
+}
+
+TEST(EngineTest, SkipSnapshotsAndAlignedSubmitTimes) {
+  // Event times 0, 10, 20 (the trace ends at 1000); skipping one starts at 10.
+  constexpr char kTrace[] = "0,n0,1\n10,n1,1\n20,n1,0\n1000,n0,1\n";
+  SimOptions o = Dp();
+  o.skip_snapshots = 1;
+  MixJob j = Job("j", 1, 2, 1e9);
+  j.submit_time = T(5000);
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTrace), {j}, o));
+  // n0's idle state at 0 is applied before the start; the job arrives at
+  // the replay start (aligned), starts on both nodes, loses n1 at 20.
+  EXPECT_EQ(r.jobs[0].submit, T(10));
+  EXPECT_EQ(r.jobs[0].first_start, T(10));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 10 - 20 * 5 + 10 * 980);
+  EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, (2 * 10 + 980) / 3600.0);
+  EXPECT_EQ(r.events.front().time, T(10));
+
+  o.end = T(500);
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {j}, o));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 10 - 20 * 5 + 10 * 480);
+
+  // Without alignment the job arrives at 5000, after the trace.
+  o = Dp();
+  o.skip_snapshots = 1;
+  o.align_submit_times = false;
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {j}, o));
+  EXPECT_EQ(r.summary.jobs_submitted, 0);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 0);
+
+  // The row at 1000 repeats n0's state: 3 distinct event times (0, 10, 20).
+  o.skip_snapshots = 3;
+  EXPECT_THAT(Simulate(Trace(kTrace), {j}, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("skip_snapshots")));
+  o.skip_snapshots = 2;  // starts at 20
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {j}, o));
+  EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 980 / 3600.0);
+  o.start = T(1000);  // nothing left to replay
+  EXPECT_THAT(Simulate(Trace(kTrace), {j}, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("start")));
 }
 
 TEST(EngineTest, SameInputsSameEvents) {
   auto run = [] {
     auto r = Simulate(Trace("0,n0,1\n0,n1,1\n0,n2,1\n300,n1,0\n400,n1,1\n900,n2,0\n1000,n0,1\n"),
                       {Job("a", 1, 3, 1e9), Job("b", 1, 2, 4000, 15)}, Dp());
-    std::string s;
-    for (EventRecord& e : r->events) {
-      e.decision_ms = 0;
-    }
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (EventRecord& e : r->events) e.decision_ms = 0;
     return EventsToCsv(r->events) + JobsToCsv(r->jobs);
   };
-  EXPECT_EQ(run(), run());
+  const std::string first = run();
+  EXPECT_GT(first.size(), 500u);
+  EXPECT_EQ(first, run());
 }
 
 TEST(EngineTest, EveryPolicyRuns) {
@@ -135,25 +345,222 @@ TEST(EngineTest, EveryPolicyRuns) {
   }
 }
 
-TEST(EngineTest, LearnedCurvesOnlySeeObservedSizes) {
+TEST(EngineTest, LearnedCurveOfALinearJobMatchesOracle) {
   SimOptions o = Dp();
   o.curves = CurveMode::kLearned;
   ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o));
-  // Linear true curve: the linear guess is right, so the result matches oracle.
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 18900);
 }
 
+TEST(EngineTest, LearnedCurvesOnlySeeObservedSizes) {
+  // `b` runs alone on n0 from 0 (5/s on one node); at 100 n1 appears and
+  // `a` (10/s, one node at most) arrives. b's true curve is super-linear:
+  // 30/s on two nodes.
+  MixJob b = Job("b", 1, 2, 1e9);
+  b.throughput = {{0, 0}, {1, 5}, {2, 30}};
+  MixJob a = Job("a", 1, 1, 1e9);
+  a.submit_time = T(100);
+  // Oracle: growing b is worth 30 x 120 - 5 x 10 = 3550 > 5 x 120 + 10 x 120.
+  ASSERT_OK_AND_ASSIGN(SimResult oracle, Simulate(Trace(kGrow), {b, a}, Dp()));
+  EXPECT_THAT(EventsOf(oracle, "resize"), ElementsAre("0 b 0->1", "100 b 1->2"));
+  EXPECT_DOUBLE_EQ(oracle.summary.samples_trained, 5 * 100 + 30 * 900 - 5 * 10);
+  // Learned: b has only run on one node, so two nodes look like 10/s
+  // (1150 < 1800): the node goes to `a`, and b stays under-allocated.
+  SimOptions o = Dp();
+  o.curves = CurveMode::kLearned;
+  ASSERT_OK_AND_ASSIGN(SimResult learned, Simulate(Trace(kGrow), {b, a}, o));
+  EXPECT_THAT(EventsOf(learned, "resize"), ElementsAre("0 b 0->1", "100 a 0->1"));
+  EXPECT_DOUBLE_EQ(learned.summary.samples_trained, 5 * 1000 + 10 * 900);
+}
+
+TEST(EngineTest, NeverRunJobIsAssumedLinearFromMinNodes) {
+  // b: 5/s on one node, 30/s on two; a: 10/s per node. Both wait at 0.
+  MixJob b = Job("b", 1, 2, 1e9);
+  b.throughput = {{0, 0}, {1, 5}, {2, 30}};
+  ASSERT_OK_AND_ASSIGN(SimResult oracle,
+                       Simulate(Trace(kTwoNodes), {Job("a", 1, 2, 1e9), b}, Dp()));
+  EXPECT_THAT(EventsOf(oracle, "resize"), ElementsAre("0 b 0->2"));
+  SimOptions o = Dp();
+  o.curves = CurveMode::kLearned;
+  ASSERT_OK_AND_ASSIGN(SimResult learned,
+                       Simulate(Trace(kTwoNodes), {Job("a", 1, 2, 1e9), b}, o));
+  EXPECT_THAT(EventsOf(learned, "resize"), ElementsAre("0 a 0->2"));
+}
+
+TEST(EngineTest, OracleForecastAvoidsANodeReclaimedBeforeThePausePaysOff) {
+  // n1 is idle for 5 s only (100-105); growing onto it costs a 10 s pause.
+  constexpr char kShort[] = "0,n0,1\n0,n1,0\n100,n1,1\n105,n1,0\n1000,n0,1\n";
+  SimOptions o = Dp();
+  o.resize_cost = alloc::ResizeCostModel::kLostWork;
+  ASSERT_OK_AND_ASSIGN(SimResult blind, Simulate(Trace(kShort), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_THAT(EventsOf(blind, "resize"), ElementsAre("0 j 0->1", "100 j 1->2"));
+  EXPECT_EQ(blind.summary.reclaims, 1);
+  EXPECT_DOUBLE_EQ(blind.summary.samples_trained, 10 * 100 + 20 * 5 + 10 * 895 - 100 - 100);
+
+  o.forecast = ForecastMode::kOracle;
+  ASSERT_OK_AND_ASSIGN(SimResult oracle, Simulate(Trace(kShort), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_THAT(EventsOf(oracle, "resize"), ElementsAre("0 j 0->1"));
+  EXPECT_EQ(oracle.summary.reclaims, 0);
+  EXPECT_DOUBLE_EQ(oracle.summary.samples_trained, 10 * 1000);
+  EXPECT_DOUBLE_EQ(oracle.summary.efficiency, 1.0);
+}
+
+TEST(EngineTest, EstimatedForecastLearnsFromPastFragments) {
+  // n0 idle throughout; n1 idle for 5 s every 10 s (40 fragments).
+  std::string rows = "0,n0,1\n0,n1,0\n";
+  for (int k = 1; k <= 40; ++k) absl::StrAppend(&rows, 10 * k, ",n1,1\n", 10 * k + 5, ",n1,0\n");
+  absl::StrAppend(&rows, "1000,n0,1\n");
+  SimOptions o = Dp();
+  o.resize_cost = alloc::ResizeCostModel::kLostWork;
+  ASSERT_OK_AND_ASSIGN(SimResult blind, Simulate(Trace(rows), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_EQ(blind.summary.resizes, 41);  // start + 40 grows
+  EXPECT_EQ(blind.summary.reclaims, 40);
+  // Estimated: no forecast until 32 fragments were seen; from the 33rd
+  // appearance on, n1 is expected to stay 5 s and is not worth the pause.
+  o.forecast = ForecastMode::kEstimated;
+  ASSERT_OK_AND_ASSIGN(SimResult est, Simulate(Trace(rows), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_EQ(est.summary.resizes, 33);
+  EXPECT_EQ(est.summary.reclaims, 32);
+  EXPECT_GT(est.summary.samples_trained, blind.summary.samples_trained);
+}
+
+TEST(EngineTest, CsvWriters) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 5000)}, Dp()));
+  const std::string events = EventsToCsv(r.events);
+  std::vector<std::string> lines = absl::StrSplit(events, '\n');
+  EXPECT_EQ(lines[0], "time,kind,job,node,nodes_before,nodes_after,idle_nodes,used_nodes,decision_ms");
+  EXPECT_THAT(lines, ::testing::Contains("0,resize,j,,0,2,2,2,0"));
+  EXPECT_THAT(lines, ::testing::Contains("250,finish,j,,2,0,2,0,0"));
+  EXPECT_THAT(lines, ::testing::Contains("0,idle,,n1,0,0,2,0,0"));
+  EXPECT_EQ(JobsToCsv(r.jobs),
+            "name,submit,first_start,finish,work_samples,samples_done,node_seconds,"
+            "ideal_samples,resizes,preemptions,reclaims\n"
+            "j,0,0,250,5000,5000,500,5000,1,0,0\n");
+  Summary s;
+  s.policy = "dp";
+  s.samples_trained = 1.5;
+  s.jobs_finished = 2;
+  const std::string summaries = SummariesToCsv({s});
+  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0\n"));
+  // Unstarted jobs leave first_start and finish empty.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
+  EXPECT_THAT(JobsToCsv(r.jobs), HasSubstr("\nbig,0,,,5000,0,0,0,0,0,0\n"));
+}
+
+TEST(EngineTest, HandBuiltTraceWithoutEnd) {
+  IdleTrace t;
+  t.nodes = {"a", "b"};
+  t.events = {{T(0), 0, true}, {T(0), 1, true}, {T(100), 1, false}};
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(t, {Job("j", 1, 2, 1e9)}, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 100);
+}
+
 TEST(EngineTest, BadOptionsNameTheField) {
+  auto fails_on = [](const SimOptions& o, const std::string& field) {
+    EXPECT_THAT(Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field)));
+  };
   SimOptions o = Dp();
   o.max_waiting = -1;
-  EXPECT_THAT(Simulate(Trace(kGrow), {}, o).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_waiting")));
+  fails_on(o, "max_waiting");
+  o = Dp();
+  o.debounce = absl::Seconds(-1);
+  fails_on(o, "debounce");
   o = Dp();
   o.forward_window = absl::ZeroDuration();
-  EXPECT_THAT(Simulate(Trace(kGrow), {}, o).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("forward_window")));
+  fails_on(o, "forward_window");
+  o.forward_window = absl::InfiniteDuration();
+  fails_on(o, "forward_window");
+  o = Dp();
+  o.timeline_step = absl::ZeroDuration();
+  fails_on(o, "timeline_step");
+  o = Dp();
+  o.start = T(500);
+  o.end = T(500);
+  fails_on(o, "start");
+  o = Dp();
+  o.skip_snapshots = -1;
+  fails_on(o, "skip_snapshots");
+  o = Dp();
+  o.learned_warmup = absl::Seconds(-1);
+  fails_on(o, "learned_warmup");
   EXPECT_THAT(Simulate(IdleTrace{}, {}, Dp()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trace")));
+  IdleTrace bad;
+  bad.nodes = {"a"};
+  bad.events = {{T(0), 0, true}, {T(10), 1, false}};
+  EXPECT_THAT(Simulate(bad, {}, Dp()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trace: events[1].node")));
+  bad.events = {{T(10), 0, true}, {T(0), 0, false}};
+  EXPECT_THAT(Simulate(bad, {}, Dp()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("earlier")));
+  // An empty mix is fine: nothing is trained.
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {}, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 0);
+  EXPECT_EQ(r.summary.jobs_submitted, 0);
+}
+
+// A synthetic machine of `nodes` nodes over `days` days: each node is idle
+// for `fragments` stretches of 1 to 30 minutes (about 10 % idle with 10 a
+// day), times on whole minutes like Summit's snapshots.
+IdleTrace SyntheticTrace(int nodes, double days, int fragments) {
+  IdleTrace t;
+  for (int n = 0; n < nodes; ++n) t.nodes.push_back(absl::StrCat("c", n));
+  uint64_t x = 12345;
+  auto next = [&x]() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const int64_t span = static_cast<int64_t>(days * 86400) / 60;  // minutes
+  struct Change {
+    int64_t minute;
+    int node;
+    bool idle;
+  };
+  std::vector<Change> changes;
+  for (int n = 0; n < nodes; ++n) {
+    std::vector<std::pair<int64_t, int64_t>> frags;
+    for (int k = 0; k < fragments; ++k) {
+      const int64_t from = static_cast<int64_t>(next() % span);
+      frags.push_back({from, std::min(span, from + 1 + static_cast<int64_t>(next() % 30))});
+    }
+    std::sort(frags.begin(), frags.end());
+    int64_t last_end = -1;
+    for (const auto& [from, to] : frags) {
+      if (from <= last_end) continue;  // overlaps (or touches) the previous one
+      changes.push_back({from, n, true});
+      changes.push_back({to, n, false});
+      last_end = to;
+    }
+  }
+  std::stable_sort(changes.begin(), changes.end(),
+                   [](const Change& a, const Change& b) { return a.minute < b.minute; });
+  for (const Change& c : changes) t.events.push_back({T(1600000000 + 60 * c.minute), c.node, c.idle});
+  t.start = t.events.front().time;
+  t.end = T(1600000000 + 60 * span);
+  return t;
+}
+
+TEST(EngineSpeed, SyntheticMachineWithManyJobs) {
+  const IdleTrace trace = SyntheticTrace(4600, 1, 10);
+  std::vector<MixJob> jobs;
+  for (int k = 0; k < 200; ++k) {
+    MixJob j = Concave(absl::StrCat("j", k), 2e5);
+    j.submit_time = T(k * 300);
+    jobs.push_back(j);
+  }
+  SimOptions o = Dp();
+  o.record_events = false;
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(trace, jobs, o));
+  std::printf("synthetic: %zu events, %d decisions, %.2f s (%.0f events/s)\n",
+              trace.events.size(), r.summary.decisions, r.summary.wall_s,
+              trace.events.size() / std::max(1e-9, r.summary.wall_s));
+  EXPECT_EQ(r.summary.jobs_submitted, 200);
+  EXPECT_GT(r.summary.jobs_finished, 0);
+  EXPECT_LE(r.summary.used_node_hours, r.summary.idle_node_hours + 1e-9);
+  EXPECT_LE(r.summary.efficiency, 1.0 + 1e-12);
 }
 
 TEST(EngineRealData, HpoMixOnSummit) {
@@ -174,11 +581,17 @@ TEST(EngineRealData, HpoMixOnSummit) {
   EXPECT_LE(r.summary.efficiency, 1.0 + 1e-12);
 }
 
-}  // namespace
-}  // namespace malle::sim
-
-namespace malle::sim {
-namespace {
+absl::Time ReplayStart(const IdleTrace& trace, int skip) {
+  absl::Time start = trace.events.front().time;
+  for (size_t i = 1, distinct = 0; i < trace.events.size() && distinct < static_cast<size_t>(skip);
+       ++i) {
+    if (trace.events[i].time != trace.events[i - 1].time) {
+      ++distinct;
+      start = trace.events[i].time;
+    }
+  }
+  return start;
+}
 
 // Regression: with many jobs, one decision can shrink a job and give its
 // node to a job listed before it; the engine once lost track of the new
@@ -194,17 +607,32 @@ TEST(EngineRealData, ImageNetMixKeepsNodeOwnershipConsistent) {
   SimOptions o;
   o.decide.policy = alloc::PolicyKind::kDp;
   o.skip_snapshots = 999;  // BFTrainer's replay start, where the bug showed
-  absl::Time start = trace.events.front().time;
-  for (size_t i = 1, distinct = 0; i < trace.events.size() && distinct < 999; ++i) {
-    if (trace.events[i].time != trace.events[i - 1].time) {
-      ++distinct;
-      start = trace.events[i].time;
-    }
-  }
-  o.end = start + absl::Hours(1);
+  o.end = ReplayStart(trace, 999) + absl::Hours(1);
   ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(trace, mix.jobs, o));
   EXPECT_GT(r.summary.resizes, 0);
   EXPECT_LE(r.summary.used_node_hours, r.summary.idle_node_hours + 1e-9);
+}
+
+// The full 15-day replay (tens of seconds): run with
+//   engine_test --gtest_also_run_disabled_tests --gtest_filter='*FullImageNet*'
+TEST(EngineRealData, DISABLED_FullImageNetReplay) {
+  const std::string dir = MALLE_SHARED_DATA_DIR;
+  if (access((dir + "/summit-idle-2021-02.csv.gz").c_str(), R_OK) != 0) {
+    GTEST_SKIP() << dir << " is absent";
+  }
+  const absl::Time t0 = absl::Now();
+  ASSERT_OK_AND_ASSIGN(IdleTrace trace, LoadIdleTrace(dir + "/summit-idle-2021-02.csv.gz"));
+  ASSERT_OK_AND_ASSIGN(JobMix mix, LoadJobMix(dir + "/jobs-imagenet-1001.csv"));
+  std::printf("load: %.2f s, %zu events, %zu jobs\n", absl::ToDoubleSeconds(absl::Now() - t0),
+              trace.events.size(), mix.jobs.size());
+  SimOptions o;
+  o.decide.policy = alloc::PolicyKind::kDp;
+  o.skip_snapshots = 999;
+  o.record_events = false;
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(trace, mix.jobs, o));
+  std::printf("%s", SummariesToCsv({r.summary}).c_str());
+  EXPECT_EQ(r.summary.jobs_submitted, 1001);
+  EXPECT_LT(r.summary.wall_s, 60);
 }
 
 }  // namespace
