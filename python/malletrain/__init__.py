@@ -1,8 +1,17 @@
 """malletrain: elastic data-parallel training for PyTorch.
 
-Jobs grow and shrink in place while they train. This release has the
-foundation (logging, status handling) and the elastic process group of the C++
-core; the Python training API is planned.
+Jobs grow and shrink in place while they train::
+
+    job = malletrain.init(logical_workers=4)
+    model = job.wrap_model(model)
+    optimizer = job.wrap_optimizer(optimizer)
+    for x, y in job.loader(dataset, batch_size=16, epochs=3):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+See :mod:`malletrain.elastic` for the semantics, ``malletrain.alloc`` and
+``malletrain.sim`` for the allocator and the simulator.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     ) from e
 
 from malletrain import alloc, sim
+from malletrain.elastic import ElasticJob, init
+from malletrain.sampler import ElasticSampler
 from malletrain.errors import (
     MalleError,
     MalleTimeoutError,
@@ -46,6 +57,9 @@ __all__ = [
     "__version__",
     "alloc",
     "sim",
+    "init",
+    "ElasticJob",
+    "ElasticSampler",
     "MalleError",
     "MalleTimeoutError",
     "MalleValueError",

@@ -62,6 +62,7 @@ T ValueOrThrow(absl::StatusOr<T> value_or) {
 void BindBase(pybind11::module_& m);
 void BindAlloc(pybind11::module_& m);
 void BindSim(pybind11::module_& m);
+void BindElastic(pybind11::module_& m);
 
 }  // namespace malle::python
 

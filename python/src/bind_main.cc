@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   malle::python::BindBase(m);
   malle::python::BindAlloc(m);
   malle::python::BindSim(m);
+  malle::python::BindElastic(m);
 }

@@ -1,0 +1,146 @@
+"""Elastic training of a small classifier on scikit-learn's 8x8 digits (real data, no download).
+
+Run it under the local launcher, which hosts the control store and starts, stops and
+kills the rank processes:
+
+    malletrain local --nodes 4 --schedule "step=20 leave 2, step=40 join 1, step=60 join 1" \\
+        -- python examples/train_digits.py --logical-workers 4 --epochs 8
+
+Every rank prints its membership changes; rank 0 prints the loss and, at the end, the
+test accuracy and what happened. ``--out DIR`` writes the final model and a per-step
+trace (the tests compare them with a fixed-size run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import malletrain
+
+
+def load_digits():
+    from sklearn.datasets import load_digits as _load  # ships with scikit-learn
+
+    d = _load()
+    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    g = torch.Generator().manual_seed(1234)  # fixed split, independent of the job seed
+    perm = torch.randperm(len(y), generator=g)
+    test, train = perm[:297], perm[297:]
+    return torch.utils.data.TensorDataset(x[train], y[train]), (x[test], y[test])
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """Returns (x, y, index) so that the trace can record which samples were trained."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return x, y, i
+
+
+def build_model() -> torch.nn.Module:
+    torch.manual_seed(0)  # replicas may start different; rank 0's initial state wins anyway
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+        torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--logical-workers", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=16, help="per logical worker")
+    p.add_argument("--epochs", type=float, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds to sleep per step (slows the demo down so resizes are visible)")
+    p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
+    args = p.parse_args(argv)
+    if args.epochs is None and args.steps is None:
+        args.epochs = 8.0
+    torch.set_num_threads(1)  # one local "node" = one rank = one thread
+
+    train, (x_test, y_test) = load_digits()
+    job = malletrain.init(logical_workers=args.logical_workers, seed=args.seed,
+                          deterministic=args.deterministic)
+    model = job.wrap_model(build_model())
+    opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
+    sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=50, gamma=0.5)
+    job.track("lr_scheduler", sched)
+    loader = job.loader(IndexedDataset(train), batch_size=args.batch_size,
+                        steps=args.steps, epochs=args.epochs)
+
+    trace = None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        trace = open(os.path.join(args.out, f"trace-{job.member_id}.jsonl"), "w")
+    seen_events = 0
+    t0 = time.time()
+    last_loss = float("nan")
+    for x, y, idx in loader:
+        while seen_events < len(job.history):  # membership changes this rank went through
+            ev = job.history[seen_events]
+            seen_events += 1
+            print(f"[{job.member_id}] step {ev.resume_step}: {ev.kind} -> generation "
+                  f"{ev.generation}, {ev.size} ranks, rank {ev.rank}, workers "
+                  f"{list(job.workers)}, state {ev.state_bytes} B, pause "
+                  f"{ev.phases['total'] * 1e3:.1f} ms " + " ".join(f"{k}={v*1e3:.1f}" for k, v in ev.phases.items()), flush=True)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        step = job.step
+        micro = job.micro_batch
+        committed_before = job.step
+        opt.step()
+        if job.step != committed_before:  # the step committed on this rank
+            sched.step()
+        last_loss = loss.item()
+        if trace is not None:
+            trace.write(json.dumps({
+                "step": step, "micro": micro, "worker": job.workers[micro],
+                "generation": job.generation, "size": job.size, "rank": job.rank,
+                "indices": idx.tolist(), "committed": job.step > step,
+                "digest": job.state_digest() if job.step > step else None}) + "\n")
+        if job.rank == 0 and job.step > step and job.step % 25 == 0:
+            print(f"step {job.step:4d}  loss {last_loss:.4f}  ranks {job.size}", flush=True)
+        if args.step_sleep and job.step > step:
+            time.sleep(args.step_sleep)
+    if trace is not None:
+        trace.close()
+
+    if job.left:
+        print(f"[{job.member_id}] left the job at step {job.step}", flush=True)
+        job.close()
+        return 0
+    with torch.no_grad():
+        model.eval()
+        acc = (model.module(x_test).argmax(1) == y_test).float().mean().item()
+    if job.rank == 0:
+        print(f"done: {job.step} steps in {time.time() - t0:.1f} s, final loss {last_loss:.4f}, "
+              f"test accuracy {acc:.3f}, generations {job.generation + 1}, "
+              f"steps redone {job.redone_steps}", flush=True)
+        if args.out:
+            torch.save(model.module.state_dict(), os.path.join(args.out, "final.pt"))
+            with open(os.path.join(args.out, "result.json"), "w") as f:
+                json.dump({"steps": job.step, "accuracy": acc, "loss": last_loss}, f)
+    job.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

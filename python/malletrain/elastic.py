@@ -1,0 +1,905 @@
+"""Elastic data-parallel training: a job that changes size in place while it trains.
+
+A few lines turn an ordinary PyTorch training loop into an elastic one::
+
+    import malletrain
+
+    job = malletrain.init(logical_workers=4, seed=0)     # joins the job (env from `malletrain local`)
+    model = job.wrap_model(model)                        # DDP engine, elastic comm hook
+    optimizer = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+    loader = job.loader(dataset, batch_size=16, epochs=3)
+    for x, y in loader:                                  # this rank's micro-batches
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    job.close()
+
+Semantics (docs/elastic.md has the long version):
+
+* **Logical workers.** The job declares ``L`` logical workers. Every step trains one
+  global batch of ``L x batch_size`` samples; each physical rank runs the logical
+  workers assigned to it one after the other (gradient accumulation), and the
+  gradients are averaged over the ``L`` workers. The sequence of updates is therefore
+  that of an ``L``-way data-parallel run whatever the physical size; results agree
+  with a fixed-size run up to floating-point summation order, and bitwise with
+  ``deterministic=True`` (each logical worker's gradient is reduced separately and
+  summed in worker order; costs ``L`` times the gradient traffic and memory).
+* **Exactly-once data.** Logical worker ``k`` at step ``s`` reads the samples the
+  :class:`~malletrain.sampler.ElasticSampler` assigns to ``(seed, s, k)``; its RNG
+  (torch, ``random``, NumPy) is reseeded from ``(seed, s, k)`` before each of its
+  micro-batches, so dropout and augmentation do not depend on placement either.
+* **Resizes happen at step boundaries.** Planned joins and leaves take effect between
+  steps. A failure (a peer killed, a hang) makes the in-flight step's gradient sync
+  fail; the optimizer does not step, the survivors form the next generation and the
+  step is redone — at most one step is lost per failure.
+* **State sync.** Joiners (and survivors that missed the last commit) receive the
+  model's parameters and buffers, the optimizer state, the step, the data position
+  and every object registered with :meth:`ElasticJob.track` (an LR scheduler, ...)
+  from the member with the newest committed step, packed into one flat buffer per
+  dtype (:mod:`malletrain.state`).
+
+The alternative to a constant global batch is ``logical_workers=None`` with
+``lr_scaling="linear"`` or ``"sqrt"``: every rank is one worker, the global batch
+follows the world size and the learning rate of every parameter group is rescaled
+at each resize by ``f(n_new) / f(n_old)`` with ``f(n) = n`` or ``sqrt(n)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import random
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from malletrain import _C
+from malletrain import state as _state
+from malletrain.errors import (
+    MalleError,
+    MalleTimeoutError,
+    MalleValueError,
+    MembershipChangedError,
+    RankFailureError,
+)
+from malletrain.sampler import ElasticSampler, assign_workers, mix_seed
+
+__all__ = [
+    "ElasticJob",
+    "ElasticLoader",
+    "ElasticModel",
+    "ElasticOptimizer",
+    "ResizeEvent",
+    "init",
+    "progress_key",
+]
+
+log = logging.getLogger("malletrain")
+
+_STATE_VERSION = 1
+
+
+def progress_key(job_id: str) -> str:
+    """Store key where rank 0 publishes the number of committed steps (ASCII)."""
+    return f"malle/job/{job_id}/progress"
+
+
+@dataclass
+class ResizeEvent:
+    """One membership change as this rank saw it."""
+
+    kind: str                 # bootstrap, joined, planned, recovered
+    generation: int
+    size: int
+    rank: int
+    resume_step: int
+    joined: List[str]
+    removed: List[str]
+    state_bytes: int          # bytes of job state received or sent (0: no transfer needed)
+    phases: Dict[str, float]  # seconds: detect, agree, build, sync (membership), state, total
+    reason: str = ""
+
+
+@dataclass
+class _StepState:
+    workers: range = range(0)
+    micro: int = 0            # micro-batches handed out in the current step
+    failed: bool = False      # this step's gradient sync failed
+    grads_pending: bool = False
+    stepped: bool = True      # the optimizer stepped (or the step was given up) for the last step
+
+
+class _HookWaiter:
+    """Completes DDP's bucket futures when their allreduce finishes (one thread)."""
+
+    def __init__(self) -> None:
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="malletrain-hook", daemon=True)
+        self._thread.start()
+
+    def submit(self, pending: Any, buf: torch.Tensor, fut: torch.futures.Future,
+               on_done: Callable[[torch.Tensor, Optional[BaseException]], None]) -> None:
+        self._q.put((pending, buf, fut, on_done))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            pending, buf, fut, on_done = item
+            err: Optional[BaseException] = None
+            try:
+                pending.wait()
+            except MalleError as e:
+                err = e
+            try:
+                on_done(buf, err)
+            finally:
+                fut.set_result(buf)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+def _dummy_process_group() -> "dist.ProcessGroup":
+    # DDP's Reducer is bound to this one-rank group for its whole life; it never
+    # communicates through it (the comm hook does, over the current generation).
+    store = dist.HashStore()
+    pg = dist.ProcessGroup(store, 0, 1)
+    backend = dist.ProcessGroupGloo(store, 0, 1)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return pg
+
+
+class ElasticModel(torch.nn.Module):
+    """The user's module behind LibTorch's DDP engine with an elastic comm hook.
+
+    Call it like the module. ``.module`` is the wrapped module (save its
+    ``state_dict()``). Created by :meth:`ElasticJob.wrap_model`.
+    """
+
+    def __init__(self, job: "ElasticJob", module: torch.nn.Module, bucket_cap_mb: float) -> None:
+        super().__init__()
+        self.module = module
+        self._job = job
+        self._ddp: Optional[DistributedDataParallel] = None
+        if not job.deterministic:
+            # find_unused_parameters=True also keeps the Reducer from rebuilding its
+            # buckets after the first step: every rank, including a joiner that has
+            # run no step yet, must use the same bucket layout.
+            self._ddp = DistributedDataParallel(
+                module, process_group=_dummy_process_group(), broadcast_buffers=False,
+                bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True)
+            self._ddp.register_comm_hook(job, ElasticJob._comm_hook)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        job = self._job
+        if torch.is_grad_enabled():
+            job._st.grads_pending = True
+        if self._ddp is None:
+            return self.module(*args, **kwargs)
+        self._ddp.require_backward_grad_sync = job._is_last_micro()
+        return self._ddp(*args, **kwargs)
+
+
+class ElasticOptimizer:
+    """Wraps a ``torch.optim`` optimizer so the training loop stays a plain DDP loop.
+
+    ``step()`` and ``zero_grad()`` act once per step: ``step()`` after the last
+    micro-batch of this rank (and only if the gradient sync succeeded, then the step
+    is committed), ``zero_grad()`` before the first backward and after the step.
+    Other attributes are the optimizer's.
+    """
+
+    def __init__(self, job: "ElasticJob", optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._job = job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._job._st.grads_pending:
+            return  # accumulating over this rank's logical workers
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        if closure is not None:
+            raise MalleValueError("ElasticOptimizer.step: closures are not supported")
+        return self._job._optimizer_step()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(sd)
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise MalleValueError(f"environment: {name}={v!r} is not an integer") from None
+
+
+class ElasticJob:
+    """This process's membership in an elastic job, and the training state it keeps.
+
+    Use :func:`init` to create one.
+    """
+
+    def __init__(self, *, logical_workers: Optional[int], seed: int = 0,
+                 deterministic: bool = False, lr_scaling: Optional[str] = None,
+                 store: Optional[str] = None, job_id: Optional[str] = None,
+                 member_id: Optional[str] = None, bootstrap_size: Optional[int] = None,
+                 heartbeat_timeout: float = 2.0, recovery_grace: float = 0.5,
+                 rendezvous_timeout: float = 60.0, op_timeout: float = 60.0,
+                 bucket_cap_mb: float = 25.0) -> None:
+        if logical_workers is not None:
+            if not isinstance(logical_workers, int) or logical_workers < 1:
+                raise MalleValueError(
+                    f"logical_workers: must be a positive integer or None, got {logical_workers!r}")
+            if lr_scaling is not None:
+                raise MalleValueError(
+                    "lr_scaling: only with logical_workers=None (a global batch that follows the "
+                    "world size); with logical workers the global batch is constant")
+        elif lr_scaling not in ("linear", "sqrt"):
+            raise MalleValueError(
+                f"lr_scaling: must be 'linear' or 'sqrt' when logical_workers is None, got "
+                f"{lr_scaling!r}")
+        if deterministic and logical_workers is None:
+            raise MalleValueError("deterministic: needs logical_workers (a constant global batch)")
+        self.logical_workers = logical_workers
+        self.seed = int(seed)
+        self.deterministic = bool(deterministic)
+        self.lr_scaling = lr_scaling
+        self.bucket_cap_mb = bucket_cap_mb
+
+        addr = store if store is not None else os.environ.get("MALLE_STORE", "")
+        if not addr:
+            raise MalleValueError(
+                "store: no control store given; pass store='host:port' or run under "
+                "`malletrain local` (which sets MALLE_STORE)")
+        host, sep, port = addr.rpartition(":")
+        if not sep or not port.isdigit():
+            raise MalleValueError(f"store: expected 'host:port', got {addr!r}")
+        self.job_id = job_id if job_id is not None else os.environ.get("MALLE_JOB_ID", "local")
+        member = member_id if member_id is not None else os.environ.get("MALLE_MEMBER_ID", "")
+        if not member:
+            host_name = "".join(c for c in socket.gethostname() if c.isalnum() or c == "-")[:40]
+            member = f"{host_name or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
+        boot = bootstrap_size if bootstrap_size is not None else _env_int("MALLE_BOOTSTRAP_SIZE", 0)
+        if logical_workers is not None and boot > logical_workers:
+            raise MalleValueError(
+                f"logical_workers: {logical_workers} is smaller than the job's starting size "
+                f"{boot}; every rank needs at least one logical worker")
+        max_size = logical_workers if logical_workers is not None else 1024
+
+        self._store = _C.ControlStore.connect(host, int(port), timeout=rendezvous_timeout)
+        self._member_id = member
+        # Joining is deferred to the first step boundary (or join()): a joiner
+        # builds its model, optimizer and data first, so the running members'
+        # pause covers only agreement, group build and state transfer.
+        self._join_args = dict(member_id=member, bootstrap_size=boot, max_size=max_size,
+                               rendezvous_timeout=rendezvous_timeout, op_timeout=op_timeout,
+                               heartbeat_timeout=heartbeat_timeout,
+                               recovery_grace=recovery_grace)
+        self._group: Any = None
+        self._pending: Any = None  # the join's transition, handled at the first boundary
+        self._model: Optional[ElasticModel] = None
+        self._optimizer: Optional[ElasticOptimizer] = None
+        self._extras: Dict[str, Any] = {}
+        self._waiter: Optional[_HookWaiter] = None
+        self._st = _StepState()
+        self._step = 0                    # next step to run
+        self._position = 0                # follow mode: stream position at the start of _step
+        self._lr_factor: Optional[float] = None
+        self._size_for_lr = 0
+        self._rows: Optional[torch.Tensor] = None  # deterministic mode: per-worker gradients
+        self._buffers0: Optional[List[torch.Tensor]] = None
+        self._buffers_w0: Optional[List[torch.Tensor]] = None
+        self.history: List[ResizeEvent] = []
+        self.closed = False
+        self.left = False
+        self.redone_steps = 0
+
+    def join(self) -> None:
+        """Joins the job now (the loader does it at its first step; call this only to
+        know rank and size earlier)."""
+        if self._group is None:
+            self._group = _C.ElasticGroup.join(self._store, self.job_id, **self._join_args)
+            self._pending = self._group.last_transition
+            self._member_id = self._group.member_id
+
+    # --- public accessors (-1 / 0 before joining) --------------------------------
+    @property
+    def rank(self) -> int:
+        return -1 if self._group is None else self._group.rank
+
+    @property
+    def size(self) -> int:
+        return 0 if self._group is None else self._group.size
+
+    @property
+    def generation(self) -> int:
+        return -1 if self._group is None else self._group.generation
+
+    @property
+    def member_id(self) -> str:
+        """This process's member id (generated at join() when none was given)."""
+        return self._member_id
+
+    @property
+    def step(self) -> int:
+        """The step being run (or next to run)."""
+        return self._step
+
+    @property
+    def workers(self) -> range:
+        """The logical workers this rank runs in the current generation."""
+        return self._st.workers
+
+    @property
+    def micro_batch(self) -> int:
+        """Index of the current micro-batch within this rank's share of the step."""
+        return self._st.micro - 1
+
+    # --- wrapping -------------------------------------------------------------
+    def wrap_model(self, model: torch.nn.Module) -> ElasticModel:
+        """Wraps ``model`` (once per job). Parameters must be dense, on one device."""
+        if self._model is not None:
+            raise MalleValueError("wrap_model: this job already has a model")
+        self._model = ElasticModel(self, model, self.bucket_cap_mb)
+        if not self.deterministic:
+            self._waiter = _HookWaiter()
+        return self._model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> ElasticOptimizer:
+        """Wraps ``optimizer`` (once per job, after :meth:`wrap_model`)."""
+        if self._model is None:
+            raise MalleValueError("wrap_optimizer: call wrap_model first")
+        if self._optimizer is not None:
+            raise MalleValueError("wrap_optimizer: this job already has an optimizer")
+        model_params = {id(p) for p in self._model.module.parameters()}
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in model_params:
+                    raise MalleValueError(
+                        "wrap_optimizer: the optimizer has a parameter that is not in the model")
+        self._optimizer = ElasticOptimizer(self, optimizer)
+        return self._optimizer
+
+    def track(self, name: str, obj: Any) -> None:
+        """Adds ``obj`` (anything with ``state_dict()``/``load_state_dict()``, e.g. an LR
+        scheduler) to the state that joiners receive."""
+        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            raise MalleValueError(f"track({name!r}): object has no state_dict/load_state_dict")
+        if name in self._extras:
+            raise MalleValueError(f"track: name {name!r} is already tracked")
+        self._extras[name] = obj
+
+    def loader(self, dataset: Any, batch_size: int, *, steps: Optional[int] = None,
+               epochs: Optional[float] = None, shuffle: bool = True, num_workers: int = 0,
+               collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+               pin_memory: bool = False) -> "ElasticLoader":
+        """This rank's micro-batches of a map-style dataset, step after step.
+
+        ``batch_size`` is per logical worker. Give ``steps`` or ``epochs`` (whole
+        steps that fit; the tail of the last epoch is not trained).
+        """
+        return ElasticLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
+                             shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn,
+                             pin_memory=pin_memory)
+
+    # --- state ----------------------------------------------------------------
+    def _require_wrapped(self) -> None:
+        if self._model is None or self._optimizer is None:
+            raise MalleValueError("ElasticJob: wrap_model and wrap_optimizer before training")
+
+    def _model_tensors(self) -> Dict[str, torch.Tensor]:
+        assert self._model is not None
+        m = self._model.module
+        out = {f"p:{n}": p for n, p in m.named_parameters()}
+        out.update({f"b:{n}": b for n, b in m.named_buffers()})
+        return out
+
+    def job_state(self) -> Dict[str, Any]:
+        """Everything a joiner needs, as a nested structure of tensors and values."""
+        self._require_wrapped()
+        assert self._optimizer is not None
+        return {
+            "version": _STATE_VERSION,
+            "model": {k: t.detach() for k, t in self._model_tensors().items()},
+            "optimizer": self._optimizer.optimizer.state_dict(),
+            "extras": {k: v.state_dict() for k, v in self._extras.items()},
+            "job": {"position": self._position, "lr_factor": self._lr_factor,
+                    "seed": self.seed, "logical_workers": self.logical_workers},
+        }
+
+    def state_digest(self) -> str:
+        """SHA-256 of parameters, buffers and optimizer state (equal on every replica)."""
+        st = self.job_state()
+        return _state.digest({"model": st["model"], "optimizer": st["optimizer"]})
+
+    def _load_state(self, st: Dict[str, Any]) -> None:
+        assert self._optimizer is not None
+        if st.get("version") != _STATE_VERSION:
+            raise MalleValueError(f"state: version {st.get('version')} is not {_STATE_VERSION}")
+        mine = self._model_tensors()
+        theirs = st["model"]
+        if list(mine) != list(theirs) or any(
+                tuple(mine[k].shape) != tuple(theirs[k].shape) or mine[k].dtype != theirs[k].dtype
+                for k in mine):
+            diff = [k for k in sorted(set(mine) | set(theirs))
+                    if k not in mine or k not in theirs
+                    or tuple(mine[k].shape) != tuple(theirs[k].shape)
+                    or mine[k].dtype != theirs[k].dtype][:5]
+            raise MalleValueError(
+                f"model mismatch: this rank's model differs from the state source's "
+                f"(first differences: {diff}); every rank must build the same model")
+        job = st["job"]
+        if job["logical_workers"] != self.logical_workers or job["seed"] != self.seed:
+            raise MalleValueError(
+                f"job mismatch: state source has logical_workers={job['logical_workers']}, "
+                f"seed={job['seed']}; this rank has {self.logical_workers}, {self.seed}")
+        with torch.no_grad():
+            for k, t in mine.items():
+                t.copy_(theirs[k])
+        self._optimizer.optimizer.load_state_dict(st["optimizer"])
+        for k, obj in self._extras.items():
+            if k not in st["extras"]:
+                raise MalleValueError(f"state: tracked object {k!r} is missing at the source")
+            obj.load_state_dict(st["extras"][k])
+        self._position = int(job["position"])
+        self._lr_factor = job["lr_factor"]
+
+    def _sync_state(self, source: int) -> int:
+        """Broadcasts the job state from rank ``source``; returns the bytes moved."""
+        g = self._group
+        if g.rank == source:
+            skeleton, buffers = _state.pack(self.job_state())
+            header = torch.tensor([len(skeleton), _STATE_VERSION], dtype=torch.int64)
+            g.broadcast([header], source)
+            g.broadcast([torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)], source)
+            names = sorted(buffers)
+            if names:
+                g.broadcast([buffers[n].contiguous() for n in names], source)
+            return len(skeleton) + sum(b.numel() * b.element_size() for b in buffers.values())
+        header = torch.zeros(2, dtype=torch.int64)
+        g.broadcast([header], source)
+        if int(header[1]) != _STATE_VERSION or int(header[0]) <= 0:
+            raise MalleValueError(f"state: bad state header {header.tolist()} from rank {source}")
+        raw = torch.empty(int(header[0]), dtype=torch.uint8)
+        g.broadcast([raw], source)
+        skeleton, sizes = _state.read_sizes(raw.numpy().tobytes())
+        names = sorted(sizes)
+        bufs = {n: torch.empty(sizes[n], dtype=_state._dtype(n)) for n in names}
+        if names:
+            g.broadcast([bufs[n] for n in names], source)
+        self._load_state(_state.unpack(skeleton, bufs))
+        return raw.numel() + sum(b.numel() * b.element_size() for b in bufs.values())
+
+    # --- step boundary ----------------------------------------------------------
+    def _boundary(self) -> bool:
+        """Runs the step boundary; False when this member has left the job."""
+        self._require_wrapped()
+        self.join()
+        while True:
+            t0 = time.perf_counter()
+            if self._pending is not None:
+                t, self._pending = self._pending, None
+            else:
+                t = self._group.at_step_boundary()
+            if t.kind == "left":
+                self.left = True
+                return False
+            if t.kind == "excluded":
+                raise MembershipChangedError(
+                    f"member {self.member_id} was declared failed by job {self.job_id}: "
+                    f"{t.reason}")
+            if not t.changed:
+                return True
+            try:
+                self._on_change(t, t0)
+                return True
+            except (RankFailureError, MalleTimeoutError) as e:
+                # A member died during state sync: the next boundary recovers.
+                log.warning("state sync in generation %d failed (%s); recovering", t.generation, e)
+
+    def _on_change(self, t: Any, t0: float) -> None:
+        committed = list(t.committed_by_rank)
+        need = (t.kind in ("bootstrap", "joined") or len(t.joined) > 0
+                or len(set(committed)) > 1)
+        s0 = time.perf_counter()
+        moved = self._sync_state(t.state_source_rank) if need else 0
+        state_s = time.perf_counter() - s0
+        if t.resume_step < self._step:
+            self.redone_steps += self._step - t.resume_step
+        self._step = t.resume_step
+        if self.logical_workers is not None:
+            self._st.workers = assign_workers(self.logical_workers, t.size, t.rank)
+        else:
+            self._st.workers = range(t.rank, t.rank + 1)
+            self._apply_lr_scaling(t.size)
+        self._st.micro = 0
+        self._st.failed = False
+        self._st.grads_pending = False
+        self._st.stepped = True
+        phases = dict(t.phases)
+        phases["state"] = state_s
+        phases["total"] = phases.get("total", 0.0) + state_s
+        ev = ResizeEvent(kind=t.kind, generation=t.generation, size=t.size, rank=t.rank,
+                         resume_step=t.resume_step, joined=list(t.joined),
+                         removed=list(t.removed), state_bytes=moved, phases=phases,
+                         reason=t.reason)
+        self.history.append(ev)
+        log.info("generation %d: %s, size %d, rank %d, resume at step %d, state %d B in %.3f s",
+                 t.generation, t.kind, t.size, t.rank, t.resume_step, moved, state_s)
+
+    def _apply_lr_scaling(self, size: int) -> None:
+        assert self._optimizer is not None
+        f = float(size) if self.lr_scaling == "linear" else math.sqrt(size)
+        if self._lr_factor is None:
+            self._lr_factor = f  # the learning rate the user set is for this size
+            return
+        if f != self._lr_factor:
+            for g in self._optimizer.optimizer.param_groups:
+                g["lr"] = g["lr"] * f / self._lr_factor
+            self._lr_factor = f
+
+    # --- per micro-batch / per step ----------------------------------------------
+    def _is_last_micro(self) -> bool:
+        return self._st.micro >= len(self._st.workers)
+
+    def _begin_micro(self, worker: int, index: int) -> None:
+        """Before micro-batch ``index`` (logical worker ``worker``) of this rank's share."""
+        seed = mix_seed(self.seed, self._step, worker)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            np.random.seed(seed % (2**32))
+        bufs = self._buffer_list()
+        if bufs:
+            if index == 0:
+                self._buffers0 = [b.detach().clone() for b in bufs]
+                self._buffers_w0 = None
+            else:
+                if self._st.workers[index - 1] == 0:  # the previous one was logical worker 0
+                    self._buffers_w0 = [b.detach().clone() for b in bufs]
+                with torch.no_grad():
+                    for b, b0 in zip(bufs, self._buffers0 or []):
+                        b.copy_(b0)
+
+    def _buffer_list(self) -> List[torch.Tensor]:
+        assert self._model is not None
+        return [b for b in self._model.module.buffers()]
+
+    @staticmethod
+    def _comm_hook(job, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
+        buf = bucket.buffer()
+        fut: torch.futures.Future = torch.futures.Future()
+        if job._st.failed or job._waiter is None:
+            fut.set_result(buf)
+            return fut
+        try:
+            pending = job._group.allreduce_async([buf])
+        except MalleError as e:
+            job._mark_failed(e)
+            fut.set_result(buf)
+            return fut
+        n = float(job.logical_workers if job.logical_workers is not None else job.size)
+
+        def done(b: torch.Tensor, err: Optional[BaseException]) -> None:
+            if err is not None:
+                job._mark_failed(err)
+            else:
+                b.div_(n)
+
+        job._waiter.submit(pending, buf, fut, done)
+        return fut
+
+    def _mark_failed(self, err: BaseException) -> None:
+        if not self._st.failed:
+            log.warning("step %d: gradient sync failed (%s); the step will be redone",
+                        self._step, err)
+        self._st.failed = True
+
+    def _params(self) -> List[torch.nn.Parameter]:
+        assert self._model is not None
+        return [p for p in self._model.module.parameters() if p.requires_grad]
+
+    def _capture_grads(self) -> None:
+        """Deterministic mode: this micro-batch's gradient into its logical worker's row."""
+        params = self._params()
+        numel = sum(p.numel() for p in params)
+        assert self.logical_workers is not None
+        if self._rows is None or self._rows.shape != (self.logical_workers, numel):
+            self._rows = torch.zeros(self.logical_workers, numel, dtype=params[0].dtype,
+                                     device=params[0].device)
+        worker = self._st.workers[self._st.micro - 1]
+        row = self._rows[worker]
+        off = 0
+        for p in params:
+            k = p.numel()
+            if p.grad is None:
+                row[off:off + k].zero_()
+            else:
+                row[off:off + k].copy_(p.grad.reshape(-1))
+                p.grad = None
+            off += k
+
+    def _reduce_rows(self) -> bool:
+        assert self._rows is not None
+        mine = set(self._st.workers)
+        for k in range(self._rows.shape[0]):
+            if k not in mine:
+                self._rows[k].zero_()
+        try:
+            self._group.allreduce([self._rows])
+        except MalleError as e:
+            self._mark_failed(e)
+            return False
+        total = self._rows[0].clone()
+        for k in range(1, self._rows.shape[0]):
+            total += self._rows[k]
+        total /= float(self._rows.shape[0])
+        off = 0
+        for p in self._params():
+            k = p.numel()
+            p.grad = total[off:off + k].view_as(p).clone()
+            off += k
+        return True
+
+    def _sync_buffers(self) -> bool:
+        bufs = self._buffer_list()
+        if not bufs:
+            return True
+        if 0 in self._st.workers and self._buffers_w0 is not None:
+            with torch.no_grad():
+                for b, w0 in zip(bufs, self._buffers_w0):
+                    b.copy_(w0)
+        try:
+            self._group.broadcast([b.data for b in bufs], 0)
+        except MalleError as e:
+            self._mark_failed(e)
+            return False
+        return True
+
+    def _optimizer_step(self) -> Optional[float]:
+        assert self._optimizer is not None
+        st = self._st
+        if st.micro == 0:
+            raise MalleValueError("optimizer.step(): called before any micro-batch of this step")
+        if self.deterministic:
+            self._capture_grads()
+        if not self._is_last_micro():
+            return None
+        ok = not st.failed
+        if ok and self.deterministic:
+            ok = self._reduce_rows()
+        if ok:
+            ok = self._sync_buffers()
+        st.grads_pending = False
+        st.stepped = True
+        if not ok:
+            self._optimizer.optimizer.zero_grad(set_to_none=True)
+            return None  # not committed: the next boundary recovers and redoes the step
+        self._optimizer.optimizer.step()
+        self._group.commit(self._step)
+        self._step += 1
+        if self.logical_workers is None:
+            self._position += self.size * self._batch_size_for_position
+        if self.rank == 0:
+            try:
+                self._store.set(progress_key(self.job_id), str(self._step).encode())
+            except MalleError as e:  # progress is advisory (the launcher's step triggers)
+                log.debug("progress key not written: %s", e)
+        return None
+
+    _batch_size_for_position = 0
+
+    # --- end --------------------------------------------------------------------
+    def finish(self) -> None:
+        """Waits at a last step boundary so no member exits while others still reduce."""
+        if self.closed or self.left or self._group is None or not self._group.active:
+            return
+        try:
+            self._boundary()  # a member arriving now still gets the final state
+        except MalleError as e:
+            log.warning("final step boundary failed: %s", e)
+
+    def leave(self) -> None:
+        """Asks to leave the job at the next step boundary (the loader then stops)."""
+        self.join()
+        self._group.request_leave()
+
+    def close(self) -> None:
+        """Releases the group (a member still in it makes the others recover at once)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+        if self._group is not None:
+            self._group = _ClosedGroup(self._group)
+
+
+class _ClosedGroup:
+    """Keeps the last rank/size/generation readable after close()."""
+
+    def __init__(self, g: Any) -> None:
+        self.rank, self.size, self.generation = g.rank, g.size, g.generation
+        self.member_id = g.member_id
+        self.active = False
+
+
+class ElasticLoader:
+    """Yields this rank's micro-batches, step after step, across resizes.
+
+    Each step it first runs the step boundary (joins, leaves and failures take
+    effect there, and a failed step is redone), then yields one micro-batch per
+    logical worker of this rank. Iterate it once. Created by :meth:`ElasticJob.loader`.
+    """
+
+    def __init__(self, job: ElasticJob, dataset: Any, batch_size: int, *, steps: Optional[int],
+                 epochs: Optional[float], shuffle: bool, num_workers: int,
+                 collate_fn: Optional[Callable[[List[Any]], Any]], pin_memory: bool) -> None:
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise MalleValueError("dataset: must be map-style (len() and [index])")
+        if (steps is None) == (epochs is None):
+            raise MalleValueError("loader: give exactly one of steps= or epochs=")
+        n = len(dataset)
+        workers = job.logical_workers if job.logical_workers is not None else 1
+        if job.logical_workers is None and job.size * batch_size > n:
+            raise MalleValueError(
+                f"dataset: has {n} samples, fewer than one global batch "
+                f"({job.size} ranks x batch_size {batch_size})")
+        self.sampler = ElasticSampler(n, workers, batch_size, seed=job.seed, shuffle=shuffle)
+        if steps is not None:
+            if not isinstance(steps, int) or steps < 0:
+                raise MalleValueError(f"steps: must be a non-negative integer, got {steps!r}")
+            self.total_steps = steps
+        else:
+            if not epochs or epochs <= 0:
+                raise MalleValueError(f"epochs: must be positive, got {epochs!r}")
+            if job.logical_workers is None:
+                raise MalleValueError("epochs: needs logical_workers (a constant global batch); "
+                                      "give steps= instead")
+            self.total_steps = self.sampler.steps_for_epochs(float(epochs))
+        if num_workers < 0:
+            raise MalleValueError(f"num_workers: must be >= 0, got {num_workers}")
+        self.job = job
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        job._batch_size_for_position = batch_size
+        self._it: Optional[Iterator[Any]] = None
+        self._it_key: Optional[tuple] = None  # (step, workers, position) served next
+        self._started = False
+
+    def __len__(self) -> int:
+        return self.total_steps
+
+    def __iter__(self) -> "ElasticLoader":
+        if self._started:
+            raise MalleValueError("ElasticLoader: iterate it only once")
+        self._started = True
+        return self
+
+    def _index_lists(self, first_step: int, workers: range, position: int) -> Iterator[List[int]]:
+        s = first_step
+        job = self.job
+        while s < self.total_steps:
+            for k in workers:
+                if job.logical_workers is not None:
+                    yield self.sampler.indices(s, k)
+                else:
+                    pos = position + (s - first_step) * job.size * self.batch_size
+                    yield self.sampler.stream(pos + k * self.batch_size, self.batch_size)
+            s += 1
+
+    def _restart(self) -> None:
+        """Makes the iterator serve ``job.step`` with this rank's current workers."""
+        job = self.job
+        key = (job._step, job._st.workers, job._position)
+        if self._it is not None and self._it_key == key:
+            return  # the running iterator already serves this step
+        self._it = iter(torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=_LazyBatches(self._index_lists(*key)),
+            num_workers=self.num_workers, collate_fn=self.collate_fn,
+            pin_memory=self.pin_memory))
+        self._it_key = key
+
+    def __next__(self) -> Any:
+        job = self.job
+        st = job._st
+        if self._it is None or st.micro >= len(st.workers):
+            # A new step: the previous one must have been stepped (or given up).
+            if self._it is not None and not st.stepped:
+                raise MalleValueError(
+                    f"optimizer.step() was not called after the last micro-batch of step "
+                    f"{job._step}")
+            if job._step >= self.total_steps:
+                job.finish()
+                raise StopIteration
+            if not job._boundary():
+                raise StopIteration  # this member left the job
+            if job._step >= self.total_steps:
+                job.finish()
+                raise StopIteration
+            self._restart()
+            st.micro = 0
+            st.failed = False
+            st.stepped = False
+        assert self._it is not None
+        batch = next(self._it)
+        worker = st.workers[st.micro]
+        st.micro += 1
+        if st.micro == len(st.workers):  # the iterator moves on to the next step
+            nxt = job._position + job.size * self.batch_size if job.logical_workers is None \
+                else job._position
+            self._it_key = (job._step + 1, st.workers, nxt)
+        job._begin_micro(worker, st.micro - 1)
+        return batch
+
+
+class _LazyBatches:
+    """A batch sampler over a generator (for DataLoader workers: no upfront list)."""
+
+    def __init__(self, gen: Iterator[List[int]]) -> None:
+        self._gen = gen
+
+    def __iter__(self) -> Iterator[List[int]]:
+        return self._gen
+
+
+def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic: bool = False,
+         lr_scaling: Optional[str] = None, **kwargs: Any) -> ElasticJob:
+    """Joins this process to its elastic job and returns the :class:`ElasticJob`.
+
+    Args:
+        logical_workers: ``L``, the job's fixed number of logical workers (constant
+            global batch; the job never has more ranks than this). ``None`` needs
+            ``lr_scaling``.
+        seed: seeds the data order and every logical worker's RNG stream.
+        deterministic: bitwise-reproducible results whatever the schedule (costs ``L``
+            times the gradient traffic and memory; needs the same torch thread count on
+            every rank).
+        lr_scaling: ``"linear"`` or ``"sqrt"``: the global batch follows the world size
+            and the learning rate is rescaled at each resize.
+        **kwargs: ``store`` ('host:port'), ``job_id``, ``member_id``, ``bootstrap_size``
+            (default from ``MALLE_STORE``, ``MALLE_JOB_ID``, ``MALLE_MEMBER_ID``,
+            ``MALLE_BOOTSTRAP_SIZE``, which ``malletrain local`` sets), and the timeouts
+            ``heartbeat_timeout``, ``recovery_grace``, ``rendezvous_timeout``,
+            ``op_timeout`` (seconds), ``bucket_cap_mb``.
+
+    Raises:
+        MalleValueError: bad arguments (e.g. fewer logical workers than the starting size).
+        StoreError / MalleTimeoutError: the control store or the rendezvous failed.
+    """
+    return ElasticJob(logical_workers=logical_workers, seed=seed, deterministic=deterministic,
+                      lr_scaling=lr_scaling, **kwargs)
