@@ -51,11 +51,11 @@ class IndexedDataset(torch.utils.data.Dataset):
         return x, y, i
 
 
-def build_model() -> torch.nn.Module:
+def build_model(hidden: int = 128) -> torch.nn.Module:
     torch.manual_seed(0)  # replicas may start different; rank 0's initial state wins anyway
     return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-        torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+        torch.nn.Linear(hidden, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
 def main(argv=None) -> int:
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--hidden", type=int, default=128, help="hidden width (all ranks must agree)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds to sleep per step (slows the demo down so resizes are visible)")
     p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
@@ -78,7 +79,10 @@ def main(argv=None) -> int:
     train, (x_test, y_test) = load_digits()
     job = malletrain.init(logical_workers=args.logical_workers, seed=args.seed,
                           deterministic=args.deterministic)
-    model = job.wrap_model(build_model())
+    # Test hook: DIGITS_HIDDEN_FOR_<member> gives one member a different model, which
+    # the state sync must refuse with a clear error.
+    hidden = int(os.environ.get(f"DIGITS_HIDDEN_FOR_{job.member_id}", args.hidden))
+    model = job.wrap_model(build_model(hidden))
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=50, gamma=0.5)
     job.track("lr_scheduler", sched)

@@ -8,6 +8,8 @@ between releases. Every function that fails raises a class of
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 def version() -> str:
     """malletrain version this extension was built as (CMake's PROJECT_VERSION)."""
 
@@ -132,3 +134,89 @@ def sim_run(
 ) -> dict[str, Any]:
     """Replays `trace` with `mix`; returns {"summary": dict, "jobs": [dict], "timeline":
     [tuple], "events": [tuple]}. Releases the GIL for the replay."""
+
+# --- elastic group (bind_elastic.cc); used by malletrain.elastic and malletrain.launcher ---
+
+class ControlStore:
+    """A client of the deployment's key-value store (a c10d TCPStore)."""
+
+    @staticmethod
+    def serve(host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> ControlStore:
+        """Starts a store server (port 0: ephemeral) and returns a client; the server lives
+        as long as this handle."""
+    @staticmethod
+    def connect(host: str, port: int, timeout: float = 30.0) -> ControlStore:
+        """Connects to a running server, retrying until ``timeout`` seconds."""
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def try_get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None if it does not exist (does not wait)."""
+    def add(self, key: str, delta: int) -> int: ...
+
+class Transition:
+    """What happened at a step boundary (or at join)."""
+
+    kind: str  # none, bootstrap, joined, planned, recovered, left, excluded
+    generation: int
+    rank: int
+    size: int
+    members: list[str]
+    joined: list[str]
+    removed: list[str]
+    resume_step: int
+    state_source_rank: int
+    committed_by_rank: list[int]
+    reason: str
+    phases: dict[str, float]  # seconds: detect, agree, build, sync, total
+    changed: bool
+    active: bool
+
+class PendingCollective:
+    def wait(self) -> None:
+        """Blocks until done; raises RankFailureError if the generation failed."""
+    def done(self) -> bool: ...
+
+class ElasticGroup:
+    """Membership of one job as a sequence of generations (libmalle/comm/elastic_group.h)."""
+
+    @staticmethod
+    def join(
+        store: ControlStore,
+        job_id: str,
+        member_id: str = "",
+        bootstrap_size: int = 0,
+        max_size: int = 1024,
+        rendezvous_timeout: float = 60.0,
+        op_timeout: float = 60.0,
+        heartbeat_interval: float = 0.1,
+        heartbeat_timeout: float = 2.0,
+        recovery_grace: float = 0.5,
+    ) -> ElasticGroup:
+        """Registers in the job and blocks until this process is a member of a built
+        generation. Raises MalleValueError, MalleTimeoutError, StoreError, ..."""
+    rank: int
+    size: int
+    generation: int
+    members: list[str]
+    member_id: str
+    job_id: str
+    active: bool
+    last_transition: Transition
+    committed_step: int
+    comm_failed: bool
+    def commit(self, step: int) -> None: ...
+    def at_step_boundary(self) -> Transition: ...
+    def request_leave(self) -> None: ...
+    def allreduce(self, tensors: list[torch.Tensor], op: str = "sum") -> None: ...
+    def allreduce_async(self, tensors: list[torch.Tensor], op: str = "sum") -> PendingCollective: ...
+    def broadcast(self, tensors: list[torch.Tensor], root: int) -> None: ...
+    def barrier(self) -> None: ...
+
+def request_leave(store: ControlStore, job_id: str, member_id: str) -> None:
+    """Queues a planned leave of ``member_id`` at the job's next step boundary."""
+
+def latest_generation(store: ControlStore, job_id: str) -> dict[str, Any] | None:
+    """The newest generation of a job as {generation, members, reason}, or None."""

@@ -486,6 +486,8 @@ class ElasticJob:
             return len(skeleton) + sum(b.numel() * b.element_size() for b in buffers.values())
         header = torch.zeros(2, dtype=torch.int64)
         g.broadcast([header], source)
+        if os.environ.get("MALLE_FAULT_EXIT_IN_STATE_SYNC") == self.member_id:
+            os._exit(137)  # fault injection for tests: die like kill -9 in the middle of a sync
         if int(header[1]) != _STATE_VERSION or int(header[0]) <= 0:
             raise MalleValueError(f"state: bad state header {header.tolist()} from rank {source}")
         raw = torch.empty(int(header[0]), dtype=torch.uint8)

@@ -1,0 +1,194 @@
+"""Unit tests of the elastic training pieces that need no peers: sampler, state packing,
+worker assignment, argument checks."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import malletrain
+from malletrain import state as mstate
+from malletrain.errors import MalleValueError
+from malletrain.sampler import ElasticSampler, assign_workers, mix_seed
+
+
+def test_sampler_is_a_pure_function_of_seed_step_and_worker():
+    a = ElasticSampler(103, logical_workers=4, batch_size=5, seed=7)
+    b = ElasticSampler(103, logical_workers=4, batch_size=5, seed=7)
+    # Ask in a different order (a redo after a failure, a new owner after a resize).
+    first = [a.indices(s, k) for s in range(12) for k in range(4)]
+    second = [b.indices(s, k) for s in reversed(range(12)) for k in reversed(range(4))]
+    assert first == list(reversed(second))
+    assert ElasticSampler(103, 4, 5, seed=8).indices(0, 0) != a.indices(0, 0)
+
+
+def test_every_sample_once_per_epoch_even_when_steps_straddle_epochs():
+    n, workers, bs = 103, 4, 5  # 20 samples per step: epochs end mid-step
+    s = ElasticSampler(n, workers, bs, seed=3)
+    per_epoch = collections.defaultdict(list)
+    for step in range(26):  # 520 samples: 5 full epochs and a part
+        for k in range(workers):
+            for i, e in zip(s.indices(step, k), s.sample_epochs(step, k)):
+                per_epoch[e].append(i)
+    for e in range(5):
+        assert sorted(per_epoch[e]) == list(range(n)), e
+    assert len(set(per_epoch[5])) == len(per_epoch[5]) == 520 - 5 * n
+    assert s.epoch_of(0) == 0 and s.epoch_of(6) == 1  # step 6 starts at sample 120
+    assert s.steps_for_epochs(2) == 10  # 206 // 20
+
+
+def test_unshuffled_sampler_reads_in_order():
+    s = ElasticSampler(10, 2, 2, shuffle=False)
+    assert s.indices(0, 0) == [0, 1] and s.indices(0, 1) == [2, 3]
+    assert s.indices(2, 1) == [0, 1]  # stream position 10: epoch 1 starts over
+    assert s.stream(8, 4) == [8, 9, 0, 1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((7, 4, 2), "fewer than one global batch"),
+     ((0, 1, 1), "num_samples"),
+     ((10, 0, 1), "logical_workers"),
+     ((10, 1, -1), "batch_size")])
+def test_sampler_rejects_bad_arguments(args, message):
+    with pytest.raises(MalleValueError, match=message):
+        ElasticSampler(*args)
+
+
+def test_sampler_rejects_bad_step_and_worker():
+    s = ElasticSampler(10, 2, 2)
+    with pytest.raises(MalleValueError, match="worker"):
+        s.indices(0, 2)
+    with pytest.raises(MalleValueError, match="step"):
+        s.indices(-1, 0)
+
+
+def test_workers_are_contiguous_blocks_and_rank0_has_worker0():
+    for n in range(1, 9):
+        blocks = [assign_workers(8, n, r) for r in range(n)]
+        flat = [k for b in blocks for k in b]
+        assert flat == list(range(8)), n
+        assert 0 in blocks[0]
+        assert max(len(b) for b in blocks) - min(len(b) for b in blocks) <= 1
+    assert list(assign_workers(4, 3, 0)) == [0, 1]
+    with pytest.raises(MalleValueError, match="exceeds logical_workers"):
+        assign_workers(2, 3, 0)
+
+
+def test_mix_seed_is_stable_and_spreads():
+    assert mix_seed(1, 2, 3) == mix_seed(1, 2, 3)
+    seeds = {mix_seed(0, s, k) for s in range(100) for k in range(8)}
+    assert len(seeds) == 800
+    assert all(0 <= x < 2**63 for x in seeds)
+
+
+def test_pack_groups_tensors_by_dtype_and_round_trips():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    st = {"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": {"k": [1, "x"]}}
+    skeleton, buffers = mstate.pack(st)
+    # float32 (params, BN stats, Adam moments and steps) and int64 (num_batches_tracked).
+    assert sorted(buffers) == ["float32", "int64"]
+    tree, sizes = mstate.read_sizes(skeleton)
+    assert sizes == {k: v.numel() for k, v in buffers.items()}
+    received = {k: v.clone() for k, v in buffers.items()}
+    back = mstate.unpack(tree, received)
+    assert mstate.digest(back) == mstate.digest(st)
+    model2 = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model2.load_state_dict(back["model"])
+    opt2 = torch.optim.Adam(model2.parameters())
+    opt2.load_state_dict(back["optimizer"])
+    assert mstate.digest(opt2.state_dict()) == mstate.digest(opt.state_dict())
+    assert back["extra"] == {"k": [1, "x"]}
+
+
+def test_digest_sees_one_changed_bit():
+    st = {"w": torch.zeros(10)}
+    d0 = mstate.digest(st)
+    st["w"][3] = -0.0  # a different bit pattern, equal value
+    assert mstate.digest(st) != d0
+
+
+def test_corrupt_state_message_is_reported():
+    with pytest.raises(ValueError, match="corrupt state message"):
+        mstate.read_sizes(b"not a pickle")
+    tree, _ = mstate.read_sizes(mstate.pack({"w": torch.ones(4)})[0])
+    with pytest.raises(ValueError, match="outside the received buffers"):
+        mstate.unpack(tree, {"float32": torch.ones(2)})
+
+
+def test_init_rejects_bad_arguments(monkeypatch):
+    monkeypatch.delenv("MALLE_STORE", raising=False)
+    with pytest.raises(MalleValueError, match="no control store"):
+        malletrain.init(logical_workers=4)
+    with pytest.raises(MalleValueError, match="host:port"):
+        malletrain.init(logical_workers=4, store="nowhere")
+    with pytest.raises(MalleValueError, match="logical_workers"):
+        malletrain.init(logical_workers=0, store="127.0.0.1:1")
+    with pytest.raises(MalleValueError, match="lr_scaling"):
+        malletrain.init(logical_workers=None, store="127.0.0.1:1")
+    with pytest.raises(MalleValueError, match="lr_scaling: only with"):
+        malletrain.init(logical_workers=2, lr_scaling="linear", store="127.0.0.1:1")
+    with pytest.raises(MalleValueError, match="deterministic"):
+        malletrain.init(lr_scaling="sqrt", deterministic=True, store="127.0.0.1:1")
+
+
+def test_fewer_logical_workers_than_the_starting_size_is_an_error():
+    store = malletrain._C.ControlStore.serve()
+    with pytest.raises(MalleValueError, match="smaller than the job's starting size 4"):
+        malletrain.init(logical_workers=2, store=f"127.0.0.1:{store.port}", bootstrap_size=4)
+
+
+def test_loader_rejects_a_dataset_smaller_than_the_global_batch():
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=4, store=f"127.0.0.1:{store.port}", bootstrap_size=1,
+                          job_id="small")
+    job.wrap_model(torch.nn.Linear(2, 1))
+    data = torch.utils.data.TensorDataset(torch.zeros(10, 2))
+    with pytest.raises(MalleValueError, match="10 samples, fewer than one global batch"):
+        job.loader(data, batch_size=4, steps=1)
+    with pytest.raises(MalleValueError, match="exactly one of steps= or epochs="):
+        job.loader(data, batch_size=1)
+    with pytest.raises(MalleValueError, match="call wrap_model first|already"):
+        job.wrap_model(torch.nn.Linear(2, 1))
+    job.close()
+
+
+def test_single_rank_job_trains_and_matches_plain_accumulation():
+    """One rank running all 4 logical workers equals plain 4-micro-batch averaging."""
+    store = malletrain._C.ControlStore.serve()
+    torch.manual_seed(0)
+    x = torch.randn(64, 5)
+    y = x @ torch.randn(5, 1)
+    data = torch.utils.data.TensorDataset(x, y)
+
+    def net():
+        torch.manual_seed(1)
+        return torch.nn.Linear(5, 1)
+
+    job = malletrain.init(logical_workers=4, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="one", seed=5)
+    model = job.wrap_model(net())
+    opt = job.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for xb, yb in job.loader(data, batch_size=2, steps=6):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    assert job.step == 6 and job.size == 1 and list(job.workers) == [0, 1, 2, 3]
+    job.close()
+
+    ref = net()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    sampler = ElasticSampler(64, 4, 2, seed=5)
+    for step in range(6):
+        ref_opt.zero_grad()
+        for k in range(4):
+            idx = sampler.indices(step, k)
+            (torch.nn.functional.mse_loss(ref(x[idx]), y[idx]) / 4).backward()
+        ref_opt.step()
+    for a, b in zip(model.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
