@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     trace = None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        trace = open(os.path.join(args.out, f"trace-{job.member_id}.jsonl"), "w")
+        trace = open(os.path.join(args.out, f"trace-{job.member_id}.jsonl"), "w",
+                     buffering=1)  # line-buffered: a killed rank keeps its lines
     seen_events = 0
     t0 = time.time()
     last_loss = float("nan")

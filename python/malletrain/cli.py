@@ -235,6 +235,37 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_simulate)
 
 
+def _cmd_local(args: argparse.Namespace) -> int:
+    from malletrain import launcher
+
+    if not args.command:
+        print("malletrain local: error: give the program to run after --, e.g. "
+              "-- python train.py", file=sys.stderr)
+        return 2
+    return launcher.main(args)
+
+
+def _add_local_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "local",
+        help="run an elastic job on this machine with scripted joins, leaves and kills",
+        description="Hosts the job's control store, starts NODES rank processes running "
+        "COMMAND and follows SCHEDULE: comma-separated events 'step=K ACTION [COUNT]' or "
+        "'t=SECONDS ACTION [COUNT]' with ACTION one of join, leave, kill, stop, cont. "
+        "Example: --schedule \"step=10 leave 2, step=20 join 1, step=30 kill 1\".",
+    )
+    p.add_argument("--nodes", type=int, required=True, help="members at the start")
+    p.add_argument("--schedule", default="", help="joins, leaves and kills (see above)")
+    p.add_argument("--job-id", default="local", help="job id in the control store")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="kill everything after this many seconds (exit 124)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="pick killed members at random (non-leaders), reproducibly")
+    p.add_argument("--log-dir", default=None, help="one log file per member instead of stdout")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
+    p.set_defaults(func=_cmd_local)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="malletrain",
@@ -251,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(func=_cmd_version)
     _add_alloc_parser(commands)
     _add_simulate_parser(commands)
+    _add_local_parser(commands)
     return parser
 
 

@@ -192,3 +192,28 @@ def test_single_rank_job_trains_and_matches_plain_accumulation():
         ref_opt.step()
     for a, b in zip(model.module.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), torch.tensor([float(i)]), i
+
+
+def test_loader_with_dataloader_workers_reads_every_sample_once_per_epoch():
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=2, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="workers")
+    model = job.wrap_model(torch.nn.Linear(3, 1))
+    opt = job.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    seen = []
+    for x, y, i in job.loader(_Numbers(), batch_size=4, steps=10, num_workers=2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x) / 100, y / 100).backward()
+        opt.step()
+        seen += i.tolist()
+    job.close()
+    assert job.step == 10
+    assert sorted(seen[:40]) == list(range(40)) and sorted(seen[40:]) == list(range(40))

@@ -1,0 +1,155 @@
+"""Multi-process tests of elastic training (issue 3): the digits example run through resize
+and failure schedules by the local launcher, compared with fixed-size runs.
+
+Every run: loopback store on an ephemeral port, rank processes started and stopped by the
+launcher by pid, a timeout on every wait.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+from malletrain import launcher
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_digits.py"
+STEPS = 60
+N_TRAIN = 1500  # digits: 1,797 samples, 297 held out
+
+
+def run_job(tmp: pathlib.Path, name: str, nodes: int, schedule: str = "", extra=(),
+            env=None, step_sleep: float = 0.0):
+    out = tmp / name
+    cmd = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out),
+           "--step-sleep", str(step_sleep), *extra]
+    result = launcher.run_local(cmd, nodes=nodes, schedule=schedule, job_id=name, timeout=240,
+                                log_dir=str(tmp / f"{name}-logs"), env=env)
+    return out, result
+
+
+def read_traces(out: pathlib.Path):
+    rows = []
+    for f in sorted(out.glob("trace-*.jsonl")):
+        member = f.stem[len("trace-"):]
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            r["member"] = member
+            rows.append(r)
+    return rows
+
+
+def final_params(out: pathlib.Path):
+    return torch.load(out / "final.pt")
+
+
+def rel_diff(a, b) -> float:
+    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    den = sum(float((a[k] ** 2).sum()) for k in a) ** 0.5
+    return num / den
+
+
+def logs(tmp: pathlib.Path, name: str) -> str:
+    d = tmp / f"{name}-logs"
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(d.glob("*.log")))
+
+
+def check_replicas_and_data(rows, steps=STEPS):
+    """(3) every sample once per epoch, (4) identical replicas after every committed step."""
+    # The committed attempt of every (step, worker): the last one recorded.
+    by_step = collections.defaultdict(dict)
+    digests = collections.defaultdict(set)
+    for r in rows:
+        by_step[r["step"]][r["worker"]] = r["indices"]
+        if r["committed"]:
+            digests[r["step"]].add(r["digest"])
+    assert sorted(by_step) == list(range(steps))
+    for s in range(steps):
+        assert sorted(by_step[s]) == [0, 1, 2, 3], s
+        assert len(digests[s]) == 1, f"replicas differ after step {s}: {digests[s]}"
+    stream = [i for s in range(steps) for k in range(4) for i in by_step[s][k]]
+    for e in range(len(stream) // N_TRAIN):
+        assert sorted(stream[e * N_TRAIN:(e + 1) * N_TRAIN]) == list(range(N_TRAIN)), e
+    tail = stream[(len(stream) // N_TRAIN) * N_TRAIN:]
+    assert len(set(tail)) == len(tail)
+
+
+def sizes_seen(rows):
+    seq = []
+    for r in sorted(rows, key=lambda r: (r["step"], r["generation"])):
+        if not seq or seq[-1] != (r["generation"], r["size"]):
+            if not seq or r["generation"] > seq[-1][0]:
+                seq.append((r["generation"], r["size"]))
+    return [size for _, size in seq]
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fixed")
+    out, res = run_job(tmp, "fixed4", 4)
+    assert res.ok, logs(tmp, "fixed4")
+    out_d, res_d = run_job(tmp, "fixed4det", 4, extra=["--deterministic"])
+    assert res_d.ok, logs(tmp, "fixed4det")
+    return final_params(out), final_params(out_d)
+
+
+RESIZE = "step=8 leave 2, step=14 join 1, step=20 join 1"
+
+
+def test_resize_4_2_3_4_matches_the_fixed_run(tmp_path, fixed):
+    out, res = run_job(tmp_path, "resize", 4, RESIZE, step_sleep=0.15)
+    assert res.ok, logs(tmp_path, "resize")
+    rows = read_traces(out)
+    assert sizes_seen(rows) == [4, 2, 3, 4]
+    assert rel_diff(final_params(out), fixed[0]) < 1e-5
+    check_replicas_and_data(rows)
+
+
+def test_deterministic_mode_is_bitwise_equal_across_schedules(tmp_path, fixed):
+    out, res = run_job(tmp_path, "resizedet", 4, RESIZE, extra=["--deterministic"],
+                       step_sleep=0.15)
+    assert res.ok, logs(tmp_path, "resizedet")
+    assert sizes_seen(read_traces(out)) == [4, 2, 3, 4]
+    got, want = final_params(out), fixed[1]
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_kill9_of_members_and_of_a_joiner_in_state_sync(tmp_path, fixed):
+    # node4 (the first joiner) dies in the middle of receiving state; node5 joins later.
+    env = dict(os.environ, MALLE_FAULT_EXIT_IN_STATE_SYNC="node4")
+    schedule = "step=6 kill 1, step=12 join 1, step=16 join 1, step=30 kill 1"
+    out, res = run_job(tmp_path, "kills", 4, schedule, env=env, step_sleep=0.1)
+    assert res.exit_codes["node4"] == 137, logs(tmp_path, "kills")  # died in the sync
+    others = {m: c for m, c in res.exit_codes.items() if m not in res.killed and m != "node4"}
+    assert others and all(c == 0 for c in others.values()), logs(tmp_path, "kills")
+    assert len(res.killed) == 2 and not res.timed_out
+    rows = read_traces(out)
+    assert rel_diff(final_params(out), fixed[0]) < 1e-5
+    check_replicas_and_data(rows)
+    # At most one step is redone per failure (3 failures).
+    attempts = collections.Counter(
+        (r["step"], r["member"]) for r in rows if r["micro"] == 0)
+    redone = sum(c - 1 for c in attempts.values())
+    assert redone <= 3 * 3  # each of at most 3 survivors may redo one step per failure
+    assert max(attempts.values()) <= 1 + 3
+
+
+def test_a_joiner_with_a_different_model_is_refused(tmp_path):
+    out_dir = tmp_path / "mismatch"
+    cmd_ok = [sys.executable, str(EXAMPLE), "--steps", "40", "--out", str(out_dir),
+              "--step-sleep", "0.1"]
+    # The launcher starts identical commands; the joiner's model width comes from its env.
+    env = dict(os.environ, DIGITS_HIDDEN_FOR_node2="96")
+    res = launcher.run_local(cmd_ok, nodes=2, schedule="step=5 join 1", job_id="mismatch",
+                             timeout=180, log_dir=str(tmp_path / "mismatch-logs"), env=env)
+    joiner_log = (tmp_path / "mismatch-logs" / "node2.log").read_text()
+    assert "model mismatch" in joiner_log, logs(tmp_path, "mismatch")
+    assert res.exit_codes["node2"] != 0
+    assert res.exit_codes["node0"] == 0 and res.exit_codes["node1"] == 0, logs(tmp_path,
+                                                                               "mismatch")
