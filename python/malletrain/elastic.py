@@ -176,12 +176,18 @@ class ElasticModel(torch.nn.Module):
         self._job = job
         self._ddp: Optional[DistributedDataParallel] = None
         if not job.deterministic:
-            # find_unused_parameters=True also keeps the Reducer from rebuilding its
-            # buckets after the first step: every rank, including a joiner that has
-            # run no step yet, must use the same bucket layout.
             self._ddp = DistributedDataParallel(
                 module, process_group=_dummy_process_group(), broadcast_buffers=False,
-                bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True)
+                bucket_cap_mb=bucket_cap_mb)
+            # Every rank, including a joiner that has run no step yet, must use the same
+            # bucket layout. The Reducer would rebuild its buckets once, in the order
+            # gradients became ready during this rank's first backward; rebuild them now
+            # from the parameter order instead, which is the same on every rank and
+            # final (a Reducer rebuilds at most once).
+            reducer = self._ddp.reducer
+            reducer._push_all_rebuilt_params()
+            if not reducer._rebuild_buckets():
+                raise MalleError("ElasticModel: the Reducer refused to fix its bucket layout")
             self._ddp.register_comm_hook(job, ElasticJob._comm_hook)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -131,6 +131,8 @@ class _Local:
         self.job_id = job_id
         self.log_dir = log_dir
         self.env = dict(os.environ if env is None else env)
+        # libmalle logs every generation at INFO; ranks report their changes themselves.
+        self.env.setdefault("MALLE_LOG_LEVEL", "warning")
         self.rng = random.Random(seed) if seed is not None else None
         self.quiet = quiet
         self.store = _C.ControlStore.serve("127.0.0.1", 0)

@@ -217,3 +217,31 @@ def test_loader_with_dataloader_workers_reads_every_sample_once_per_epoch():
     job.close()
     assert job.step == 10
     assert sorted(seen[:40]) == list(range(40)) and sorted(seen[40:]) == list(range(40))
+
+
+def test_bucket_layout_is_fixed_at_wrap_time():
+    """A joiner (no step run yet) and a survivor must reduce identical bucket layouts:
+    the Reducer's one-time rebuild happens at wrap time, from the parameter order."""
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="buckets", bucket_cap_mb=0.001)
+    # Two branches: gradients become ready in an order that differs from parameter order.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(20, 20)
+            self.b = torch.nn.Linear(20, 20)
+
+        def forward(self, x):
+            return self.b(x).sum() + self.a(x * 2).sum()
+
+    model = job.wrap_model(Net())
+    opt = job.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    data = torch.utils.data.TensorDataset(torch.randn(8, 20))
+    for (x,) in job.loader(data, batch_size=2, steps=3):
+        opt.zero_grad()
+        model(x).backward()
+        opt.step()
+        assert model._ddp.reducer._rebuild_buckets() is False  # nothing left to rebuild
+    job.close()
+    assert job.step == 3
