@@ -402,6 +402,15 @@ absl::Status ElasticGroup::RequestLeave(ControlStore& store, absl::string_view j
                   EncodeRequest({ChangeRequest::Kind::kLeave, std::string(member_id)}));
 }
 
+absl::Status ElasticGroup::ReportDead(ControlStore& store, absl::string_view job_id,
+                                      absl::string_view member_id) {
+  MALLE_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  MALLE_RETURN_IF_ERROR(ValidateId("member_id", member_id));
+  auto job = store.WithPrefix(JobPrefix(job_id));
+  MALLE_RETURN_IF_ERROR(job->Set(internal::DeadKey(member_id), "1"));
+  return job->Add(internal::kDeadCount, 1).status();
+}
+
 absl::StatusOr<GenerationRecord> ElasticGroup::LatestGeneration(ControlStore& store,
                                                                 absl::string_view job_id) {
   MALLE_RETURN_IF_ERROR(ValidateId("job_id", job_id));
@@ -541,7 +550,20 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
     MALLE_ASSIGN_OR_RETURN(bool decided, job_->Exists(RecordKey(g + 1)));
     if (decided) break;
     MALLE_ASSIGN_OR_RETURN(int64_t arrived, job_->Add(CheckInCountKey(g), 0));
-    if (arrived >= static_cast<int64_t>(failed.members.size()) || absl::Now() >= deadline) {
+    const int64_t size = static_cast<int64_t>(failed.members.size());
+    if (arrived < size) {
+      // Members reported dead by their owner will never check in.
+      MALLE_ASSIGN_OR_RETURN(int64_t dead, job_->Add(internal::kDeadCount, 0));
+      if (dead > 0) {
+        for (const std::string& m : failed.members) {
+          MALLE_ASSIGN_OR_RETURN(bool gone, job_->Exists(internal::DeadKey(m)));
+          if (!gone) continue;
+          MALLE_ASSIGN_OR_RETURN(bool in, job_->Exists(CheckInKey(g, m)));
+          if (!in) ++arrived;
+        }
+      }
+    }
+    if (arrived >= size || absl::Now() >= deadline) {
       absl::flat_hash_set<std::string> checked_in;
       for (const std::string& m : failed.members) {
         MALLE_ASSIGN_OR_RETURN(bool in, job_->Exists(CheckInKey(g, m)));

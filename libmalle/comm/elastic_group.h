@@ -174,6 +174,12 @@ class ElasticGroup {
   // step boundary. `store` is the deployment's (unprefixed) store.
   static absl::Status RequestLeave(ControlStore& store, absl::string_view job_id,
                                    absl::string_view member_id);
+  // Reports that the process of `member_id` has exited (its launcher or node
+  // agent saw it): a recovery then stops waiting for its check-in instead of
+  // waiting out recovery_grace. Reporting a live member makes it be left out
+  // of the next recovery (it finds itself excluded).
+  static absl::Status ReportDead(ControlStore& store, absl::string_view job_id,
+                                 absl::string_view member_id);
   // The newest generation record of a job (kNotFound if it has none).
   static absl::StatusOr<GenerationRecord> LatestGeneration(ControlStore& store,
                                                            absl::string_view job_id);

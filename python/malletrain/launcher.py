@@ -140,6 +140,7 @@ class _Local:
         self.files: List = []
         self.killed: List[str] = []
         self.unadmitted: List[str] = []
+        self.reported: set = set()
         self.next_id = 0
         self.t0 = time.monotonic()
 
@@ -177,6 +178,17 @@ class _Local:
     def running(self) -> List[str]:
         return [m for m, p in self.procs.items() if p.poll() is None]
 
+    def report_exits(self) -> None:
+        """Tells the job which members' processes are gone, like a node agent would, so a
+        recovery does not wait out its grace period for them."""
+        for m, p in self.procs.items():
+            if m not in self.reported and p.poll() is not None:
+                self.reported.add(m)
+                try:
+                    _C.report_dead(self.store, self.job_id, m)
+                except Exception as e:  # noqa: BLE001 - advisory; recovery still works
+                    self.say(f"could not report {m} as exited: {e}")
+
     def pick(self, count: int, allow_leader: bool) -> List[str]:
         alive = set(self.running())
         members = [m for m in self.members() if m in alive]
@@ -206,6 +218,13 @@ class _Local:
                     pass
                 if ev.action == "kill":
                     self.killed.append(m)
+            if ev.action == "kill":
+                for m in ev.members:
+                    try:
+                        self.procs[m].wait(timeout=5)
+                    except subprocess.TimeoutExpired:  # pragma: no cover
+                        pass
+                self.report_exits()
         self.say(f"step={ev.fired_step}: {ev.action} {' '.join(ev.members) or '(nobody)'}")
 
     def stop_all(self) -> None:
@@ -261,6 +280,7 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
                 if not due:
                     break
                 run.fire(pending.pop(0))
+            run.report_exits()
             alive = run.running()
             if not alive:
                 break

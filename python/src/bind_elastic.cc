@@ -260,6 +260,15 @@ void BindElastic(py::module_& m) {
       py::arg("store"), py::arg("job_id"), py::arg("member_id"),
       "Queues a leave of `member_id` at the job's next step boundary.");
   m.def(
+      "report_dead",
+      [](std::shared_ptr<ControlStore> store, const std::string& job_id,
+         const std::string& member_id) {
+        py::gil_scoped_release release;
+        ThrowIfError(ElasticGroup::ReportDead(*store, job_id, member_id));
+      },
+      py::arg("store"), py::arg("job_id"), py::arg("member_id"),
+      "Reports that the process of `member_id` exited, so recovery need not wait for it.");
+  m.def(
       "latest_generation",
       [](std::shared_ptr<ControlStore> store, const std::string& job_id) -> py::object {
         absl::StatusOr<comm::GenerationRecord> r;

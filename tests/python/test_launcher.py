@@ -39,7 +39,7 @@ RANK = textwrap.dedent("""
     job = os.environ["MALLE_JOB_ID"]
     g = _C.ElasticGroup.join(store, job, member_id=os.environ["MALLE_MEMBER_ID"],
                              bootstrap_size=int(os.environ["MALLE_BOOTSTRAP_SIZE"]),
-                             recovery_grace=0.2)
+                             recovery_grace=float(os.environ.get("GRACE", "0.2")))
     import torch
     step = 0
     t = g.last_transition  # the join's own transition comes first, without a boundary
@@ -100,6 +100,19 @@ def test_joiners_of_a_finished_job_are_stopped(tmp_path):
     # stopped instead of waiting a minute for a job that is over.
     assert res.ok and res.wall_s < 40
     assert res.unadmitted in ([], ["node1"])
+
+
+def test_reported_exits_end_recovery_without_waiting_out_the_grace(tmp_path):
+    """The launcher reports every exit to the job, like a node agent: with a 60 s
+    recovery_grace, the survivors still recover from two kill -9s at once."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = dict(os.environ, GRACE="60")
+    res = launcher.run_local([sys.executable, str(script), "200"], nodes=3,
+                             schedule="step=10 kill 1, step=40 kill 1", job_id="grace",
+                             timeout=45, env=env, quiet=True)
+    assert res.ok and not res.timed_out
+    assert res.generations == 3 and len(res.killed) == 2
 
 
 def test_timeout_kills_every_process(tmp_path):

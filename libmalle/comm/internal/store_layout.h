@@ -26,6 +26,10 @@ inline std::string CheckInKey(int64_t g, absl::string_view m) {
 }
 inline std::string CheckInCountKey(int64_t g) { return absl::StrCat("gen/", g, "/checkin_count"); }
 inline std::string GroupPrefix(int64_t g) { return absl::StrCat("gen/", g, "/pg/"); }
+// A process that owns a member (launcher, node agent) saw it exit: recovery need
+// not wait for its check-in. kDeadCount counts such reports.
+inline std::string DeadKey(absl::string_view m) { return absl::StrCat("dead/", m); }
+inline constexpr absl::string_view kDeadCount = "dead/count";
 
 }  // namespace malle::comm::internal
 
