@@ -220,3 +220,7 @@ def request_leave(store: ControlStore, job_id: str, member_id: str) -> None:
 
 def latest_generation(store: ControlStore, job_id: str) -> dict[str, Any] | None:
     """The newest generation of a job as {generation, members, reason}, or None."""
+
+def report_dead(store: ControlStore, job_id: str, member_id: str) -> None:
+    """Reports that the process of ``member_id`` exited (its owner saw it), so a recovery
+    stops waiting for its check-in."""
