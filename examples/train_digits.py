@@ -67,6 +67,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--lr-scaling", choices=["linear", "sqrt"], default=None,
+                   help="global batch follows the world size (no logical workers); the "
+                   "learning rate is rescaled at each resize")
     p.add_argument("--hidden", type=int, default=128, help="hidden width (all ranks must agree)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds to sleep per step (slows the demo down so resizes are visible)")
@@ -77,8 +80,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # one local "node" = one rank = one thread
 
     train, (x_test, y_test) = load_digits()
-    job = malletrain.init(logical_workers=args.logical_workers, seed=args.seed,
-                          deterministic=args.deterministic)
+    job = malletrain.init(logical_workers=None if args.lr_scaling else args.logical_workers,
+                          seed=args.seed, deterministic=args.deterministic,
+                          lr_scaling=args.lr_scaling)
     # Test hook: DIGITS_HIDDEN_FOR_<member> gives one member a different model, which
     # the state sync must refuse with a clear error.
     hidden = int(os.environ.get(f"DIGITS_HIDDEN_FOR_{job.member_id}", args.hidden))
@@ -104,23 +108,27 @@ def main(argv=None) -> int:
             print(f"[{job.member_id}] step {ev.resume_step}: {ev.kind} -> generation "
                   f"{ev.generation}, {ev.size} ranks, rank {ev.rank}, workers "
                   f"{list(job.workers)}, state {ev.state_bytes} B, pause "
-                  f"{ev.phases['total'] * 1e3:.1f} ms " + " ".join(f"{k}={v*1e3:.1f}" for k, v in ev.phases.items()), flush=True)
+                  f"{ev.phases['total'] * 1e3:.1f} ms (" +
+                  ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ev.phases.items()
+                            if k != "total") + ")", flush=True)
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         step = job.step
         micro = job.micro_batch
-        committed_before = job.step
-        opt.step()
-        if job.step != committed_before:  # the step committed on this rank
-            sched.step()
-        last_loss = loss.item()
-        if trace is not None:
+        if trace is not None:  # what this micro-batch trained, before the step can commit
             trace.write(json.dumps({
-                "step": step, "micro": micro, "worker": job.workers[micro],
+                "type": "micro", "step": step, "micro": micro, "worker": job.workers[micro],
                 "generation": job.generation, "size": job.size, "rank": job.rank,
-                "indices": idx.tolist(), "committed": job.step > step,
-                "digest": job.state_digest() if job.step > step else None}) + "\n")
+                "indices": idx.tolist()}) + "\n")
+        opt.step()
+        if job.step > step:  # the step committed on this rank
+            sched.step()
+            if trace is not None:
+                trace.write(json.dumps({
+                    "type": "commit", "step": step, "size": job.size,
+                    "lr": opt.param_groups[0]["lr"], "digest": job.state_digest()}) + "\n")
+        last_loss = loss.item()
         if job.rank == 0 and job.step > step and job.step % 25 == 0:
             print(f"step {job.step:4d}  loss {last_loss:.4f}  ranks {job.size}", flush=True)
         if args.step_sleep and job.step > step:

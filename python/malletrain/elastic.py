@@ -805,7 +805,7 @@ class ElasticLoader:
         self.pin_memory = pin_memory
         job._batch_size_for_position = batch_size
         self._it: Optional[Iterator[Any]] = None
-        self._it_key: Optional[tuple] = None  # (step, workers, position) served next
+        self._it_key: Optional[tuple] = None  # (step, workers, position, size) served next
         self._started = False
 
     def __len__(self) -> int:
@@ -817,22 +817,26 @@ class ElasticLoader:
         self._started = True
         return self
 
-    def _index_lists(self, first_step: int, workers: range, position: int) -> Iterator[List[int]]:
-        s = first_step
+    def _index_lists(self, first_step: int, workers: range, position: int,
+                     size: int) -> Iterator[List[int]]:
+        """Index lists of this rank's micro-batches from ``first_step`` on, for a
+        membership of ``size`` ranks (bound now: the iterator must not follow later
+        changes)."""
         job = self.job
+        s = first_step
         while s < self.total_steps:
             for k in workers:
                 if job.logical_workers is not None:
                     yield self.sampler.indices(s, k)
                 else:
-                    pos = position + (s - first_step) * job.size * self.batch_size
+                    pos = position + (s - first_step) * size * self.batch_size
                     yield self.sampler.stream(pos + k * self.batch_size, self.batch_size)
             s += 1
 
     def _restart(self) -> None:
         """Makes the iterator serve ``job.step`` with this rank's current workers."""
         job = self.job
-        key = (job._step, job._st.workers, job._position)
+        key = (job._step, job._st.workers, job._position, job.size)
         if self._it is not None and self._it_key == key:
             return  # the running iterator already serves this step
         self._it = iter(torch.utils.data.DataLoader(
@@ -870,7 +874,7 @@ class ElasticLoader:
         if st.micro == len(st.workers):  # the iterator moves on to the next step
             nxt = job._position + job.size * self.batch_size if job.logical_workers is None \
                 else job._position
-            self._it_key = (job._step + 1, st.workers, nxt)
+            self._it_key = (job._step + 1, st.workers, nxt, job.size)
         job._begin_micro(worker, st.micro - 1)
         return batch
 
