@@ -51,10 +51,14 @@ class IndexedDataset(torch.utils.data.Dataset):
         return x, y, i
 
 
-def build_model(hidden: int = 128) -> torch.nn.Module:
+def build_model(hidden: int = 128, batchnorm: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)  # replicas may start different; rank 0's initial state wins anyway
+    norm = [torch.nn.BatchNorm1d(hidden)] if batchnorm else []
+    # No bias before a BatchNorm: it would get a zero gradient whose rounding noise Adam
+    # turns into full-size steps, i.e. a parameter that depends on summation order.
     return torch.nn.Sequential(
-        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+        torch.nn.Linear(64, hidden, bias=not batchnorm), *norm, torch.nn.ReLU(),
+        torch.nn.Dropout(0.1),
         torch.nn.Linear(hidden, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
                    help="global batch follows the world size (no logical workers); the "
                    "learning rate is rescaled at each resize")
     p.add_argument("--hidden", type=int, default=128, help="hidden width (all ranks must agree)")
+    p.add_argument("--batchnorm", action="store_true",
+                   help="add a BatchNorm1d layer (buffers: running statistics)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds to sleep per step (slows the demo down so resizes are visible)")
     p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
@@ -86,7 +92,7 @@ def main(argv=None) -> int:
     # Test hook: DIGITS_HIDDEN_FOR_<member> gives one member a different model, which
     # the state sync must refuse with a clear error.
     hidden = int(os.environ.get(f"DIGITS_HIDDEN_FOR_{job.member_id}", args.hidden))
-    model = job.wrap_model(build_model(hidden))
+    model = job.wrap_model(build_model(hidden, args.batchnorm))
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=50, gamma=0.5)
     job.track("lr_scheduler", sched)

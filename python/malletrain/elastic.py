@@ -486,9 +486,8 @@ class ElasticJob:
             header = torch.tensor([len(skeleton), _STATE_VERSION], dtype=torch.int64)
             g.broadcast([header], source)
             g.broadcast([torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)], source)
-            names = sorted(buffers)
-            if names:
-                g.broadcast([buffers[n].contiguous() for n in names], source)
+            for n in sorted(buffers):  # one call per dtype (c10d's list form is per device)
+                g.broadcast([buffers[n].contiguous()], source)
             return len(skeleton) + sum(b.numel() * b.element_size() for b in buffers.values())
         header = torch.zeros(2, dtype=torch.int64)
         g.broadcast([header], source)
@@ -499,10 +498,9 @@ class ElasticJob:
         raw = torch.empty(int(header[0]), dtype=torch.uint8)
         g.broadcast([raw], source)
         skeleton, sizes = _state.read_sizes(raw.numpy().tobytes())
-        names = sorted(sizes)
-        bufs = {n: torch.empty(sizes[n], dtype=_state._dtype(n)) for n in names}
-        if names:
-            g.broadcast([bufs[n] for n in names], source)
+        bufs = {n: torch.empty(sizes[n], dtype=_state._dtype(n)) for n in sorted(sizes)}
+        for n in sorted(bufs):
+            g.broadcast([bufs[n]], source)
         self._load_state(_state.unpack(skeleton, bufs))
         return raw.numel() + sum(b.numel() * b.element_size() for b in bufs.values())
 
@@ -687,7 +685,18 @@ class ElasticJob:
                 for b, w0 in zip(bufs, self._buffers_w0):
                     b.copy_(w0)
         try:
-            self._group.broadcast([b.data for b in bufs], 0)
+            by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+            for b in bufs:
+                by_dtype.setdefault(b.dtype, []).append(b)
+            for group in by_dtype.values():  # one flat broadcast per dtype
+                flat = torch.cat([b.detach().reshape(-1) for b in group])
+                self._group.broadcast([flat], 0)
+                if self.rank != 0:
+                    off = 0
+                    with torch.no_grad():
+                        for b in group:
+                            b.copy_(flat[off:off + b.numel()].view_as(b))
+                            off += b.numel()
         except MalleError as e:
             self._mark_failed(e)
             return False

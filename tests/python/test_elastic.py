@@ -178,3 +178,17 @@ def test_global_batch_following_the_world_size_rescales_the_learning_rate(tmp_pa
     sizes = sorted({(r["step"], r["size"]) for r in micro})
     assert [s for s, _ in sizes] == list(range(16))
     assert len(seen) == sum(16 * size for _, size in sizes)
+
+
+def test_batchnorm_buffers_follow_logical_worker_0_across_a_shrink(tmp_path):
+    """Buffers (running statistics, an int64 counter) end as in the fixed 4-rank run."""
+    fixed_out, res = run_job(tmp_path, "bnfixed", 4, extra=["--batchnorm"])
+    assert res.ok, logs(tmp_path, "bnfixed")
+    out, res = run_job(tmp_path, "bnshrink", 4, "step=8 leave 2", extra=["--batchnorm"],
+                       step_sleep=0.05)
+    assert res.ok, logs(tmp_path, "bnshrink")
+    assert sizes_seen(read_traces(out)) == [4, 2]
+    got, want = final_params(out), final_params(fixed_out)
+    assert "1.running_mean" in want and int(want["1.num_batches_tracked"]) == STEPS
+    assert rel_diff(got, want) < 1e-5
+    assert torch.equal(got["1.num_batches_tracked"], want["1.num_batches_tracked"])
