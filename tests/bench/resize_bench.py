@@ -119,11 +119,11 @@ def ddp_rank(args) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank = int(os.environ["RANK"])
     log = os.path.join(args.dir, f"ddp-{rank}.jsonl")
     append(log, {"type": "start", "pid": os.getpid(), "t": time.time(),
                  "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+    dist.init_process_group("gloo")
     model = DDP(build_model())
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     ckpt = os.path.join(args.dir, "ckpt.pt")
@@ -177,8 +177,11 @@ class Procs:
         from malletrain.launcher import _die_with_parent
 
         out = open(log, "w")
+        # A session of its own: torchrun's workers are its children, and killing the
+        # session's process group (by the pgid we created) stops every one of them.
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            preexec_fn=_die_with_parent)
+                                            preexec_fn=_die_with_parent,
+                                            start_new_session=True)
         out.close()
 
     def wait_all(self, timeout: float) -> Dict[str, Optional[int]]:
@@ -192,8 +195,10 @@ class Procs:
 
     def stop_all(self) -> None:
         for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the child and everything it started
+            except ProcessLookupError:
+                pass
         for p in self.procs.values():
             try:
                 p.wait(timeout=10)
@@ -302,11 +307,10 @@ def run_torchrun_kill(args, d: str) -> dict:
         last_before = max(r["step"] for r in read(log0) if r["type"] == "commit")
         os.kill(victim["pid"], signal.SIGKILL)
         t_kill = time.time()
-        codes = procs.wait_all(300)
+        codes = procs.wait_all(args.torchrun_wait)
     finally:
         procs.stop_all()
-        # torchrun's workers are its children; the agent kills them when it dies, and
-        # each worker dies with its parent? No: make sure by pid from their logs.
+        # Belt and braces: the workers' own pids, from their logs.
         for r in range(3):
             for rec in read(os.path.join(d, f"ddp-{r}.jsonl")):
                 if rec["type"] == "start":
@@ -314,12 +318,16 @@ def run_torchrun_kill(args, d: str) -> dict:
                         os.kill(rec["pid"], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+    recs = read(os.path.join(d, "ddp-0.jsonl"))
+    after = [r for r in recs if r["type"] == "commit" and r["t"] > t_kill]
+    if codes.get("torchrun") is None and not after:
+        # Seen on this loaded 2-core machine: the restarted round never trains.
+        return {"first_step_s": None, "restart_ready_s": None, "steps_redone": None,
+                "hung_s": args.torchrun_wait}
     if codes.get("torchrun") != 0:
         with open(os.path.join(d, "torchrun.log")) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"torchrun failed ({codes}):\n{tail}")
-    recs = read(os.path.join(d, "ddp-0.jsonl"))
-    after = [r for r in recs if r["type"] == "commit" and r["t"] > t_kill]
     restarts = [r for r in recs if r["type"] == "start" and r["t"] > t_kill]
     first = after[0]
     return {"first_step_s": first["t"] - t_kill,
@@ -384,6 +392,8 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--probe-bandwidth", action="store_true")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--torchrun-wait", type=float, default=120.0,
+                   help="seconds to wait for torchrun to recover from the kill")
     args = p.parse_args()
     if args.role == "malle":
         return malle_rank(args)
@@ -421,9 +431,14 @@ def main() -> int:
               f"{ph['detect'] * 1e3:7.1f} {ph['agree'] * 1e3:7.1f} {ph['build'] * 1e3:7.1f} "
               f"{ph['state'] * 1e3:7.1f} {r['state_bytes'] / 1e6:9.1f} {floor * 1e3:9.1f} "
               f"{r['pause_s'] / floor:12.1f}x")
-    print(f"\ntorchrun restart after kill -9 (--max-restarts, checkpoint every 5 steps): "
-          f"first completed step {t['first_step_s']:.2f} s after the kill "
-          f"(workers restarted at {t['restart_ready_s']:.2f} s), {t['steps_redone']} steps redone")
+    if t["first_step_s"] is None:
+        print(f"\ntorchrun restart after kill -9: NO step completed within {t['hung_s']:.0f} s "
+              f"(the restarted round hung); ratios below use that bound")
+        t["first_step_s"] = t["hung_s"]
+    else:
+        print(f"\ntorchrun restart after kill -9 (--max-restarts, checkpoint every 5 steps): "
+              f"first completed step {t['first_step_s']:.2f} s after the kill (workers "
+              f"restarted at {t['restart_ready_s']:.2f} s), {t['steps_redone']} steps redone")
     # torchrun's pause: the kill until its first step minus that step's compute time.
     t["pause_s"] = t["first_step_s"] - s["ddp_s"]
     print(f"  torchrun pause (first step minus one DDP step of {s['ddp_s'] * 1e3:.0f} ms): "
