@@ -20,7 +20,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 MALLE_DEBIAN_PACKAGES=(
   build-essential cmake pkg-config ccache ninja-build git
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  coinor-libcbc-dev libgloo-dev libssl-dev
+  coinor-libcbc-dev libgloo-dev libssl-dev nlohmann-json3-dev zlib1g-dev
   python3-venv python3-dev
 )
 
