@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -262,6 +263,19 @@ ElasticGroup::ElasticGroup(std::shared_ptr<ControlStore> root, ElasticGroupOptio
 }
 
 ElasticGroup::~ElasticGroup() {
+  if (watchdog_ && transition_.active() && record_.RankOf(member_id()) >= 0) {
+    // This member is going away without a planned leave. It must not become a
+    // member of the next generation: the survivors would build it and wait for
+    // it until its heartbeat goes stale. So (1) no more check-ins from this
+    // incarnation: the watchdog, woken by the abort below, would otherwise
+    // check in to the generation as the process exits; (2) it reports itself
+    // dead, which also covers a check-in already made (the generation failed
+    // before the caller gave up) and lets a recovery in progress decide at
+    // once instead of waiting out recovery_grace.
+    checked_in_.store(std::numeric_limits<int64_t>::max());
+    absl::Status reported = ReportDead(*root_, job_id(), member_id());
+    if (!reported.ok()) MALLE_LOG(WARNING) << "closing group: " << reported;
+  }
   if (comm_ && transition_.active()) {
     // Tell the others now rather than letting them wait for a stale heartbeat.
     comm_->Abort(absl::AbortedError(absl::StrCat("member ", member_id(), " closed its group")));
@@ -431,13 +445,19 @@ void ElasticGroup::Commit(int64_t step) {
   }
 }
 
-absl::Status ElasticGroup::CheckIn(ControlStore& store, int64_t generation) {
+absl::Status ElasticGroup::CheckIn(ControlStore& store, int64_t generation, bool ensure_visible) {
   int64_t seen = checked_in_.load();
   while (seen < generation) {
     if (checked_in_.compare_exchange_weak(seen, generation)) {
       MALLE_RETURN_IF_ERROR(store.Set(CheckInKey(generation, member_id()), "1"));
       return store.Add(CheckInCountKey(generation), 1).status();
     }
+  }
+  // Another thread won the exchange above and may still be writing the key.
+  // The key is idempotent, so a caller about to decide a recovery from the
+  // check-in keys writes it itself rather than leave itself out.
+  if (ensure_visible && seen == generation) {
+    return store.Set(CheckInKey(generation, member_id()), "1");
   }
   return absl::OkStatus();
 }
@@ -544,7 +564,7 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
   watchdog_->Unwatch();
   MALLE_RETURN_IF_ERROR(PublishAbort(*job_, g, why));
   comm_.reset();
-  MALLE_RETURN_IF_ERROR(CheckIn(*job_, g));
+  MALLE_RETURN_IF_ERROR(CheckIn(*job_, g, /*ensure_visible=*/true));
   const absl::Time deadline = absl::Now() + options_.recovery_grace;
   for (;;) {
     MALLE_ASSIGN_OR_RETURN(bool decided, job_->Exists(RecordKey(g + 1)));
@@ -564,15 +584,20 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
       }
     }
     if (arrived >= size || absl::Now() >= deadline) {
-      absl::flat_hash_set<std::string> checked_in;
+      absl::flat_hash_set<std::string> checked_in, dead;
+      MALLE_ASSIGN_OR_RETURN(int64_t dead_count, job_->Add(internal::kDeadCount, 0));
       for (const std::string& m : failed.members) {
         MALLE_ASSIGN_OR_RETURN(bool in, job_->Exists(CheckInKey(g, m)));
         if (in) checked_in.insert(m);
+        if (dead_count > 0) {
+          MALLE_ASSIGN_OR_RETURN(bool gone, job_->Exists(internal::DeadKey(m)));
+          if (gone) dead.insert(m);
+        }
       }
       GenerationRecord next;
       next.generation = g + 1;
       next.cause = GenerationCause::kRecovery;
-      next.members = SurvivingMembers(failed.members, checked_in);
+      next.members = SurvivingMembers(failed.members, checked_in, dead);
       next.requests_consumed = failed.requests_consumed;
       next.deferred_joins = failed.deferred_joins;
       next.reason = absl::StrCat("recovery from generation ", g, ": ", why.message());

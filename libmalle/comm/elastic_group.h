@@ -200,7 +200,10 @@ class ElasticGroup {
   absl::StatusOr<GenerationRecord> Recover(const GenerationRecord& failed, absl::Status why);
   absl::StatusOr<int64_t> LeaderPropose();
   absl::Status Enqueue(const ChangeRequest& request);
-  absl::Status CheckIn(ControlStore& store, int64_t generation);
+  // At most once per generation (an atomic guards it; closing the group
+  // disables it). `ensure_visible`: on return this member's key is in the
+  // store even if another thread did the check-in and is still writing it.
+  absl::Status CheckIn(ControlStore& store, int64_t generation, bool ensure_visible = false);
   absl::Status PublishAbort(ControlStore& store, int64_t generation, const absl::Status& reason);
 
   std::shared_ptr<ControlStore> root_;

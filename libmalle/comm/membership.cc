@@ -215,12 +215,14 @@ PlannedChange PlanNextMembers(const GenerationRecord& current,
 }
 
 std::vector<std::string> SurvivingMembers(absl::Span<const std::string> old_members,
-                                          const absl::flat_hash_set<std::string>& checked_in) {
+                                          const absl::flat_hash_set<std::string>& checked_in,
+                                          const absl::flat_hash_set<std::string>& dead) {
   std::vector<std::string> survivors;
   for (const std::string& member : old_members) {
-    if (checked_in.contains(member)) survivors.push_back(member);
+    if (checked_in.contains(member) && !dead.contains(member)) survivors.push_back(member);
   }
-  return survivors;
+  if (!survivors.empty() || dead.empty()) return survivors;
+  return SurvivingMembers(old_members, checked_in);
 }
 
 ResumePoint ChooseResumePoint(absl::Span<const int64_t> committed_by_rank) {

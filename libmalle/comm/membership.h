@@ -90,10 +90,15 @@ struct PlannedChange {
 PlannedChange PlanNextMembers(const GenerationRecord& current,
                               absl::Span<const ChangeRequest> requests, int max_size);
 
-// After a failure: the members of the failed generation that checked in, in
-// their old order.
+// After a failure: the members of the failed generation that checked in and
+// are not reported dead, in their old order. A member can check in and then
+// exit (it closed its group, or its owner saw it die): its check-in alone must
+// not make it a member of the next generation, where everyone would wait for
+// it. If that would leave nobody, the dead reports are ignored (a group is
+// never empty, and the caller, which checked in, is alive).
 std::vector<std::string> SurvivingMembers(absl::Span<const std::string> old_members,
-                                          const absl::flat_hash_set<std::string>& checked_in);
+                                          const absl::flat_hash_set<std::string>& checked_in,
+                                          const absl::flat_hash_set<std::string>& dead = {});
 
 // Where training resumes in a new generation, from each rank's last committed
 // step (-1 = none, e.g. a joiner).

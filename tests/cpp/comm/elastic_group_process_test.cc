@@ -290,6 +290,32 @@ TEST_F(ElasticProcessTest, TwoMembersKilledAtOnce) {
   StopAndCheck(survivors, 1);
 }
 
+// Members read the stop key at different moments (right after a recovery's
+// state broadcast the root runs ahead of the others). The one that sees it
+// first must not just exit: the others would be left in that step's allreduce
+// and recover into a generation without it. Here one member alone "sees" it
+// before step 30; everyone must stop after the same step, in generation 0.
+TEST_F(ElasticProcessTest, StopSeenByOneMemberStopsEveryoneAfterTheSameStep) {
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> f = {"--bootstrap=3"};
+    if (i == 1) f.push_back("--stop_at_step=30");
+    Start(absl::StrCat("w", i), f);
+  }
+  std::optional<json> first;
+  for (const char* m : {"w1", "w0", "w2"}) {
+    EXPECT_EQ(WaitExit(m), 0) << m;
+    json done = WaitFor(m, [](const json& e) { return e["ev"] == "done"; }, absl::Seconds(5));
+    EXPECT_EQ(done["how"], "finished") << m;
+    EXPECT_EQ(done["gen"], 0) << m << " went through a recovery";
+    EXPECT_EQ(done["steps"], 31) << m;  // steps 0..30, the last one carried the vote
+    if (!first) {
+      first = done;
+    } else {
+      EXPECT_EQ(done["checksum"], (*first)["checksum"]) << m << " diverged";
+    }
+  }
+}
+
 TEST_F(ElasticProcessTest, FrozenMemberIsExcludedAndCannotRejoinOldGeneration) {
   Bootstrap(4, {"--heartbeat_ms=100", "--heartbeat_timeout_ms=1000"});
   const std::vector<std::string> order = Transitions("w0").front()["members"];

@@ -23,6 +23,7 @@ using ::malle::testing::IsOkAndHolds;
 using ::malle::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
+using ::testing::UnorderedElementsAre;
 using ::testing::HasSubstr;
 
 int UnusedPort() {
@@ -220,6 +221,110 @@ TEST(ElasticGroupTest, ThreadsGoThroughPlannedLeaveAndJoin) {
   EXPECT_EQ(seen[3].resume_step, 1);         // survivors committed step 0
   EXPECT_EQ(seen[3].committed_by_rank[seen[3].rank], -1);
   EXPECT_NE(seen[3].state_source_rank, seen[3].rank);
+}
+
+// Ranks as threads: `n` members bootstrap job `job` as t0..t{n-1}.
+std::vector<std::unique_ptr<ElasticGroup>> BootstrapThreads(const std::shared_ptr<ControlStore>& store,
+                                                            const ElasticGroupOptions& base, int n) {
+  std::vector<std::unique_ptr<ElasticGroup>> groups(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ElasticGroupOptions o = base;
+      o.member_id = "t" + std::to_string(i);
+      o.bootstrap_size = n;
+      auto g = ElasticGroup::Join(store, o);
+      EXPECT_THAT(g.status(), IsOk()) << o.member_id;
+      if (g.ok()) groups[i] = *std::move(g);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return groups;
+}
+
+// The members in `groups` (null = gone) call AtStepBoundary until their
+// generation changes, then allreduce (rank + 1) once in the new one.
+struct AfterBoundary {
+  Transition transition;
+  float sum = 0;
+  absl::Duration took;
+};
+std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGroup>>& groups) {
+  std::vector<AfterBoundary> out(groups.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!groups[i]) continue;
+    threads.emplace_back([&, i] {
+      const absl::Time start = absl::Now();
+      for (int k = 0; k < 200; ++k) {
+        auto t = groups[i]->AtStepBoundary();
+        ASSERT_OK(t.status());
+        if (t->kind == Transition::Kind::kNone) continue;
+        out[i].transition = *t;
+        out[i].took = absl::Now() - start;
+        if (!t->active()) return;
+        at::Tensor x = at::full({4}, static_cast<float>(t->rank + 1), at::kFloat);
+        ASSERT_OK(groups[i]->comm().AllReduce(x));
+        out[i].sum = x.data_ptr<float>()[3];
+        return;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// A member that closes its group without leaving (its program finished, or
+// decided to stop on its own) is a failure for the others, and they recover
+// without it. Its watchdog, woken by the close, used to check it in to the
+// failed generation on its way out, so the next generation listed a member
+// that no longer existed: the survivors built it, waited for its heartbeat to
+// go stale, and only then recovered again. The long grace and heartbeat
+// timeouts make that visible as time; the close now reports the member dead,
+// so the survivors do not even wait for the grace.
+TEST(ElasticGroupTest, MemberThatClosesItsGroupIsNotInTheNextGeneration) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions o = Options("closing", "", 3);
+  o.recovery_grace = absl::Seconds(8);
+  o.heartbeat_timeout = absl::Seconds(8);
+  auto groups = BootstrapThreads(store, o, 3);
+  for (const auto& g : groups) ASSERT_NE(g, nullptr);
+  groups[2].reset();
+  std::vector<AfterBoundary> after = RecoverThreads(groups);
+  for (int i = 0; i < 2; ++i) {
+    const Transition& t = after[i].transition;
+    EXPECT_EQ(t.kind, Transition::Kind::kRecovered) << i;
+    EXPECT_EQ(t.generation, 1) << i;
+    EXPECT_THAT(t.members, UnorderedElementsAre("t0", "t1")) << i;  // old relative order
+    EXPECT_EQ(after[i].sum, 3.0f) << i;
+    EXPECT_LT(after[i].took, absl::Seconds(4)) << i << ": waited for the member that closed";
+  }
+}
+
+// The same when the member had already checked in to the failed generation
+// (its collective failed first) and then gave up and closed its group before
+// the survivors decided: its check-in must not make it a survivor.
+TEST(ElasticGroupTest, MemberThatCheckedInAndThenClosedIsNotInTheNextGeneration) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions o = Options("checked-in-then-closed", "", 3);
+  o.recovery_grace = absl::Seconds(8);
+  o.heartbeat_timeout = absl::Seconds(8);
+  auto groups = BootstrapThreads(store, o, 3);
+  for (const auto& g : groups) ASSERT_NE(g, nullptr);
+  // t2's collective "fails": its watchdog publishes the abort and checks in.
+  groups[2]->comm().Abort(absl::UnavailableError("injected: allreduce failed"));
+  auto job = store->WithPrefix(JobPrefix("checked-in-then-closed"));
+  ASSERT_OK(job->Wait({"gen/0/checkin/t2"}, absl::Seconds(10)));
+  groups[2].reset();
+  std::vector<AfterBoundary> after = RecoverThreads(groups);
+  for (int i = 0; i < 2; ++i) {
+    const Transition& t = after[i].transition;
+    EXPECT_EQ(t.kind, Transition::Kind::kRecovered) << i;
+    EXPECT_EQ(t.generation, 1) << i << ": generation 1 listed the closed member";
+    EXPECT_THAT(t.members, UnorderedElementsAre("t0", "t1")) << i;  // old relative order
+    EXPECT_EQ(after[i].sum, 3.0f) << i;
+    EXPECT_LT(after[i].took, absl::Seconds(4)) << i;
+  }
 }
 
 }  // namespace

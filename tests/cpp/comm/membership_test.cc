@@ -139,6 +139,28 @@ TEST(SurvivingMembersTest, KeepsOldOrder) {
   EXPECT_THAT(SurvivingMembers({"a"}, {}), ElementsAre());
 }
 
+TEST(SurvivingMembersTest, CheckedInButReportedDeadIsLeftOut) {
+  struct Case {
+    std::vector<std::string> old_members;
+    absl::flat_hash_set<std::string> checked_in;
+    absl::flat_hash_set<std::string> dead;
+    std::vector<std::string> expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           // A member that checked in and then closed its group (or whose
+           // launcher saw it exit) must not be waited for in the next one.
+           {{"a", "b", "c"}, {"a", "b", "c"}, {"c"}, {"a", "b"}},
+           {{"a", "b", "c"}, {"a", "c"}, {"b"}, {"a", "c"}},  // dead, never checked in
+           {{"a", "b", "c"}, {"b", "c"}, {"a"}, {"b", "c"}},  // the old leader
+           {{"a", "b"}, {"a", "b"}, {"x"}, {"a", "b"}},       // a stranger's report
+           // Never empty: if every check-in is reported dead, reports are ignored.
+           {{"a", "b"}, {"b"}, {"b"}, {"b"}},
+       }) {
+    EXPECT_EQ(SurvivingMembers(c.old_members, c.checked_in, c.dead), c.expected)
+        << ::testing::PrintToString(c.old_members);
+  }
+}
+
 TEST(ChooseResumePointTest, NewestCommitLowestRank) {
   struct Case {
     std::vector<int64_t> committed;
