@@ -7,6 +7,14 @@
 // member whatever the resizes and failures were. It reports what happens as
 // JSON lines (one object per line) on --events (default: stdout).
 //
+// Stopping is agreed, like everything else that decides which collectives a
+// member runs: a member that sees the job's stop key (`ctl/stop`, checked
+// before each step) carries a flag in that step's allreduce, and every member
+// stops after the first step whose result has the flag set. Members that read
+// the key at different moments therefore still run the same steps; one that
+// just walked away would leave the others' allreduce to fail, and they would
+// recover into a generation without it.
+//
 //   malle-elastic-worker --store 127.0.0.1:29400 --job demo --member w0 --bootstrap 4
 //
 // Exit codes: 0 finished or left on request, 1 error, 2 bad flags,
@@ -44,6 +52,8 @@ ABSL_FLAG(int, step_ms, 5, "simulated compute per step, in milliseconds");
 ABSL_FLAG(int64_t, numel, 1024, "float32 elements allreduced per step");
 ABSL_FLAG(int64_t, die_at_step, -1, "SIGKILL itself in the middle of this step's allreduce");
 ABSL_FLAG(int64_t, leave_at_step, -1, "request to leave after committing this step");
+ABSL_FLAG(int64_t, stop_at_step, -1,
+          "act as if this member alone saw the stop key before this step (tests agreement)");
 ABSL_FLAG(int, heartbeat_ms, 100, "heartbeat interval");
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "heartbeat staleness that declares a member failed");
 ABSL_FLAG(int, grace_ms, 500, "recovery check-in grace");
@@ -121,6 +131,10 @@ int Run(Events& events) {
     std::cerr << "--member must end in a number (e.g. w3), got '" << member << "'\n";
     return 2;
   }
+  if (absl::GetFlag(FLAGS_numel) < 1) {
+    std::cerr << "--numel must be >= 1, got " << absl::GetFlag(FLAGS_numel) << "\n";
+    return 2;
+  }
   auto store = malle::comm::ControlStore::Connect(host_port[0], port, absl::Seconds(10));
   if (!store.ok()) {
     events.Emit({{"ev", "error"}, {"status", store.status().ToString()}});
@@ -155,6 +169,7 @@ int Run(Events& events) {
   events.Emit(TransitionJson(t));
   bool need_sync = true;
   int64_t highest_started = -1;
+  bool stop_seen = false;  // sticky: the stop key is never removed
 
   for (;;) {
     if (need_sync) {
@@ -166,21 +181,30 @@ int Run(Events& events) {
       if (synced.ok()) {
         checksum = state.data_ptr<double>()[1];
         step = t.resume_step;
+        // This member now holds the state of step resume_step - 1, whatever it
+        // had committed itself: say so, or a later generation that has lost
+        // the source would resume from this member's older commit and apply
+        // steps to a state that already contains them.
+        group->Commit(t.resume_step - 1);
         need_sync = false;
       }
     }
     if (!need_sync) {
       if (max_steps > 0 && step >= max_steps) break;
-      auto stop = job->Exists("ctl/stop");
-      if (!stop.ok()) {
-        events.Emit({{"ev", "error"}, {"status", stop.status().ToString()}});
-        return 1;
+      if (!stop_seen) {
+        auto stop = job->Exists("ctl/stop");
+        if (!stop.ok()) {
+          events.Emit({{"ev", "error"}, {"status", stop.status().ToString()}});
+          return 1;
+        }
+        stop_seen = *stop || step == absl::GetFlag(FLAGS_stop_at_step);
       }
-      if (*stop) break;
       if (step <= highest_started) ++redone;
       highest_started = std::max(highest_started, step);
       absl::SleepFor(compute);
-      at::Tensor x = at::full({numel}, Contribution(number, step), at::kFloat);
+      // Element `numel` is the stop vote: > 0 after the sum = someone saw it.
+      at::Tensor x = at::full({numel + 1}, Contribution(number, step), at::kFloat);
+      x.data_ptr<float>()[numel] = stop_seen ? 1.0f : 0.0f;
       if (step == absl::GetFlag(FLAGS_die_at_step)) {
         // Fault injection: die while the allreduce is on the wire.
         std::thread([] {
@@ -205,6 +229,8 @@ int Run(Events& events) {
           if (!asked.ok()) events.Emit({{"ev", "error"}, {"status", asked.ToString()}});
         }
         ++step;
+        // Everyone whose allreduce completed saw the same vote.
+        if (x.data_ptr<float>()[numel] > 0) break;
       }
     }
     auto boundary = group->AtStepBoundary();
