@@ -221,7 +221,8 @@ void Replay::FinishJobs() {
 alloc::Curve Replay::CurveFor(const JobState& j) const {
   if (options_.curves == CurveMode::kOracle) return j.mix->throughput;
   const int lo = j.mix->min_nodes, hi = j.mix->max_nodes;
-  std::map<int, double> points = j.observed;
+  std::map<int, double> points;
+  if (options_.curves == CurveMode::kLearned) points = j.observed;
   if (points.empty()) points[lo] = Rate(j, lo);  // a never-run job: one number, linear
   // Beyond the observed sizes: the nearest observation's per-node rate.
   const auto first = *points.begin();
@@ -573,6 +574,28 @@ absl::StatusOr<SimResult> Replay::Run() {
     ideal += s.out.ideal_samples;
     result_.jobs.push_back(s.out);
   }
+  {
+    std::vector<double> jct;
+    double first_arrival = kInf, last_finish = -kInf;
+    for (const JobState& s : jobs_) {
+      first_arrival = std::min(first_arrival, s.submit);
+      if (!s.finished) continue;
+      const double finish = Sec(s.out.finish - origin_);
+      jct.push_back(finish - s.submit);
+      last_finish = std::max(last_finish, finish);
+    }
+    if (!jct.empty()) {
+      double sum = 0;
+      for (double v : jct) sum += v;
+      summary_.jct_mean_s = sum / jct.size();
+      std::sort(jct.begin(), jct.end());
+      const size_t m = jct.size() / 2;
+      summary_.jct_median_s = jct.size() % 2 == 1 ? jct[m] : (jct[m - 1] + jct[m]) / 2;
+    }
+    if (!jobs_.empty() && jct.size() == jobs_.size()) {
+      summary_.makespan_s = last_finish - first_arrival;
+    }
+  }
   summary_.policy = std::string(alloc::PolicyName(options_.decide.policy));
   summary_.idle_node_hours = idle_node_s_ / 3600;
   summary_.used_node_hours = used_node_s_ / 3600;
@@ -634,13 +657,14 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
   std::string out =
       "policy,samples_trained,idle_node_hours,used_node_hours,efficiency,utilisation,"
       "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decision_p50_ms,"
-      "decision_p99_ms,decision_max_ms,wall_s\n";
+      "decision_p99_ms,decision_max_ms,wall_s,jct_mean_s,jct_median_s,makespan_s\n";
   for (const Summary& s : summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
                     s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions,
                     ",", s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
-                    Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), "\n");
+                    Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",",
+                    Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), "\n");
   }
   return out;
 }

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,11 @@ enum class CurveMode {
   // scaled by the last known per-node rate beyond; a job that never ran is
   // assumed to scale linearly from its rate at min_nodes.
   kLearned,
+  // No scalability information at all: the policy sees every job as linear
+  // from its rate at min_nodes (what a user can state by running the job
+  // once), whatever it measured since. The baseline the learned mode should
+  // beat (MalleTrain's claim).
+  kLinear,
 };
 
 // What the policy knows of when idle nodes will be reclaimed.
@@ -139,6 +145,14 @@ struct Summary {
   int decisions = 0;
   double decision_p50_ms = 0, decision_p99_ms = 0, decision_max_ms = 0;
   double wall_s = 0;            // time the replay took
+  // Job completion time (JCT) = finish - arrival, over the jobs that
+  // finished, where arrival is the (aligned) submit time, or the replay
+  // start for a job submitted before it. NaN when no job finished.
+  double jct_mean_s = std::numeric_limits<double>::quiet_NaN();
+  double jct_median_s = std::numeric_limits<double>::quiet_NaN();
+  // Last finish - first arrival; NaN unless every job of the mix finished
+  // within the replay (otherwise it would only say when the replay ended).
+  double makespan_s = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct SimResult {

@@ -1,13 +1,7 @@
 #include "libmalle/sim/idle_trace.h"
 
-#include <zlib.h>
-
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,11 +9,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/sim/internal/read_file.h"
 
 namespace malle::sim {
 namespace {
@@ -136,44 +130,7 @@ absl::StatusOr<IdleTrace> ParseIdleTrace(absl::string_view text, absl::string_vi
 }
 
 absl::StatusOr<IdleTrace> LoadIdleTrace(const std::string& path, const IdleTraceOptions& options) {
-  std::string text;
-  if (absl::EndsWith(path, ".gz")) {
-    gzFile f = gzopen(path.c_str(), "rb");
-    if (f == nullptr) {
-      return absl::NotFoundError(absl::StrCat(path, ": cannot open (", std::strerror(errno), ")"));
-    }
-    gzbuffer(f, 1 << 20);
-    char buffer[1 << 16];
-    while (true) {
-      const int got = gzread(f, buffer, sizeof(buffer));
-      if (got < 0) {
-        int code = 0;
-        const std::string message = gzerror(f, &code);
-        gzclose(f);
-        return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream: ", message));
-      }
-      if (got == 0) break;
-      text.append(buffer, got);
-    }
-    // A truncated file reads as a short stream; zlib only says so through
-    // gzerror (Z_BUF_ERROR) after the last read.
-    int code = Z_OK;
-    const char* message = gzerror(f, &code);
-    if (code != Z_OK || !gzeof(f)) {
-      const std::string why = code != Z_OK ? message : "stream ended early";
-      gzclose(f);
-      return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream: ", why));
-    }
-    gzclose(f);
-  } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat(path, ": cannot open (", std::strerror(errno), ")"));
-    }
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    text = std::move(buffer).str();
-  }
+  MALLE_ASSIGN_OR_RETURN(const std::string text, internal::ReadMaybeGzipped(path));
   return ParseIdleTrace(text, path, options);
 }
 

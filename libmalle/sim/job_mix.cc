@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libmalle/base/status_macros.h"
@@ -201,6 +203,141 @@ alloc::JobSpec ToJobSpec(const MixJob& job) {
   spec.resize_down_pause = job.rescale_down;
   spec.weight = 1.0;
   return spec;
+}
+
+namespace {
+
+// SplitMix64 (Steele, Lea, Flood 2014): tiny, and its output is fixed by its
+// definition, unlike std::uniform_real_distribution's.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double Uniform(double lo, double hi) { return lo + (hi - lo) * Unit(); }
+  double LogUniform(double lo, double hi) {
+    return lo == hi ? lo : std::exp(Uniform(std::log(lo), std::log(hi)));
+  }
+  int Int(int lo, int hi) {  // [lo, hi]
+    return lo + static_cast<int>(Next() % static_cast<uint64_t>(hi - lo + 1));
+  }
+  double Exponential(double mean) { return -mean * std::log1p(-Unit()); }
+
+ private:
+  uint64_t state_;
+};
+
+absl::Status RangeError(absl::string_view lo_name, double lo, double hi, absl::string_view rule) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(lo_name, ": [", lo, ", ", hi, "] ", rule));
+}
+
+absl::Status ValidateSynthetic(int n, const SyntheticMixOptions& o) {
+  if (n < 0 || n > 1'000'000) {
+    return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is out of range [0, 1000000]"));
+  }
+  if (o.mean_interarrival <= absl::ZeroDuration() ||
+      o.mean_interarrival == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mean_interarrival: must be finite and > 0, got ",
+                     absl::FormatDuration(o.mean_interarrival)));
+  }
+  constexpr int kMaxNodes = 1'000'000;
+  auto int_range = [&](absl::string_view name, int lo, int hi) -> absl::Status {
+    if (lo < 1 || hi < lo || hi > kMaxNodes)
+      return RangeError(name, lo, hi, "must satisfy 1 <= lo <= hi <= 1000000");
+    return absl::OkStatus();
+  };
+  auto range = [](absl::string_view name, double lo, double hi, double min, bool strict,
+                  double max) -> absl::Status {
+    const bool ok = std::isfinite(lo) && std::isfinite(hi) && lo <= hi && hi <= max &&
+                    (strict ? lo > min : lo >= min);
+    if (!ok) {
+      return RangeError(name, lo, hi,
+                        absl::StrCat("must be finite with ", min, strict ? " < " : " <= ",
+                                     "lo <= hi", std::isfinite(max) ? absl::StrCat(" <= ", max) : ""));
+    }
+    return absl::OkStatus();
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  MALLE_RETURN_IF_ERROR(int_range("min_nodes_lo..min_nodes_hi", o.min_nodes_lo, o.min_nodes_hi));
+  MALLE_RETURN_IF_ERROR(int_range("max_nodes_lo..max_nodes_hi", o.max_nodes_lo, o.max_nodes_hi));
+  if (o.max_nodes_hi < o.min_nodes_lo) {
+    return absl::InvalidArgumentError(absl::StrCat("max_nodes_hi: ", o.max_nodes_hi,
+                                                   " is less than min_nodes_lo = ",
+                                                   o.min_nodes_lo));
+  }
+  MALLE_RETURN_IF_ERROR(range("rate_lo..rate_hi", o.rate_lo, o.rate_hi, 0, true, kInf));
+  MALLE_RETURN_IF_ERROR(range("serial_lo..serial_hi", o.serial_lo, o.serial_hi, 0, false, 1));
+  MALLE_RETURN_IF_ERROR(
+      range("work_hours_lo..work_hours_hi", o.work_hours_lo, o.work_hours_hi, 0, true, kInf));
+  MALLE_RETURN_IF_ERROR(range("rescale_up_s_lo..rescale_up_s_hi", o.rescale_up_s_lo,
+                              o.rescale_up_s_hi, 0, false, kInf));
+  MALLE_RETURN_IF_ERROR(range("rescale_down_s_lo..rescale_down_s_hi", o.rescale_down_s_lo,
+                              o.rescale_down_s_hi, 0, false, kInf));
+  return absl::OkStatus();
+}
+
+std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
+
+}  // namespace
+
+absl::StatusOr<JobMix> SyntheticJobMix(int n, uint64_t seed, const SyntheticMixOptions& options) {
+  MALLE_RETURN_IF_ERROR(ValidateSynthetic(n, options));
+  const SyntheticMixOptions& o = options;
+  SplitMix64 rng(seed);
+  JobMix mix;
+  mix.jobs.reserve(n);
+  double arrival = 0;  // seconds after first_submit
+  const double mean_gap = absl::ToDoubleSeconds(o.mean_interarrival);
+  for (int k = 0; k < n; ++k) {
+    if (k > 0) arrival += rng.Exponential(mean_gap);
+    MixJob job;
+    job.name = absl::StrFormat("S%05d", k);
+    job.submit_time = o.first_submit + absl::Seconds(std::floor(arrival));
+    job.min_nodes = rng.Int(o.min_nodes_lo, o.min_nodes_hi);
+    job.max_nodes = rng.Int(std::max(o.max_nodes_lo, job.min_nodes),
+                            std::max(o.max_nodes_hi, job.min_nodes));
+    const double r1 = rng.LogUniform(o.rate_lo, o.rate_hi);
+    const double s = rng.Uniform(o.serial_lo, o.serial_hi);
+    job.work_samples = r1 * rng.LogUniform(o.work_hours_lo, o.work_hours_hi) * 3600;
+    job.rescale_up = absl::Seconds(rng.Uniform(o.rescale_up_s_lo, o.rescale_up_s_hi));
+    job.rescale_down = absl::Seconds(rng.Uniform(o.rescale_down_s_lo, o.rescale_down_s_hi));
+    std::vector<int> sizes = {0, job.min_nodes, job.max_nodes};
+    for (int p = 1; p < job.max_nodes; p *= 2) sizes.push_back(p);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    for (int size : sizes) {
+      job.throughput.push_back(
+          alloc::Breakpoint{size, size == 0 ? 0.0 : r1 * size / (1 + s * (size - 1))});
+    }
+    mix.jobs.push_back(std::move(job));
+  }
+  return mix;
+}
+
+std::string JobMixToCsv(const std::vector<MixJob>& jobs) {
+  std::string out =
+      "name,submit_time,min_nodes,max_nodes,work_samples,rescale_up_s,rescale_down_s,nodes,"
+      "throughput\n";
+  for (const MixJob& j : jobs) {
+    std::vector<std::string> nodes, rates;
+    for (const alloc::Breakpoint& b : j.throughput) {
+      nodes.push_back(absl::StrCat(b.nodes));
+      rates.push_back(Exact(b.samples_per_s));
+    }
+    absl::StrAppend(&out, j.name, ",", absl::ToUnixSeconds(j.submit_time), ",", j.min_nodes, ",",
+                    j.max_nodes, ",", Exact(j.work_samples), ",",
+                    Exact(absl::ToDoubleSeconds(j.rescale_up)), ",",
+                    Exact(absl::ToDoubleSeconds(j.rescale_down)), ",", absl::StrJoin(nodes, ";"),
+                    ",", absl::StrJoin(rates, ";"), "\n");
+  }
+  return out;
 }
 
 }  // namespace malle::sim

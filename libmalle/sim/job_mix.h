@@ -3,7 +3,8 @@
 // Defines MixJob (one job of a mix: submit time, node range, work, resize
 // pauses and measured throughput curve), JobMix (the parsed jobs plus the
 // lines that were rejected), LoadJobMix / ParseJobMix (the CSV reader) and
-// ToJobSpec (a MixJob as the allocator's JobSpec).
+// ToJobSpec (a MixJob as the allocator's JobSpec), SyntheticJobMix (a mix
+// drawn from a seed) and JobMixToCsv (the writer).
 //
 // File format (see ../shared/data/README.md): UTF-8 text, '#' lines are
 // comments, blank lines are ignored, the first other line is the header
@@ -28,6 +29,7 @@
 #ifndef MALLE_SIM_JOB_MIX_H_
 #define MALLE_SIM_JOB_MIX_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,46 @@ absl::StatusOr<JobMix> LoadJobMix(const std::string& path, const JobMixOptions& 
 // The allocator's view of `job`: id = name, same node range and curve,
 // resize pauses, weight 1, no current nodes.
 alloc::JobSpec ToJobSpec(const MixJob& job);
+
+// The ranges a synthetic mix is drawn from. Every job gets
+//   - a submit time: the first at `first_submit`, then Poisson arrivals
+//     (exponential gaps of mean `mean_interarrival`), floored to seconds;
+//   - min_nodes, max_nodes: integers uniform in their ranges (max_nodes at
+//     least min_nodes);
+//   - an Amdahl-like curve r(n) = r1 * n / (1 + s * (n - 1)), r1 (samples/s
+//     on one node) log-uniform, the serial fraction s uniform, sampled at
+//     0, 1, 2, 4, ... and at min_nodes and max_nodes;
+//   - work = r1 x (hours on one node) x 3600, the hours log-uniform;
+//   - resize pauses uniform in their ranges.
+// The defaults resemble jobs-imagenet-1001.csv (one job every 36 s, 1..64
+// nodes, 5..40 h of work on one node, 61..100 % parallel efficiency at 64
+// nodes, pauses of ~15-20 s up and ~10-13 s down).
+struct SyntheticMixOptions {
+  absl::Time first_submit = absl::FromUnixSeconds(1'600'000'000);
+  absl::Duration mean_interarrival = absl::Seconds(36);
+  int min_nodes_lo = 1, min_nodes_hi = 1;
+  int max_nodes_lo = 16, max_nodes_hi = 64;
+  double rate_lo = 1000, rate_hi = 8000;           // r1, samples/s
+  double serial_lo = 0.0, serial_hi = 0.01;        // Amdahl's s, in [0, 1]
+  double work_hours_lo = 5, work_hours_hi = 40;    // hours on one node
+  double rescale_up_s_lo = 15, rescale_up_s_hi = 20;
+  double rescale_down_s_lo = 10, rescale_down_s_hi = 13;
+};
+
+// Draws `n` jobs named "S00000", "S00001", ... from `seed`. Deterministic:
+// the same (n, seed, options) give the same mix on every run (the generator
+// is SplitMix64, not a std:: distribution, whose output varies by standard
+// library). Never blocks. InvalidArgument naming the field for n < 0 or
+// n > 1,000,000, an empty or out-of-range range (lo > hi, a non-positive
+// node count, rate or work, a serial fraction outside [0, 1], a negative
+// pause) or a non-positive mean_interarrival.
+absl::StatusOr<JobMix> SyntheticJobMix(int n, uint64_t seed,
+                                       const SyntheticMixOptions& options = {});
+
+// The mix in the job-mix file format (header + one line per job; numbers
+// printed exactly, so ParseJobMix gives the same jobs back). Job names must
+// not contain ',' (ParseJobMix guarantees it for what it read).
+std::string JobMixToCsv(const std::vector<MixJob>& jobs);
 
 }  // namespace malle::sim
 

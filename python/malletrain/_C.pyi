@@ -85,6 +85,9 @@ class IdleTrace:
     def end(self) -> float: ...
     @property
     def rejected(self) -> list[tuple[str, int, str]]: ...
+    @property
+    def swf_report(self) -> dict[str, Any] | None:
+        """What the SWF replay did (sim_load_swf), or None for a CSV trace."""
 
 class JobMix:
     """A loaded job mix (opaque; see malletrain.sim.load_job_mix)."""
@@ -95,6 +98,29 @@ class JobMix:
     def names(self) -> list[str]: ...
     @property
     def rejected(self) -> list[tuple[str, int, str]]: ...
+    def to_csv(self) -> str:
+        """The mix in the job-mix CSV format."""
+
+class SyntheticMixOptions:
+    """Ranges of a synthetic job mix; defaults from C++ (malletrain.sim.synthetic_job_mix)."""
+
+    first_submit: float
+    mean_interarrival_s: float
+    min_nodes_lo: int
+    min_nodes_hi: int
+    max_nodes_lo: int
+    max_nodes_hi: int
+    rate_lo: float
+    rate_hi: float
+    serial_lo: float
+    serial_hi: float
+    work_hours_lo: float
+    work_hours_hi: float
+    rescale_up_s_lo: float
+    rescale_up_s_hi: float
+    rescale_down_s_lo: float
+    rescale_down_s_hi: float
+    def __init__(self) -> None: ...
 
 class SimOptions:
     """Options of one replay; field meanings in malletrain.sim.simulate."""
@@ -123,8 +149,18 @@ def sim_load_trace(path: str, strict: bool = False) -> IdleTrace:
     """Loads an idle-node trace (.csv or .csv.gz). Raises MalleValueError for bad rows
     (strict) or a bad header, MalleError(NOT_FOUND) for a missing file."""
 
+def sim_load_swf(
+    path: str, strict: bool = False, nodes: int = 0, procs_per_node: int = 0
+) -> IdleTrace:
+    """Loads an SWF log (.swf or .swf.gz) and derives its idle-node trace (0: sizes from the
+    header). Raises MalleValueError for a bad line (strict) or an unknown machine size,
+    MalleError(NOT_FOUND) for a missing file."""
+
 def sim_load_job_mix(path: str, strict: bool = False) -> JobMix:
     """Loads a job-mix CSV file."""
+
+def sim_synthetic_job_mix(n: int, seed: int, options: SyntheticMixOptions) -> JobMix:
+    """Draws n jobs from seed (deterministic). Raises MalleValueError naming a bad option."""
 
 def sim_run(
     trace: IdleTrace,

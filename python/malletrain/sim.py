@@ -5,6 +5,9 @@ figures are the allocator's figures. Inputs are an idle-node transition trace (e
 ``summit-idle-2021-02.csv.gz``) and a job-mix CSV (e.g. ``jobs-imagenet-1001.csv``); the format
 of both is described in ``docs/simulator.md``.
 
+Idle-node traces can also be derived from a scheduler log in the Standard Workload Format
+(:func:`load_swf`), and job mixes drawn from a seed (:func:`synthetic_job_mix`).
+
 Example (a notebook)::
 
     from malletrain import sim
@@ -58,9 +61,70 @@ def load_trace(path: PathLike, *, strict: bool = False) -> _C.IdleTrace:
     return _C.sim_load_trace(os.fspath(path), strict)
 
 
+def load_swf(
+    path: PathLike,
+    *,
+    strict: bool = False,
+    nodes: int | None = None,
+    procs_per_node: int | None = None,
+) -> _C.IdleTrace:
+    """Loads a scheduler log in the Standard Workload Format (``.swf`` or ``.swf.gz``) and
+    derives the idle-node trace it implies (docs/simulator.md lists the assumptions).
+
+    The machine has ``nodes`` nodes (default: the header's ``MaxNodes``, else ``MaxProcs``) of
+    ``procs_per_node`` processors (default: ``MaxProcs / MaxNodes``). Malformed lines are listed
+    in ``trace.rejected`` as ``(file, line, message)``, or raise ``ValueError`` with
+    ``strict=True``; ``trace.swf_report`` says how many jobs were replayed, how many could not
+    be (unknown times or sizes, zero length) and how far the log over-subscribes the machine.
+    The result is a trace like :func:`load_trace`'s: pass it to :func:`simulate`.
+    """
+    return _C.sim_load_swf(
+        os.fspath(path),
+        strict,
+        _count(nodes, "nodes"),
+        _count(procs_per_node, "procs_per_node"),
+    )
+
+
+def _count(value: int | None, name: str) -> int:
+    """``None`` -> 0 (C++'s "from the file"); otherwise a positive int."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}: must be >= 1, got {value}")
+    return value
+
+
 def load_job_mix(path: PathLike, *, strict: bool = False) -> _C.JobMix:
     """Loads a job-mix CSV file (bad lines in ``mix.rejected`` unless ``strict``)."""
     return _C.sim_load_job_mix(os.fspath(path), strict)
+
+
+def synthetic_job_mix(n: int, seed: int = 1, **ranges: Any) -> _C.JobMix:
+    """Draws ``n`` jobs from ``seed``: the same ``(n, seed, ranges)`` always give the same mix.
+
+    Jobs arrive as a Poisson process (``mean_interarrival_s``, first at ``first_submit``, Unix
+    seconds) and have Amdahl-like curves ``r(n) = r1 * n / (1 + s * (n - 1))``. ``ranges``
+    override the defaults of :class:`malletrain._C.SyntheticMixOptions` (which resemble
+    ``jobs-imagenet-1001.csv``): ``min_nodes_lo``/``_hi``, ``max_nodes_lo``/``_hi``,
+    ``rate_lo``/``_hi`` (r1, samples/s), ``serial_lo``/``_hi`` (s), ``work_hours_lo``/``_hi``
+    (hours on one node), ``rescale_up_s_lo``/``_hi``, ``rescale_down_s_lo``/``_hi``. Bad values
+    raise ``ValueError`` naming the option; unknown names raise ``TypeError``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n: expected an int, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed: expected an int, got {seed!r}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed: must be in [0, 2**64), got {seed}")
+    o = _C.SyntheticMixOptions()
+    for name, value in ranges.items():
+        if name.startswith("_") or not hasattr(o, name):
+            raise TypeError(f"synthetic_job_mix() got an unexpected option {name!r}")
+        setattr(o, name, value)
+    return _C.sim_synthetic_job_mix(n, seed, o)
 
 
 @dataclass
@@ -108,6 +172,17 @@ class SimulationResult:
         return written
 
 
+def _as_trace(trace: _C.IdleTrace | PathLike) -> _C.IdleTrace:
+    """A loaded trace, or a path: ``*.swf`` / ``*.swf.gz`` through :func:`load_swf` (machine
+    size from its header), anything else through :func:`load_trace`."""
+    if isinstance(trace, _C.IdleTrace):
+        return trace
+    path = os.fspath(trace)
+    if path.endswith((".swf", ".swf.gz")):
+        return load_swf(path)
+    return load_trace(path)
+
+
 def _seconds(value: float | datetime.timedelta, name: str) -> float:
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
@@ -139,16 +214,17 @@ def simulate(
 ) -> SimulationResult:
     """Replays ``trace`` with the jobs of ``mix`` under one allocation ``policy``.
 
-    ``trace`` and ``mix`` are loaded objects (:func:`load_trace`, :func:`load_job_mix`) or
-    paths. ``policy`` is one of ``milp``, ``dp``, ``greedy``, ``equal_share``, ``static``;
+    ``trace`` and ``mix`` are loaded objects (:func:`load_trace` or :func:`load_swf`,
+    :func:`load_job_mix` or :func:`synthetic_job_mix`) or paths (a ``.swf``/``.swf.gz`` trace
+    path is read as an SWF log). ``policy`` is one of ``milp``, ``dp``, ``greedy``, ``equal_share``, ``static``;
     ``curves="learned"`` hides the true scalability curves from the policy (it sees only what
-    the job measured at the sizes it ran at); ``forecast`` is ``none``, ``oracle`` or
+    the job measured at the sizes it ran at), ``curves="linear"`` shows it no scalability
+    information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``, ``oracle`` or
     ``estimated``. ``accounting="bftrainer"`` charges a resize as BFTrainer's replayer does
     (old rate x pause); ``"pause"`` stops the job for the pause. ``progress`` is called with the
     fraction done (0..1). Bad options raise ``ValueError`` naming the option.
     """
-    if not isinstance(trace, _C.IdleTrace):
-        trace = load_trace(trace)
+    trace = _as_trace(trace)
     if not isinstance(mix, _C.JobMix):
         mix = load_job_mix(mix)
     o = _C.SimOptions()
@@ -183,8 +259,7 @@ def compare(
     **options: Any,
 ) -> list[SimulationResult]:
     """Runs :func:`simulate` once per policy on the same inputs (loaded once)."""
-    if not isinstance(trace, _C.IdleTrace):
-        trace = load_trace(trace)
+    trace = _as_trace(trace)
     if not isinstance(mix, _C.JobMix):
         mix = load_job_mix(mix)
     return [simulate(trace, mix, policy=p, **options) for p in policies]
@@ -204,6 +279,9 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
         ("preemptions", "{}", 8),
         ("decision_p50_ms", "{:.2f}", 8),
         ("decision_p99_ms", "{:.2f}", 8),
+        ("jct_mean_s", "{:.0f}", 8),
+        ("jct_median_s", "{:.0f}", 8),
+        ("makespan_s", "{:.0f}", 8),
         ("wall_s", "{:.1f}", 7),
     ]
     header = "  ".join(name[:w].rjust(w) for name, _, w in cols)

@@ -18,6 +18,7 @@
 #include "libmalle/sim/engine.h"
 #include "libmalle/sim/idle_trace.h"
 #include "libmalle/sim/job_mix.h"
+#include "libmalle/sim/swf.h"
 #include "python/src/bind_common.h"
 
 namespace py = pybind11;
@@ -27,6 +28,8 @@ namespace {
 
 struct TraceHandle {
   std::shared_ptr<const sim::IdleTrace> trace;
+  // Set when the trace was derived from an SWF log.
+  std::shared_ptr<const sim::SwfReplayReport> swf;
 };
 struct MixHandle {
   std::shared_ptr<const sim::JobMix> mix;
@@ -47,6 +50,27 @@ Enum ParseName(const std::string& field, const std::string& value,
   }
   throw StatusError(absl::InvalidArgumentError(
       absl::StrCat(field, ": unknown value \"", value, "\"; expected one of ", valid)));
+}
+
+py::object SwfReportDict(const TraceHandle& h) {
+  if (!h.swf) return py::none();
+  const sim::SwfReplayReport& r = *h.swf;
+  py::dict d;
+  d["nodes"] = r.nodes;
+  d["procs_per_node"] = r.procs_per_node;
+  d["jobs_replayed"] = r.jobs_replayed;
+  d["jobs_zero_length"] = r.jobs_zero_length;
+  d["jobs_unknown_times"] = r.jobs_unknown_times;
+  d["jobs_unknown_procs"] = r.jobs_unknown_procs;
+  d["jobs_requested_procs"] = r.jobs_requested_procs;
+  d["summary_lines_replaced"] = r.summary_lines_replaced;
+  d["oversized_jobs"] = r.oversized_jobs;
+  d["oversubscribed_jobs"] = r.oversubscribed_jobs;
+  d["oversubscribed_node_seconds"] = r.oversubscribed_node_seconds;
+  d["asked_node_seconds"] = r.asked_node_seconds;
+  d["busy_node_seconds"] = r.busy_node_seconds;
+  d["peak_asked_nodes"] = r.peak_asked_nodes;
+  return std::move(d);
 }
 
 py::list LineErrors(const std::vector<sim::LineError>& errors) {
@@ -95,7 +119,10 @@ sim::SimOptions ToSimOptions(const Options& o) {
       "accounting", o.accounting,
       {{"bftrainer", sim::Accounting::kBftrainer}, {"pause", sim::Accounting::kPause}});
   s.curves = ParseName<sim::CurveMode>(
-      "curves", o.curves, {{"oracle", sim::CurveMode::kOracle}, {"learned", sim::CurveMode::kLearned}});
+      "curves", o.curves,
+      {{"oracle", sim::CurveMode::kOracle},
+       {"learned", sim::CurveMode::kLearned},
+       {"linear", sim::CurveMode::kLinear}});
   s.forecast = ParseName<sim::ForecastMode>("forecast", o.forecast,
                                             {{"none", sim::ForecastMode::kNone},
                                              {"oracle", sim::ForecastMode::kOracle},
@@ -132,6 +159,9 @@ py::dict SummaryDict(const sim::Summary& s) {
   d["decision_p99_ms"] = s.decision_p99_ms;
   d["decision_max_ms"] = s.decision_max_ms;
   d["wall_s"] = s.wall_s;
+  d["jct_mean_s"] = s.jct_mean_s;
+  d["jct_median_s"] = s.jct_median_s;
+  d["makespan_s"] = s.makespan_s;
   return d;
 }
 
@@ -182,7 +212,9 @@ void BindSim(py::module_& m) {
       .def_property_readonly("start", [](const TraceHandle& h) { return UnixSeconds(h.trace->start); })
       .def_property_readonly("end", [](const TraceHandle& h) { return UnixSeconds(h.trace->end); })
       .def_property_readonly("rejected",
-                             [](const TraceHandle& h) { return LineErrors(h.trace->rejected); });
+                             [](const TraceHandle& h) { return LineErrors(h.trace->rejected); })
+      .def_property_readonly("swf_report", &SwfReportDict,
+                             "What the SWF replay did (dict), or None for a CSV trace.");
   py::class_<MixHandle>(m, "JobMix", "A loaded job mix (opaque).")
       .def_property_readonly("num_jobs", [](const MixHandle& h) { return h.mix->jobs.size(); })
       .def_property_readonly("names",
@@ -192,7 +224,50 @@ void BindSim(py::module_& m) {
                                return names;
                              })
       .def_property_readonly("rejected",
-                             [](const MixHandle& h) { return LineErrors(h.mix->rejected); });
+                             [](const MixHandle& h) { return LineErrors(h.mix->rejected); })
+      .def(
+          "to_csv", [](const MixHandle& h) { return sim::JobMixToCsv(h.mix->jobs); },
+          "The mix in the job-mix CSV format (what load_job_mix reads).");
+
+  // Synthetic mixes: the defaults are SyntheticMixOptions' (C++); times in seconds.
+  py::class_<sim::SyntheticMixOptions>(m, "SyntheticMixOptions",
+                                       "Ranges of a synthetic job mix (see "
+                                       "malletrain.sim.synthetic_job_mix).")
+      .def(py::init<>())
+      .def_property(
+          "first_submit",
+          [](const sim::SyntheticMixOptions& o) { return UnixSeconds(o.first_submit); },
+          [](sim::SyntheticMixOptions& o, double unix_s) {
+            o.first_submit = absl::UnixEpoch() + absl::Seconds(unix_s);
+          })
+      .def_property(
+          "mean_interarrival_s",
+          [](const sim::SyntheticMixOptions& o) {
+            return absl::ToDoubleSeconds(o.mean_interarrival);
+          },
+          [](sim::SyntheticMixOptions& o, double s) { o.mean_interarrival = absl::Seconds(s); })
+      .def_readwrite("min_nodes_lo", &sim::SyntheticMixOptions::min_nodes_lo)
+      .def_readwrite("min_nodes_hi", &sim::SyntheticMixOptions::min_nodes_hi)
+      .def_readwrite("max_nodes_lo", &sim::SyntheticMixOptions::max_nodes_lo)
+      .def_readwrite("max_nodes_hi", &sim::SyntheticMixOptions::max_nodes_hi)
+      .def_readwrite("rate_lo", &sim::SyntheticMixOptions::rate_lo)
+      .def_readwrite("rate_hi", &sim::SyntheticMixOptions::rate_hi)
+      .def_readwrite("serial_lo", &sim::SyntheticMixOptions::serial_lo)
+      .def_readwrite("serial_hi", &sim::SyntheticMixOptions::serial_hi)
+      .def_readwrite("work_hours_lo", &sim::SyntheticMixOptions::work_hours_lo)
+      .def_readwrite("work_hours_hi", &sim::SyntheticMixOptions::work_hours_hi)
+      .def_readwrite("rescale_up_s_lo", &sim::SyntheticMixOptions::rescale_up_s_lo)
+      .def_readwrite("rescale_up_s_hi", &sim::SyntheticMixOptions::rescale_up_s_hi)
+      .def_readwrite("rescale_down_s_lo", &sim::SyntheticMixOptions::rescale_down_s_lo)
+      .def_readwrite("rescale_down_s_hi", &sim::SyntheticMixOptions::rescale_down_s_hi);
+  m.def(
+      "sim_synthetic_job_mix",
+      [](int n, unsigned long long seed, const sim::SyntheticMixOptions& options) {
+        auto mix = ValueOrThrow(sim::SyntheticJobMix(n, seed, options));
+        return MixHandle{std::make_shared<const sim::JobMix>(std::move(mix))};
+      },
+      py::arg("n"), py::arg("seed"), py::arg("options"),
+      "Draws a job mix of n jobs from seed (deterministic). Never blocks.");
 
   m.def(
       "sim_load_trace",
@@ -200,10 +275,27 @@ void BindSim(py::module_& m) {
         sim::IdleTraceOptions o;
         o.strict = strict;
         auto trace = ValueOrThrow(sim::LoadIdleTrace(path, o));
-        return TraceHandle{std::make_shared<const sim::IdleTrace>(std::move(trace))};
+        return TraceHandle{std::make_shared<const sim::IdleTrace>(std::move(trace)), nullptr};
       },
       py::arg("path"), py::arg("strict") = false, py::call_guard<py::gil_scoped_release>(),
       "Loads an idle-node trace (.csv or .csv.gz). Blocks on the file read.");
+  m.def(
+      "sim_load_swf",
+      [](const std::string& path, bool strict, long long nodes, long long procs_per_node) {
+        sim::SwfOptions o;
+        o.strict = strict;
+        auto log = ValueOrThrow(sim::LoadSwf(path, o));
+        sim::SwfReplayOptions r;
+        r.nodes = nodes;
+        r.procs_per_node = procs_per_node;
+        auto swf = ValueOrThrow(sim::SwfToIdleTrace(log, r));
+        return TraceHandle{std::make_shared<const sim::IdleTrace>(std::move(swf.trace)),
+                           std::make_shared<const sim::SwfReplayReport>(swf.report)};
+      },
+      py::arg("path"), py::arg("strict") = false, py::arg("nodes") = 0,
+      py::arg("procs_per_node") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Loads an SWF scheduler log (.swf or .swf.gz) and derives its idle-node trace. Blocks on "
+      "the file read.");
   m.def(
       "sim_load_job_mix",
       [](const std::string& path, bool strict) {

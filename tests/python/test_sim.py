@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import math
 import os
 
 import pytest
@@ -54,6 +55,14 @@ def test_hand_checked_accounting(tiny):
     assert r.jobs[0]["samples_done"] == pytest.approx(18900)
     kinds = [e["kind"] for e in r.events]
     assert "resize" in kinds
+
+
+def test_curve_modes_agree_on_a_linear_job(tiny):
+    # The tiny job scales linearly, so no curve mode can mislead the policy.
+    trace, mix = tiny
+    for curves in ("oracle", "learned", "linear"):
+        s = sim.simulate(trace, mix, curves=curves).summary
+        assert s["samples_trained"] == pytest.approx(18900), curves
 
 
 def test_same_inputs_same_output(tiny):
@@ -141,3 +150,106 @@ def test_real_hpo_mix_on_a_day_of_summit():
     assert s["jobs_submitted"] == 10
     assert 0 < s["efficiency"] <= 1
     assert s["samples_trained"] > 0
+
+
+TINY_SWF = os.path.join(os.path.dirname(__file__), "..", "data", "tiny.swf")
+
+
+def test_swf_log_becomes_an_idle_trace():
+    trace = sim.load_swf(TINY_SWF)
+    # 4 nodes; every node idle at the log's start, then the state changes worked out in
+    # tests/cpp/sim/swf_test.cc (LoadsTheTinyLogPlainAndGzipped).
+    assert trace.num_nodes == 4 and trace.num_events == 18
+    assert trace.start == 1600000000 and trace.end == 1600000260
+    (file, line, message), = trace.rejected
+    assert file.endswith("tiny.swf") and line == 16 and "got 17" in message
+    r = trace.swf_report
+    assert r["nodes"] == 4 and r["procs_per_node"] == 2
+    assert (r["jobs_replayed"], r["jobs_zero_length"], r["jobs_unknown_times"]) == (4, 1, 1)
+    assert r["oversized_jobs"] == 1 and r["oversubscribed_jobs"] == 1
+    assert r["oversubscribed_node_seconds"] == 90 and r["asked_node_seconds"] == 800
+    assert r["busy_node_seconds"] == 710 and r["peak_asked_nodes"] == 7
+    assert sim.load_swf(TINY_SWF, nodes=8).num_nodes == 8
+    with pytest.raises(MalleValueError, match=r"tiny.swf:16: expected 18"):
+        sim.load_swf(TINY_SWF, strict=True)
+    with pytest.raises(ValueError, match="nodes"):
+        sim.load_swf(TINY_SWF, nodes=0)
+    with pytest.raises(ValueError, match="procs_per_node"):
+        sim.load_swf(TINY_SWF, procs_per_node=-2)
+
+
+def test_swf_trace_drives_the_simulator(tmp_path):
+    # Two nodes: job 1 holds n0 for 0..100, job 2 holds n0 for 200..1000; n1 is never used.
+    log = tmp_path / "two.swf"
+    log.write_text(
+        "; MaxNodes: 2\n"
+        "1 0 0 100 1 -1 -1 1 -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n"
+        "2 150 50 800 1 -1 -1 1 -1 -1 1 -1 -1 -1 -1 -1 -1 -1\n")
+    mix = tmp_path / "mix.csv"
+    mix.write_text(MIX_HEADER + "job,0,1,2,1000000000,10,5,0;1;2,0;10;20\n")
+    # Starts on n1 at 0, grows onto n0 at 100 (10/s x 10 s), shrinks when job 2 takes n0 at
+    # 200 (20/s x 5 s): 10 x 100 + 20 x 100 + 10 x 800 - 100 - 100.
+    s = sim.simulate(log, mix, policy="dp").summary  # a .swf path is read as a log
+    assert s["samples_trained"] == pytest.approx(10800)
+    assert s["reclaims"] == 1
+
+
+def test_job_completion_time_and_makespan(tiny, tmp_path):
+    trace, _ = tiny
+    mix = tmp_path / "short.csv"
+    # Runs on n0 alone from 0 and has trained its 1,000 samples at t = 100.
+    mix.write_text(MIX_HEADER + "short,0,1,2,1000,10,5,0;1;2,0;10;20\n")
+    s = sim.simulate(trace, mix).summary
+    assert s["jobs_finished"] == 1
+    assert s["jct_mean_s"] == pytest.approx(100)
+    assert s["jct_median_s"] == pytest.approx(100)
+    assert s["makespan_s"] == pytest.approx(100)
+    _, never = tiny
+    s = sim.simulate(trace, never).summary
+    assert s["jobs_finished"] == 0
+    assert math.isnan(s["jct_mean_s"]) and math.isnan(s["makespan_s"])
+
+
+def test_synthetic_mix_is_a_function_of_the_seed():
+    a = sim.synthetic_job_mix(30, seed=5)
+    assert a.num_jobs == 30 and a.names[0] == "S00000"
+    assert a.to_csv() == sim.synthetic_job_mix(30, seed=5).to_csv()
+    assert a.to_csv() != sim.synthetic_job_mix(30, seed=6).to_csv()
+    small = sim.synthetic_job_mix(10, seed=5, max_nodes_lo=2, max_nodes_hi=4)
+    rows = list(csv.DictReader(small.to_csv().splitlines()))
+    assert all(2 <= int(r["max_nodes"]) <= 4 for r in rows)
+    with pytest.raises(ValueError, match="max_nodes_lo..max_nodes_hi"):
+        sim.synthetic_job_mix(3, seed=1, max_nodes_lo=9, max_nodes_hi=8)
+    with pytest.raises(ValueError, match="seed"):
+        sim.synthetic_job_mix(3, seed=-1)
+    with pytest.raises(TypeError, match="max_nodes"):
+        sim.synthetic_job_mix(3, seed=1, max_nodes=8)
+
+
+def test_cli_swf_and_synthetic(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["simulate", "--swf", TINY_SWF, "--synthetic", "5", "--seed", "3",
+               "--policy", "greedy", "--out", str(out), "--quiet"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "greedy" in captured.out
+    assert "tiny.swf:16" in captured.err  # the malformed line, with its line number
+    assert "over-subscription: 0.0 node-hours" in captured.err  # 90 node-seconds
+    assert "4 jobs replayed" in captured.err
+    with open(out / "greedy" / "summary.csv") as f:
+        row = next(csv.DictReader(f))
+    assert {"jct_mean_s", "jct_median_s", "makespan_s"} <= set(row)
+    # The synthetic mix is written, and reads back as the same mix.
+    assert (out / "jobs.csv").read_text() == sim.synthetic_job_mix(5, seed=3).to_csv()
+    assert sim.load_job_mix(out / "jobs.csv").num_jobs == 5
+    # --trace and --swf (or --jobs and --synthetic) exclude each other; --seed needs --synthetic.
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--swf", TINY_SWF, "--trace", "t.csv", "--synthetic", "2"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["simulate", "--swf", TINY_SWF, "--jobs", "j.csv", "--synthetic", "2"])
+    assert main(["simulate", "--swf", TINY_SWF, "--jobs", "j.csv", "--seed", "2"]) == 2
+    assert "--seed" in capsys.readouterr().err
+    assert main(["simulate", "--swf", TINY_SWF, "--swf-nodes", "0", "--synthetic", "2",
+                 "--quiet"]) == 2
+    assert "nodes" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -387,6 +388,27 @@ TEST(EngineTest, NeverRunJobIsAssumedLinearFromMinNodes) {
   EXPECT_THAT(EventsOf(learned, "resize"), ElementsAre("0 a 0->2"));
 }
 
+// b (5/s on one node, 30/s on two) runs alone on both nodes from 0; a (10/s
+// per node) arrives at 100. Oracle and learned curves (b measured 30/s on two
+// nodes) keep b; the linear assumption sees b as 5/s per node, 10/s on two,
+// and hands both nodes to a.
+TEST(EngineTest, LinearCurvesIgnoreWhatTheJobMeasured) {
+  MixJob a = Job("a", 1, 2, 1e9);
+  a.submit_time = T(100);
+  MixJob b = Job("b", 1, 2, 1e9);
+  b.throughput = {{0, 0}, {1, 5}, {2, 30}};
+  SimOptions o = Dp();
+  o.align_submit_times = false;
+  for (CurveMode mode : {CurveMode::kOracle, CurveMode::kLearned}) {
+    o.curves = mode;
+    ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {a, b}, o));
+    EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 b 0->2"));
+  }
+  o.curves = CurveMode::kLinear;
+  ASSERT_OK_AND_ASSIGN(SimResult linear, Simulate(Trace(kTwoNodes), {a, b}, o));
+  EXPECT_THAT(EventsOf(linear, "resize"), ElementsAre("0 b 0->2", "100 b 2->0", "100 a 0->2"));
+}
+
 TEST(EngineTest, OracleForecastAvoidsANodeReclaimedBeforeThePausePaysOff) {
   // n1 is idle for 5 s only (100-105); growing onto it costs a 10 s pause.
   constexpr char kShort[] = "0,n0,1\n0,n1,0\n100,n1,1\n105,n1,0\n1000,n0,1\n";
@@ -441,10 +463,40 @@ TEST(EngineTest, CsvWriters) {
   s.samples_trained = 1.5;
   s.jobs_finished = 2;
   const std::string summaries = SummariesToCsv({s});
-  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0\n"));
+  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,nan,nan,nan\n"));
+  EXPECT_THAT(summaries, HasSubstr(",wall_s,jct_mean_s,jct_median_s,makespan_s\n"));
   // Unstarted jobs leave first_start and finish empty.
   ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
   EXPECT_THAT(JobsToCsv(r.jobs), HasSubstr("\nbig,0,,,5000,0,0,0,0,0,0\n"));
+}
+
+// Two nodes idle 0..1000, one-node jobs at 10 samples/s: a (100 s of work)
+// and b (300 s) start at 0; c, submitted at 50, waits for a's node and runs
+// 100..150. JCTs 100, 300, 100; the last finish is at 300.
+TEST(EngineTest, JobCompletionTimesAndMakespan) {
+  MixJob c = Job("c", 1, 1, 500);
+  c.submit_time = T(50);
+  const std::vector<MixJob> jobs = {Job("a", 1, 1, 1000), Job("b", 1, 1, 3000), c};
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), jobs, Dp()));
+  EXPECT_EQ(r.summary.jobs_finished, 3);
+  EXPECT_EQ(r.jobs[2].finish, T(150));
+  EXPECT_DOUBLE_EQ(r.summary.jct_mean_s, 500.0 / 3);
+  EXPECT_DOUBLE_EQ(r.summary.jct_median_s, 100);
+  EXPECT_DOUBLE_EQ(r.summary.makespan_s, 300);
+
+  // A job that never finishes: JCTs of the finished ones only (even count:
+  // the median is the mean of the middle two), and no makespan.
+  MixJob d = Job("d", 1, 1, 1e9);
+  d.submit_time = T(40);
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {jobs[0], jobs[1], d}, Dp()));
+  EXPECT_EQ(r.summary.jobs_finished, 2);  // d takes a's node at 100 and keeps it
+  EXPECT_DOUBLE_EQ(r.summary.jct_mean_s, 200);
+  EXPECT_DOUBLE_EQ(r.summary.jct_median_s, 200);
+  EXPECT_TRUE(std::isnan(r.summary.makespan_s));
+
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
+  EXPECT_TRUE(std::isnan(r.summary.jct_mean_s));
+  EXPECT_TRUE(std::isnan(r.summary.jct_median_s));
 }
 
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {

@@ -1,5 +1,6 @@
 #include "libmalle/sim/job_mix.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -254,6 +255,125 @@ TEST(JobMixTest, LoadReportsThePathInLineErrors) {
   ASSERT_EQ(mix.rejected.size(), 1u);
   EXPECT_EQ(mix.rejected[0].file, path);
   std::remove(path.c_str());
+}
+
+// Same seed, same mix; another seed, another mix.
+TEST(SyntheticJobMixTest, SameSeedSameMix) {
+  ASSERT_OK_AND_ASSIGN(JobMix a, SyntheticJobMix(50, 7));
+  ASSERT_OK_AND_ASSIGN(JobMix b, SyntheticJobMix(50, 7));
+  ASSERT_OK_AND_ASSIGN(JobMix c, SyntheticJobMix(50, 8));
+  EXPECT_EQ(JobMixToCsv(a.jobs), JobMixToCsv(b.jobs));
+  EXPECT_NE(JobMixToCsv(a.jobs), JobMixToCsv(c.jobs));
+  // A prefix of a longer mix is the shorter mix: job k depends on the seed
+  // and k only.
+  ASSERT_OK_AND_ASSIGN(JobMix longer, SyntheticJobMix(80, 7));
+  longer.jobs.resize(50);
+  EXPECT_EQ(JobMixToCsv(longer.jobs), JobMixToCsv(a.jobs));
+}
+
+TEST(SyntheticJobMixTest, JobsFollowTheOptions) {
+  SyntheticMixOptions o;
+  o.first_submit = absl::FromUnixSeconds(1000);
+  o.mean_interarrival = absl::Seconds(60);
+  o.min_nodes_lo = 2;
+  o.min_nodes_hi = 4;
+  o.max_nodes_lo = 3;
+  o.max_nodes_hi = 48;
+  o.serial_lo = 0.01;
+  o.serial_hi = 0.05;
+  constexpr int kJobs = 2000;
+  ASSERT_OK_AND_ASSIGN(JobMix mix, SyntheticJobMix(kJobs, 42, o));
+  ASSERT_EQ(mix.jobs.size(), static_cast<size_t>(kJobs));
+  EXPECT_EQ(mix.jobs[0].name, "S00000");
+  EXPECT_EQ(mix.jobs[0].submit_time, absl::FromUnixSeconds(1000));
+  absl::Time last = o.first_submit;
+  for (const MixJob& j : mix.jobs) {
+    SCOPED_TRACE(j.name);
+    EXPECT_GE(j.submit_time, last);
+    last = j.submit_time;
+    EXPECT_GE(j.min_nodes, 2);
+    EXPECT_LE(j.min_nodes, 4);
+    EXPECT_GE(j.max_nodes, std::max(3, j.min_nodes));
+    EXPECT_LE(j.max_nodes, 48);
+    EXPECT_GE(absl::ToDoubleSeconds(j.rescale_up), 15);
+    EXPECT_LT(absl::ToDoubleSeconds(j.rescale_up), 20);
+    // Amdahl: r(n) = r1 n / (1 + s (n - 1)) with s in [0.01, 0.05], at 0, the
+    // powers of two below max_nodes, min_nodes and max_nodes.
+    ASSERT_GE(j.throughput.size(), 3u);
+    EXPECT_EQ(j.throughput.front().nodes, 0);
+    EXPECT_EQ(j.throughput.front().samples_per_s, 0);
+    EXPECT_EQ(j.throughput.back().nodes, j.max_nodes);
+    const double r1 = alloc::Interpolate(j.throughput, 1);
+    EXPECT_GE(r1, 1000);
+    EXPECT_LE(r1, 8000);
+    for (const alloc::Breakpoint& b : j.throughput) {
+      if (b.nodes <= 1) continue;
+      const double s = (r1 * b.nodes / b.samples_per_s - 1) / (b.nodes - 1);
+      EXPECT_GE(s, 0.01 - 1e-9);
+      EXPECT_LE(s, 0.05 + 1e-9);
+    }
+    const double hours = j.work_samples / r1 / 3600;
+    EXPECT_GE(hours, 5 - 1e-9);
+    EXPECT_LE(hours, 40 + 1e-9);
+  }
+  // Poisson arrivals: the mean gap is near 60 s (2,000 draws: 3 sigma ~ 4 s;
+  // flooring to seconds shortens it by < 1 s).
+  const double mean_gap = absl::ToDoubleSeconds(last - o.first_submit) / (kJobs - 1);
+  EXPECT_NEAR(mean_gap, 60, 5);
+}
+
+TEST(SyntheticJobMixTest, CsvRoundTripsThroughTheParser) {
+  ASSERT_OK_AND_ASSIGN(JobMix mix, SyntheticJobMix(20, 3));
+  const std::string csv = JobMixToCsv(mix.jobs);
+  ASSERT_OK_AND_ASSIGN(JobMix back, ParseJobMix(csv, "synthetic.csv", kStrict));
+  ASSERT_EQ(back.jobs.size(), mix.jobs.size());
+  for (size_t k = 0; k < mix.jobs.size(); ++k) {
+    const MixJob& a = mix.jobs[k];
+    const MixJob& b = back.jobs[k];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.submit_time, b.submit_time);
+    EXPECT_EQ(a.min_nodes, b.min_nodes);
+    EXPECT_EQ(a.max_nodes, b.max_nodes);
+    EXPECT_EQ(a.work_samples, b.work_samples);
+    EXPECT_LE(absl::AbsDuration(a.rescale_up - b.rescale_up), absl::Nanoseconds(1));
+    ASSERT_EQ(a.throughput.size(), b.throughput.size());
+    for (size_t i = 0; i < a.throughput.size(); ++i) {
+      EXPECT_EQ(a.throughput[i].nodes, b.throughput[i].nodes);
+      EXPECT_EQ(a.throughput[i].samples_per_s, b.throughput[i].samples_per_s);
+    }
+  }
+}
+
+TEST(SyntheticJobMixTest, BadOptionsNameTheField) {
+  EXPECT_THAT(SyntheticJobMix(-1, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("n: -1")));
+  struct Case {
+    void (*set)(SyntheticMixOptions&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](SyntheticMixOptions& o) { o.mean_interarrival = absl::ZeroDuration(); },
+       "mean_interarrival"},
+      {[](SyntheticMixOptions& o) { o.min_nodes_lo = 0; }, "min_nodes_lo..min_nodes_hi"},
+      {[](SyntheticMixOptions& o) { o.max_nodes_lo = 9, o.max_nodes_hi = 8; },
+       "max_nodes_lo..max_nodes_hi"},
+      {[](SyntheticMixOptions& o) { o.min_nodes_lo = 4, o.min_nodes_hi = 4, o.max_nodes_lo = 2,
+                                    o.max_nodes_hi = 3; },
+       "max_nodes_hi: 3 is less than min_nodes_lo = 4"},
+      {[](SyntheticMixOptions& o) { o.rate_lo = 0; }, "rate_lo..rate_hi"},
+      {[](SyntheticMixOptions& o) { o.serial_hi = 1.5; }, "serial_lo..serial_hi"},
+      {[](SyntheticMixOptions& o) { o.work_hours_hi = 1; }, "work_hours_lo..work_hours_hi"},
+      {[](SyntheticMixOptions& o) { o.rescale_down_s_lo = -1; }, "rescale_down_s_lo"},
+  };
+  for (const Case& c : cases) {
+    SyntheticMixOptions o;
+    c.set(o);
+    EXPECT_THAT(SyntheticJobMix(3, 1, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+        << c.field;
+  }
+  ASSERT_OK_AND_ASSIGN(JobMix empty, SyntheticJobMix(0, 1));
+  EXPECT_TRUE(empty.jobs.empty());
 }
 
 }  // namespace
