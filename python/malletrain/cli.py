@@ -3,8 +3,12 @@
     malletrain version                 versions of malletrain and of the torch it was built against
     malletrain alloc solve PROBLEM     decide which idle nodes each elastic job should hold
     malletrain alloc validate PROBLEM  check an allocation problem (JSON file, or - for stdin)
-    malletrain simulate --trace T --jobs J [--policy dp,greedy ...] [--out DIR]
+    malletrain simulate (--trace T | --swf LOG) (--jobs J | --synthetic N [--seed S])
+                        [--policy dp,greedy ...] [--out DIR]
                                        replay an idle-node trace with a job mix per policy
+    malletrain local --nodes N [--schedule SPEC] -- COMMAND ...
+                                       run an elastic job on this machine, scripting joins,
+                                       leaves and kills (malletrain.launcher)
 
 Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in
 :func:`build_parser`; the exit code is its return value (argparse itself exits
@@ -149,10 +153,25 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not policies:
         print("malletrain simulate: --policy: give at least one policy", file=sys.stderr)
         return 2
+    if args.seed is not None and args.synthetic is None:
+        print("malletrain simulate: --seed: only with --synthetic", file=sys.stderr)
+        return 2
+    if args.swf is None and (args.swf_nodes is not None or args.swf_procs_per_node is not None):
+        print("malletrain simulate: --swf-nodes/--swf-procs-per-node: only with --swf",
+              file=sys.stderr)
+        return 2
     try:
-        trace = sim.load_trace(args.trace, strict=args.strict)
-        mix = sim.load_job_mix(args.jobs, strict=args.strict)
-    except (ValueError, OSError, errors.MalleError) as e:
+        if args.swf is not None:
+            trace = sim.load_swf(args.swf, strict=args.strict, nodes=args.swf_nodes,
+                                 procs_per_node=args.swf_procs_per_node)
+        else:
+            trace = sim.load_trace(args.trace, strict=args.strict)
+        if args.synthetic is not None:
+            seed = 1 if args.seed is None else args.seed
+            mix = sim.synthetic_job_mix(args.synthetic, seed=seed)
+        else:
+            mix = sim.load_job_mix(args.jobs, strict=args.strict)
+    except (ValueError, TypeError, OSError, errors.MalleError) as e:
         print(f"malletrain simulate: {e}", file=sys.stderr)
         return 2
     for what, rejected in (("trace", trace.rejected), ("jobs", mix.rejected)):
@@ -160,8 +179,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             print(f"warning: {file}:{line}: {message} (row skipped)", file=sys.stderr)
         if rejected:
             print(f"warning: {len(rejected)} {what} rows rejected", file=sys.stderr)
+    report = trace.swf_report
+    if report is not None:
+        print(_swf_report_text(report), file=sys.stderr)
+    mix_text = (f"synthetic, seed {1 if args.seed is None else args.seed}"
+                if args.synthetic is not None else args.jobs)
     print(f"trace: {trace.num_nodes} nodes, {trace.rows} rows, {trace.num_events} state changes; "
-          f"jobs: {mix.num_jobs}", file=sys.stderr)
+          f"jobs: {mix.num_jobs} ({mix_text})", file=sys.stderr)
     results = []
     for policy in policies:
         bar = None
@@ -200,10 +224,45 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             sim.plot_utilisation(result, out / "utilisation.png")
             sim.plot_gantt(result, out / "gantt.png")
     print(sim.summary_table(results))
+    if args.out and args.synthetic is not None:
+        # The mix is part of the result: write it so that the run can be repeated with --jobs.
+        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(args.out) / "jobs.csv").write_text(mix.to_csv())
     if args.out:
         sim.plot_policy_comparison(results, pathlib.Path(args.out) / "policies.png")
         print(f"written to {args.out}/ (per policy: summary/jobs/timeline CSV and plots)")
     return 0
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _swf_report_text(r: dict) -> str:
+    """The SWF replay's counts, one line each, for stderr."""
+    over_h = r["oversubscribed_node_seconds"] / 3600
+    asked_h = r["asked_node_seconds"] / 3600
+    share = over_h / asked_h if asked_h > 0 else 0.0
+    lines = [
+        f"swf: machine of {r['nodes']} nodes x {r['procs_per_node']} procs; "
+        f"{r['jobs_replayed']} jobs replayed"
+        + (f" ({r['jobs_requested_procs']} with their requested procs)"
+           if r["jobs_requested_procs"] else ""),
+        f"swf: not replayed: {r['jobs_zero_length']} zero-length, "
+        f"{r['jobs_unknown_times']} with unknown times, {r['jobs_unknown_procs']} with unknown "
+        f"size, {r['summary_lines_replaced']} summary lines replaced by partial executions",
+        f"swf: over-subscription: {over_h:.1f} node-hours asked beyond the machine "
+        f"({share:.2%} of {asked_h:.1f}), {r['oversubscribed_jobs']} jobs ran short "
+        f"({r['oversized_jobs']} larger than the machine), peak {r['peak_asked_nodes']} nodes "
+        f"asked; short jobs got nodes as others ended (busy nodes = min(machine, asked))",
+    ]
+    return "\n".join(lines)
 
 
 def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
@@ -213,11 +272,25 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
         description="Replay an idle-node trace (CSV or CSV.gz) with a job mix (CSV) under one or "
         "more allocation policies; print a summary table and optionally write CSVs and plots.",
     )
-    p.add_argument("--trace", required=True, help="idle-node transition trace (.csv or .csv.gz)")
-    p.add_argument("--jobs", required=True, help="job-mix CSV")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="idle-node transition trace (.csv or .csv.gz)")
+    source.add_argument("--swf", metavar="LOG",
+                        help="scheduler log in the Standard Workload Format (.swf or .swf.gz); "
+                        "its idle-node trace is derived by replaying its start/end times")
+    p.add_argument("--swf-nodes", type=int, metavar="N",
+                   help="machine size for --swf (default: the log's MaxNodes, else MaxProcs)")
+    p.add_argument("--swf-procs-per-node", type=int, metavar="P",
+                   help="processors per node for --swf (default: MaxProcs / MaxNodes)")
+    mix = p.add_mutually_exclusive_group(required=True)
+    mix.add_argument("--jobs", help="job-mix CSV")
+    mix.add_argument("--synthetic", type=_non_negative_int, metavar="N",
+                     help="a synthetic mix of N jobs drawn from --seed (written to OUT/jobs.csv)")
+    p.add_argument("--seed", type=_non_negative_int, metavar="S",
+                   help="seed of --synthetic (default 1); same seed, same mix")
     p.add_argument("--policy", default="dp",
                    help="comma-separated policies: milp, dp, greedy, equal_share, static")
-    p.add_argument("--curves", default="oracle", help="oracle or learned")
+    p.add_argument("--curves", default="oracle",
+                   help="what the policy knows of scalability: oracle, learned or linear")
     p.add_argument("--forecast", default="none", help="none, oracle or estimated")
     p.add_argument("--accounting", default="bftrainer", help="bftrainer or pause")
     p.add_argument("--objective", default="throughput", help="throughput, speedup or weighted")
@@ -238,11 +311,17 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
 def _cmd_local(args: argparse.Namespace) -> int:
     from malletrain import launcher
 
-    if not args.command:
-        print("malletrain local: error: give the program to run after --, e.g. "
-              "-- python train.py", file=sys.stderr)
-        return 2
     return launcher.main(args)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
 
 
 def _add_local_parser(commands: argparse._SubParsersAction) -> None:
@@ -251,18 +330,23 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
         help="run an elastic job on this machine with scripted joins, leaves and kills",
         description="Hosts the job's control store, starts NODES rank processes running "
         "COMMAND and follows SCHEDULE: comma-separated events 'step=K ACTION [COUNT]' or "
-        "'t=SECONDS ACTION [COUNT]' with ACTION one of join, leave, kill, stop, cont. "
-        "Example: --schedule \"step=10 leave 2, step=20 join 1, step=30 kill 1\".",
+        "'t=SECONDS ACTION [COUNT]' with ACTION one of join, leave, kill, stop, cont "
+        "(docs/launcher.md). Example: --schedule \"step=10 leave 2, step=20 join 1, "
+        "step=30 kill 1\". Exit codes: 0 every rank not killed by the schedule exited 0, "
+        "1 one did not, 2 bad input, 124 timeout, 130 SIGINT/SIGTERM.",
     )
-    p.add_argument("--nodes", type=int, required=True, help="members at the start")
+    p.add_argument("--nodes", type=_positive_int, required=True, help="members at the start")
     p.add_argument("--schedule", default="", help="joins, leaves and kills (see above)")
     p.add_argument("--job-id", default="local", help="job id in the control store")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="kill everything after this many seconds (exit 124)")
+    p.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="SECONDS",
+                   help="kill every process after this many seconds, exit 124 (default: 600)")
     p.add_argument("--seed", type=int, default=None,
-                   help="pick killed members at random (non-leaders), reproducibly")
-    p.add_argument("--log-dir", default=None, help="one log file per member instead of stdout")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
+                   help="kill (and stop) random non-leader members, reproducibly")
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="one log file per member (DIR/<member>.log) instead of the terminal")
+    # Not dest="command": the top-level subcommand already uses that name.
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the rank program and its arguments, after --")
     p.set_defaults(func=_cmd_local)
 
 

@@ -7,18 +7,22 @@ the allocator's node agents do the same on real nodes.
 
 Schedule grammar (comma-separated events, fired in order, each waiting for its trigger)::
 
-    EVENT   := AT ACTION [COUNT]
-    AT      := step=K        when the job has committed K steps (rank 0 publishes it)
+    EVENT   := AT ACTION [COUNT]          COUNT >= 1, default 1
+    AT      := step=K        when the job has committed K steps (rank 0 publishes the count
+                             at progress_key(job_id))
              | t=SECONDS     SECONDS after the launch
     ACTION  := join          start COUNT new members (they warm up, then join)
-             | leave         planned leave of the COUNT highest-ranked members
-             | kill          SIGKILL the COUNT highest-ranked members (random non-leaders
-                             with --seed)
-             | stop | cont   SIGSTOP / SIGCONT (a hang, and its end)
+             | leave         planned leave of the COUNT highest-ranked members (never rank 0,
+                             so never the last member)
+             | kill          SIGKILL the COUNT highest-ranked members (with a seed: random
+                             non-leaders, reproducibly)
+             | stop          SIGSTOP members, chosen like kill (a hang)
+             | cont          SIGCONT the COUNT members stopped first (the hang ends)
 
 Every process the launcher starts gets ``PR_SET_PDEATHSIG=SIGKILL`` (it cannot outlive the
 launcher) and is stopped by pid: at the end, on a timeout (exit 124) and on SIGINT/SIGTERM
-(exit 130).
+(exit 130). Nothing here blocks for long except :func:`run_local` itself, which returns
+when every process it started has exited.
 """
 
 from __future__ import annotations
@@ -30,21 +34,27 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import IO, Optional
 
 from malletrain import _C
 from malletrain.errors import MalleValueError
 
-__all__ = ["Event", "LocalResult", "parse_schedule", "progress_key", "run_local"]
+__all__ = ["Event", "Generation", "LocalResult", "choose_members", "parse_schedule",
+           "progress_key", "run_local"]
 
-_ACTIONS = ("join", "leave", "kill", "stop", "cont")
+ACTIONS = ("join", "leave", "kill", "stop", "cont")
 _EVENT = re.compile(r"^(step|t)=([0-9]+(?:\.[0-9]*)?)\s+([a-z]+)(?:\s+([0-9]+))?$")
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # the library's id rule
+_POLL_S = 0.02  # step triggers and exits are polled this often
+_GENERATION_POLL_S = 0.1
 
 
 def progress_key(job_id: str) -> str:
-    """Store key where rank 0 publishes the number of committed steps (ASCII)."""
+    """Store key where rank 0 publishes the number of committed steps (ASCII integer)."""
     return f"malle/job/{job_id}/progress"
 
 
@@ -57,18 +67,33 @@ class Event:
     action: str       # join, leave, kill, stop, cont
     count: int = 1
     # Filled in when it fires:
-    fired_t: Optional[float] = None
-    fired_step: Optional[int] = None
-    members: List[str] = field(default_factory=list)
+    fired_t: Optional[float] = None     # seconds after the launch
+    fired_step: Optional[int] = None    # progress when it fired
+    members: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         at = f"step={int(self.at)}" if self.trigger == "step" else f"t={self.at:g}"
         return f"{at} {self.action} {self.count}"
 
 
-def parse_schedule(spec: str) -> List[Event]:
-    """Parses a schedule; raises MalleValueError naming the bad item."""
-    events: List[Event] = []
+@dataclass(frozen=True)
+class Generation:
+    """A generation of the job as the launcher saw it (``_C.latest_generation``)."""
+
+    generation: int
+    cause: str                 # bootstrap, planned or recovery (first word of the reason)
+    members: tuple[str, ...]   # rank order
+    reason: str
+    seen_t: float              # seconds after the launch (polled: up to ~0.1 s late)
+
+
+def parse_schedule(spec: str) -> list[Event]:
+    """Parses a schedule (grammar in the module docstring). Pure; does not block.
+
+    Raises MalleValueError naming the bad item by position and text. An empty or blank
+    spec is a fixed-size run (no events).
+    """
+    events: list[Event] = []
     for n, raw in enumerate(spec.split(","), start=1):
         item = " ".join(raw.split())
         if not item:
@@ -81,10 +106,10 @@ def parse_schedule(spec: str) -> List[Event]:
                 f"schedule: item {n} {item!r} is not 'step=K ACTION [COUNT]' or "
                 f"'t=SECONDS ACTION [COUNT]'")
         trigger, at, action, count = m.groups()
-        if action not in _ACTIONS:
+        if action not in ACTIONS:
             raise MalleValueError(
                 f"schedule: item {n} {item!r}: unknown action {action!r}; expected one of "
-                f"{', '.join(_ACTIONS)}")
+                f"{', '.join(ACTIONS)}")
         if trigger == "step" and "." in at:
             raise MalleValueError(f"schedule: item {n} {item!r}: step must be an integer")
         c = int(count) if count is not None else 1
@@ -94,18 +119,47 @@ def parse_schedule(spec: str) -> List[Event]:
     return events
 
 
+def choose_members(action: str, count: int, members: Sequence[str], *,
+                   alive: Collection[str], stopped: Sequence[str] = (),
+                   rng: Optional[random.Random] = None) -> list[str]:
+    """The members a leave/kill/stop/cont applies to. Pure; does not block.
+
+    ``members`` is the latest generation in rank order, ``alive`` the members whose process
+    runs, ``stopped`` those the schedule stopped and has not continued, oldest first.
+    leave: the highest ranks, never rank 0 (so never the last member). kill, stop: the
+    highest ranks, rank 0 included; with ``rng``, a random sample of the non-leaders.
+    stop skips members already stopped. cont: the members stopped first (they may have
+    been excluded from the generation meanwhile). Returns fewer than ``count`` when there
+    are not enough candidates.
+    """
+    if action not in ("leave", "kill", "stop", "cont"):
+        raise MalleValueError(f"action: {action!r} does not choose members")
+    if action == "cont":
+        return [m for m in stopped if m in alive][:count]
+    candidates = [m for m in members if m in alive]
+    if action == "stop":
+        candidates = [m for m in candidates if m not in stopped]
+    if action == "leave" or (rng is not None and action in ("kill", "stop")):
+        candidates = [m for m in candidates if members and m != members[0]]
+    if rng is not None and action in ("kill", "stop"):
+        return rng.sample(candidates, min(count, len(candidates)))
+    return list(reversed(candidates))[:count]
+
+
 @dataclass
 class LocalResult:
     """What a local run did."""
 
-    exit_codes: Dict[str, int]          # member -> exit code (negative: killed by that signal)
-    killed: List[str]                   # members the schedule killed
-    unadmitted: List[str]               # joiners stopped because the job ended first
-    events: List[Event]
+    exit_codes: dict[str, int]          # member -> exit code (negative: killed by that signal)
+    killed: list[str]                   # members the schedule killed
+    unadmitted: list[str]               # joiners stopped because the job ended first
+    events: list[Event]                 # the schedule; fired ones have fired_t/fired_step
     generations: int                    # generations the job went through
-    final_members: List[str]
+    final_members: list[str]            # the latest generation, rank order
     wall_s: float
     timed_out: bool = False
+    pids: dict[str, int] = field(default_factory=dict)        # member -> pid (all reaped)
+    history: list[Generation] = field(default_factory=list)  # generations seen, in order
 
     @property
     def ok(self) -> bool:
@@ -115,17 +169,32 @@ class LocalResult:
             if m not in self.killed and m not in self.unadmitted)
 
 
+# Resolved here, in the parent: the child runs _die_with_parent between fork and exec,
+# where the launcher's other threads (the store server) may hold locks dlopen needs.
 _PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def preexec() -> None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+def _generation(record: dict, seen_t: float) -> Generation:
+    reason = str(record["reason"])
+    # The library starts every reason with its cause ("bootstrap of 3 members",
+    # "planned: +[..] -[..]", "recovery from generation 2: ...").
+    cause = reason.split(" ", 1)[0].rstrip(":") if reason else "?"
+    return Generation(generation=int(record["generation"]), cause=cause,
+                      members=tuple(record["members"]), reason=reason, seen_t=seen_t)
 
 
 class _Local:
     def __init__(self, command: Sequence[str], nodes: int, job_id: str, log_dir: Optional[str],
-                 env: Optional[Dict[str, str]], seed: Optional[int], quiet: bool) -> None:
+                 env: Optional[dict[str, str]], seed: Optional[int], quiet: bool) -> None:
         self.command = list(command)
         self.nodes = nodes
         self.job_id = job_id
@@ -136,17 +205,23 @@ class _Local:
         self.rng = random.Random(seed) if seed is not None else None
         self.quiet = quiet
         self.store = _C.ControlStore.serve("127.0.0.1", 0)
-        self.procs: Dict[str, subprocess.Popen] = {}
-        self.files: List = []
-        self.killed: List[str] = []
-        self.unadmitted: List[str] = []
-        self.reported: set = set()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.files: list[IO[str]] = []
+        self.killed: list[str] = []
+        self.unadmitted: list[str] = []
+        self.stopped: list[str] = []
+        self.reported: set[str] = set()
+        self.history: list[Generation] = []
+        self.generation_polled = 0.0
         self.next_id = 0
         self.t0 = time.monotonic()
 
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
     def say(self, msg: str) -> None:
         if not self.quiet:
-            print(f"[malletrain local] t={time.monotonic() - self.t0:.1f}s {msg}", flush=True)
+            print(f"[malletrain local] t={self.now():.1f}s {msg}", flush=True)
 
     def progress(self) -> int:
         v = self.store.try_get(progress_key(self.job_id))
@@ -168,14 +243,31 @@ class _Local:
             self.files.append(out)
         self.procs[member] = subprocess.Popen(
             self.command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-            preexec_fn=_die_with_parent)
+            preexec_fn=_die_with_parent(os.getpid()))
         return member
 
-    def members(self) -> List[str]:
-        g = _C.latest_generation(self.store, self.job_id)
-        return list(g["members"]) if g else []
+    def poll_generations(self, force: bool = False) -> list[str]:
+        """Notes the latest generation if it is new; returns its members (rank order).
 
-    def running(self) -> List[str]:
+        latest_generation() reads every record from 0, so unless forced this asks at most
+        every _GENERATION_POLL_S; a generation replaced sooner than that (a successor that
+        failed to build) may go unseen."""
+        if not force and time.monotonic() - self.generation_polled < _GENERATION_POLL_S:
+            return list(self.history[-1].members) if self.history else []
+        self.generation_polled = time.monotonic()
+        latest = _C.latest_generation(self.store, self.job_id)
+        if latest is None:
+            return []
+        if not self.history or latest["generation"] > self.history[-1].generation:
+            g = _generation(latest, self.now())
+            self.history.append(g)
+            self.say(f"generation {g.generation}: {' '.join(g.members)}  ({g.reason})")
+        return list(latest["members"])
+
+    def members(self) -> list[str]:
+        return self.poll_generations(force=True)
+
+    def running(self) -> list[str]:
         return [m for m, p in self.procs.items() if p.poll() is None]
 
     def report_exits(self) -> None:
@@ -189,51 +281,46 @@ class _Local:
                 except Exception as e:  # noqa: BLE001 - advisory; recovery still works
                     self.say(f"could not report {m} as exited: {e}")
 
-    def pick(self, count: int, allow_leader: bool) -> List[str]:
-        alive = set(self.running())
-        members = [m for m in self.members() if m in alive]
-        if not allow_leader:
-            members = members[1:]  # never the last member / the leader
-        if self.rng is not None:
-            return self.rng.sample(members, min(count, len(members)))
-        return list(reversed(members))[:count]
-
     def fire(self, ev: Event) -> None:
-        ev.fired_t = time.monotonic() - self.t0
+        ev.fired_t = self.now()
         ev.fired_step = self.progress()
         if ev.action == "join":
             ev.members = [self.spawn(0) for _ in range(ev.count)]
-        elif ev.action == "leave":
-            ev.members = self.pick(ev.count, allow_leader=False)
+        else:
+            ev.members = choose_members(ev.action, ev.count, self.members(),
+                                        alive=set(self.running()), stopped=self.stopped,
+                                        rng=self.rng)
+        if ev.action == "leave":
             for m in ev.members:
                 _C.request_leave(self.store, self.job_id, m)
-        else:
-            ev.members = self.pick(ev.count, allow_leader=ev.action != "kill" or
-                                   self.rng is None)
+        elif ev.action in ("kill", "stop", "cont"):
             sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
             for m in ev.members:
                 try:
                     self.procs[m].send_signal(sig[ev.action])
-                except ProcessLookupError:
+                except ProcessLookupError:  # pragma: no cover - exited since running()
                     pass
-                if ev.action == "kill":
-                    self.killed.append(m)
             if ev.action == "kill":
+                self.killed.extend(ev.members)
                 for m in ev.members:
                     try:
                         self.procs[m].wait(timeout=5)
                     except subprocess.TimeoutExpired:  # pragma: no cover
                         pass
                 self.report_exits()
+            elif ev.action == "stop":
+                self.stopped.extend(ev.members)
+            else:
+                self.stopped = [m for m in self.stopped if m not in ev.members]
         self.say(f"step={ev.fired_step}: {ev.action} {' '.join(ev.members) or '(nobody)'}")
 
     def stop_all(self) -> None:
+        """SIGKILLs every process still running, by pid, and reaps all of them."""
         for p in self.procs.values():
             if p.poll() is None:
                 try:
-                    p.send_signal(signal.SIGCONT)
                     p.kill()
-                except ProcessLookupError:
+                except ProcessLookupError:  # pragma: no cover - exited meanwhile
                     pass
         for p in self.procs.values():
             try:
@@ -244,27 +331,56 @@ class _Local:
             f.close()
 
 
+class _SignalsDeferred:
+    """Holds SIGINT/SIGTERM while the launcher kills its children, so a second Ctrl-C cannot
+    leave some running (PDEATHSIG would still catch them when this process ends, but
+    run_local may run inside a long-lived interpreter). Main thread only; a no-op elsewhere."""
+
+    def __enter__(self) -> "_SignalsDeferred":
+        self.pending: list[int] = []
+        self.old: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.old[s] = signal.signal(s, lambda signum, _f: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        for s in self.pending:
+            signal.raise_signal(s)
+
+
 def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id: str = "local",
               timeout: float = 600.0, seed: Optional[int] = None, log_dir: Optional[str] = None,
-              env: Optional[Dict[str, str]] = None, quiet: bool = False) -> LocalResult:
+              env: Optional[dict[str, str]] = None, quiet: bool = False) -> LocalResult:
     """Runs ``command`` as an elastic job of ``nodes`` local members, following ``schedule``.
 
-    Returns when every started process has exited (or after ``timeout`` seconds, when it
-    kills them all and sets ``timed_out``). Raises MalleValueError for a bad schedule or
-    arguments.
+    Blocks until every started process has exited, or ``timeout`` seconds after the launch,
+    when it SIGKILLs them all and sets ``timed_out``. Joiners still waiting for admission
+    when every member of the job has exited are stopped (``unadmitted``); so are members the
+    schedule stopped and never continued (counted as ``killed``). ``env`` replaces
+    ``os.environ`` for the children; the launcher adds the ``MALLE_*`` variables.
+    Raises MalleValueError for a bad schedule or argument; KeyboardInterrupt (SIGINT)
+    propagates after every child has been killed.
     """
     if not command:
         raise MalleValueError("command: give the program to run, e.g. -- python train.py")
-    if not isinstance(nodes, int) or nodes < 1:
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise MalleValueError(f"nodes: must be a positive integer, got {nodes!r}")
-    if timeout <= 0:
-        raise MalleValueError(f"timeout: must be positive, got {timeout}")
+    if not _ID.match(job_id):
+        raise MalleValueError(f"job_id: must match [A-Za-z0-9._-]{{1,128}}, got {job_id!r}")
+    if not timeout > 0:
+        raise MalleValueError(f"timeout: must be a positive number of seconds, got {timeout}")
     events = parse_schedule(schedule)
     run = _Local(command, nodes, job_id, log_dir, env, seed, quiet)
     timed_out = False
+    last = None
     try:
         for _ in range(nodes):
             run.spawn(nodes)
+        run.say(f"job {job_id!r}: store 127.0.0.1:{run.store.port}, "
+                f"{nodes} members: {' '.join(run.procs)}")
         pending = list(events)
         deadline = run.t0 + timeout
         while True:
@@ -273,6 +389,7 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
                 timed_out = True
                 run.say(f"timeout after {timeout:g} s: killing every process")
                 break
+            run.poll_generations()
             while pending:
                 ev = pending[0]
                 due = (run.progress() >= ev.at) if ev.trigger == "step" \
@@ -284,65 +401,97 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
             alive = run.running()
             if not alive:
                 break
-            if not pending and len(run.procs) > nodes:
-                # Joiners still waiting for admission to a job whose members are all
-                # gone will never get in: stop them (not a failure of theirs).
-                members = run.members()
-                if members and not set(members) & set(alive):
+            if not pending:
+                members = set(run.members())
+                if members and not members & set(alive):
+                    # Every member of the job is gone: what still runs is a joiner waiting
+                    # to be admitted, or a process stopped and never continued. Neither
+                    # will ever finish; stop them instead of waiting for the timeout.
+                    hung = [m for m in alive if m in run.stopped]
+                    waiting = [m for m in alive if m not in run.stopped]
                     for m in alive:
                         run.procs[m].kill()
                         run.procs[m].wait(timeout=10)
-                        run.unadmitted.append(m)
-                    run.say(f"job over; stopped joiners never admitted: {' '.join(alive)}")
+                    run.killed.extend(hung)
+                    run.unadmitted.extend(waiting)
+                    run.say("job over; killed "
+                            + "; ".join(f"{what}: {' '.join(ms)}" for what, ms in (
+                                ("joiners never admitted", waiting),
+                                ("stopped and never continued", hung)) if ms))
                     break
-            time.sleep(0.01)
+            time.sleep(_POLL_S)
         for ev in pending:
             run.say(f"not fired (job ended first): {ev}")
     finally:
-        last = _C.latest_generation(run.store, job_id)
-        run.stop_all()
+        with _SignalsDeferred():
+            run.stop_all()
+            try:
+                run.poll_generations(force=True)
+            except Exception:  # noqa: BLE001 - the summary only; never mask the real error
+                pass
+    last = run.history[-1] if run.history else None
     codes = {m: p.returncode for m, p in run.procs.items()}
     result = LocalResult(exit_codes=codes, killed=run.killed, unadmitted=run.unadmitted,
                          events=events,
-                         generations=(last["generation"] + 1) if last else 0,
-                         final_members=list(last["members"]) if last else [],
-                         wall_s=time.monotonic() - run.t0, timed_out=timed_out)
+                         generations=(last.generation + 1) if last else 0,
+                         final_members=list(last.members) if last else [],
+                         wall_s=run.now(), timed_out=timed_out,
+                         pids={m: p.pid for m, p in run.procs.items()},
+                         history=run.history)
     if not quiet:
-        for m, code in codes.items():
-            how = "killed by the schedule" if m in run.killed else (
-                "never admitted (the job ended first)" if m in run.unadmitted else
-                "ok" if code == 0 else f"FAILED (exit {code})")
-            print(f"[malletrain local] {m}: {how}", flush=True)
-        print(f"[malletrain local] {result.generations} generations, {result.wall_s:.1f} s, "
-              f"{'ok' if result.ok else 'FAILED'}", flush=True)
+        print(summary(result), flush=True)
     return result
 
 
-def main(args) -> int:  # called by malletrain.cli
-    command = list(args.command)
+def summary(result: LocalResult) -> str:
+    """The end-of-run report: per member its exit, the generations, the total time."""
+    lines = ["[malletrain local] summary:"]
+    for m, code in result.exit_codes.items():
+        if m in result.killed:
+            how = f"killed by the schedule (exit {code})"
+        elif m in result.unadmitted:
+            how = "never admitted (the job ended first; stopped by the launcher)"
+        elif result.timed_out and code == -signal.SIGKILL:
+            how = "killed at the timeout"
+        else:
+            how = f"exit {code}" + ("" if code == 0 else "  FAILED")
+        lines.append(f"  {m:<8} pid {result.pids.get(m, '?'):<8} {how}")
+    for g in result.history:
+        lines.append(f"  generation {g.generation} at t={g.seen_t:.1f}s ({g.cause}): "
+                     f"{' '.join(g.members)}")
+    verdict = "timed out" if result.timed_out else "ok" if result.ok else "FAILED"
+    lines.append(f"  {result.generations} generations, {result.wall_s:.1f} s: {verdict}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """``malletrain local`` (see malletrain.cli): 0 ok, 1 a rank failed, 2 bad input,
+    124 timeout, 130 SIGINT/SIGTERM."""
+    command = list(args.program)
     if command and command[0] == "--":
         command = command[1:]
+    if not command:
+        print("malletrain local: error: give the program to run after --, e.g. "
+              "-- python train.py", file=sys.stderr)
+        return 2
+
+    def on_sigterm(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
     try:
-        parse_schedule(args.schedule)
-        result_holder: Dict[str, LocalResult] = {}
-
-        def on_signal(signum, frame):  # noqa: ARG001
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGTERM, on_signal)
-        try:
-            result_holder["r"] = run_local(command, args.nodes, args.schedule,
-                                           job_id=args.job_id, timeout=args.timeout,
-                                           seed=args.seed, log_dir=args.log_dir)
-        finally:
-            signal.signal(signal.SIGTERM, old)
+        result = run_local(command, args.nodes, args.schedule, job_id=args.job_id,
+                           timeout=args.timeout, seed=args.seed, log_dir=args.log_dir)
     except MalleValueError as e:
         print(f"malletrain local: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("malletrain local: interrupted; every process was killed", file=sys.stderr)
         return 130
-    r = result_holder["r"]
-    if r.timed_out:
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
+    if result.timed_out:
         return 124
-    return 0 if r.ok else 1
+    return 0 if result.ok else 1
