@@ -1,0 +1,46 @@
+// Optimizer state of torch::optim optimizers as StatePacker records.
+//
+// Defines PackOptimizer / UnpackOptimizer: every parameter group's options
+// (learning rate, betas, momentum, ... so LR schedules survive a resize) and
+// every parameter's state (moments, momentum buffers, and non-tensor state
+// such as Adam's step count), in param_groups order. Supported: Adam, AdamW,
+// SGD, RMSprop, Adagrad. LBFGS and user-defined optimizers give
+// kUnimplemented naming the optimizer (torch::optim has no generic,
+// archive-free view of an optimizer's state).
+//
+//   StatePacker out;
+//   MALLE_RETURN_IF_ERROR(PackOptimizer(adam, out));
+//   ...
+//   MALLE_RETURN_IF_ERROR(UnpackOptimizer(in, other_adam));   // same kind, same shapes
+//
+// Thread-safety: none; call with the optimizer not in use.
+#ifndef MALLE_ELASTIC_OPTIMIZER_STATE_H_
+#define MALLE_ELASTIC_OPTIMIZER_STATE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "libmalle/elastic/state_pack.h"
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace malle::elastic {
+
+// "adam", "adamw", "sgd", "rmsprop", "adagrad", or "" if not supported.
+std::string OptimizerKind(const torch::optim::Optimizer& optimizer);
+
+// Errors: kUnimplemented (unsupported optimizer).
+absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker& out);
+
+// Reads what PackOptimizer wrote and, only if all of it matches `optimizer`
+// (kind, groups, parameter shapes and dtypes), replaces its options and state
+// (tensors are copied: the optimizer owns them afterwards).
+// Errors: kInvalidArgument ("optimizer mismatch: ..." or a corrupt message),
+// kUnimplemented (unsupported optimizer).
+absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimizer);
+
+}  // namespace malle::elastic
+
+#endif  // MALLE_ELASTIC_OPTIMIZER_STATE_H_

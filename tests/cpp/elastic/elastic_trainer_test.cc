@@ -1,0 +1,159 @@
+// ElasticTrainer with ranks as threads over an in-memory store: the plan a
+// rank gets, misuse errors, and that 1 and 2 ranks with the same L train to
+// the same parameters (bitwise in deterministic mode). Resizes, joins and
+// real processes are in elastic_trainer_process_test.
+#include "libmalle/elastic/elastic_trainer.h"
+
+#include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+#include <torch/optim/adam.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/base/testing/status_matchers.h"
+
+namespace malle::elastic {
+namespace {
+
+using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+comm::ElasticGroupOptions Group(const std::string& job, const std::string& member, int bootstrap) {
+  comm::ElasticGroupOptions g;
+  g.job_id = job;
+  g.member_id = member;
+  g.bootstrap_size = bootstrap;
+  g.rendezvous_timeout = absl::Seconds(20);
+  g.heartbeat_timeout = absl::Seconds(5);
+  return g;
+}
+
+ElasticTrainerOptions Options(bool deterministic) {
+  ElasticTrainerOptions o;
+  o.logical_workers = 2;
+  o.seed = 3;
+  o.deterministic = deterministic;
+  o.num_samples = 40;
+  o.batch_size = 4;
+  o.steps = 12;
+  o.bucket_bytes = 64;  // two buckets
+  return o;
+}
+
+struct Rank {
+  at::Tensor w, b;
+  std::unique_ptr<torch::optim::Adam> adam;
+  absl::Status status;
+};
+
+// Trains y = x A with `n` ranks as threads; returns rank 0's parameters.
+// Member r starts from parameters drawn with seed `init_seed + r`; the state
+// sync at bootstrap makes everyone start from rank 0's, and rank 0 is the
+// member that arrived first, so `*rank0_member` says which one that was.
+std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic, int init_seed = 100,
+                              int* rank0_member = nullptr) {
+  at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor x = at::randn({40, 5}, data_gen, at::TensorOptions());
+  const at::Tensor y = at::matmul(x, at::randn({5, 2}, data_gen, at::TensorOptions()));
+  auto store = comm::ControlStore::InMemory();
+  std::vector<Rank> ranks(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Rank& me = ranks[r];
+      at::Generator init = at::make_generator<at::CPUGeneratorImpl>(init_seed + r);  // rank 0's start wins
+      me.w = at::randn({5, 2}, init, at::TensorOptions()).set_requires_grad(true);
+      me.b = at::randn({2}, init, at::TensorOptions()).set_requires_grad(true);
+      me.adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{me.w, me.b},
+                                                     torch::optim::AdamOptions(0.05));
+      auto trainer = ElasticTrainer::Create(store, Group(job, "m" + std::to_string(r), n), Options(deterministic),
+                                            ModelState::FromTensors({me.w, me.b}), *me.adam);
+      if (!trainer.ok()) {
+        me.status = trainer.status();
+        return;
+      }
+      for (;;) {
+        auto plan = (*trainer)->NextStep();
+        if (!plan.ok()) {
+          me.status = plan.status();
+          return;
+        }
+        if (!plan->has_value()) break;
+        if ((*plan)->step == 0 && (*plan)->rank == 0 && rank0_member != nullptr) *rank0_member = r;
+        for (size_t i = 0; i < (*plan)->workers.size(); ++i) {
+          (*trainer)->BeginMicroBatch(i);
+          at::Tensor rows = at::tensor((*plan)->workers[i].indices, at::kLong);
+          at::mse_loss(at::matmul(x.index_select(0, rows), me.w) + me.b, y.index_select(0, rows)).backward();
+          me.status = (*trainer)->EndMicroBatch();
+          if (!me.status.ok()) return;
+        }
+        auto committed = (*trainer)->FinishStep();
+        if (!committed.ok() || !*committed) {
+          me.status = committed.ok() ? absl::InternalError("step not committed") : committed.status();
+          return;
+        }
+      }
+      if ((*trainer)->step() != 12) me.status = absl::InternalError("did not train 12 steps");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_OK(ranks[r].status) << "rank " << r;
+  for (int r = 1; r < n; ++r) {
+    EXPECT_TRUE(at::equal(ranks[r].w, ranks[0].w)) << "rank " << r << " diverged";
+  }
+  return {ranks[0].w.detach().clone(), ranks[0].b.detach().clone()};
+}
+
+TEST(ElasticTrainerTest, TwoRanksTrainLikeOneInDeterministicMode) {
+  int first = -1;
+  std::vector<at::Tensor> two = Train("two", 2, true, 100, &first);
+  ASSERT_GE(first, 0);
+  std::vector<at::Tensor> one = Train("one", 1, true, 100 + first);
+  EXPECT_TRUE(at::equal(one[0], two[0]));
+  EXPECT_TRUE(at::equal(one[1], two[1]));
+}
+
+TEST(ElasticTrainerTest, TwoRanksTrainLikeOneUpToRounding) {
+  int first = -1;
+  std::vector<at::Tensor> two = Train("two", 2, false, 100, &first);
+  ASSERT_GE(first, 0);
+  std::vector<at::Tensor> one = Train("one", 1, false, 100 + first);
+  const double rel = (one[0] - two[0]).abs().max().item<double>() / one[0].abs().max().item<double>();
+  EXPECT_LT(rel, 1e-5);
+}
+
+TEST(ElasticTrainerTest, PlanAndMisuse) {
+  at::Tensor w = at::randn({5, 2}).set_requires_grad(true);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
+  ElasticTrainerOptions o = Options(false);
+  o.logical_workers = 3;
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("misuse", "m0", 1),
+                                                            o, ModelState::FromTensors({w}), adam));
+  EXPECT_EQ(trainer->rank(), -1);  // joins at the first NextStep
+  EXPECT_THAT(trainer->FinishStep(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("NextStep")));
+  ASSERT_OK_AND_ASSIGN(std::optional<StepPlan> plan, trainer->NextStep());
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->step, 0);
+  EXPECT_EQ(plan->size, 1);
+  ASSERT_EQ(plan->workers.size(), 3u);  // one rank runs all three logical workers
+  EXPECT_EQ(plan->workers[2].worker, 2);
+  EXPECT_EQ(plan->workers[1].rng_seed, MixSeed({3, 0, 1}));
+  EXPECT_THAT(plan->workers[0].indices, ::testing::SizeIs(4));
+  ASSERT_EQ(trainer->history().size(), 1u);
+  EXPECT_EQ(trainer->history()[0].kind, comm::Transition::Kind::kBootstrap);
+  EXPECT_THAT(trainer->NextStep(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FinishStep")));
+  trainer->BeginMicroBatch(0);
+  ASSERT_OK(trainer->EndMicroBatch());
+  EXPECT_THAT(trainer->EndMicroBatch(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(trainer->FinishStep(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("1 of 3")));
+}
+
+}  // namespace
+}  // namespace malle::elastic

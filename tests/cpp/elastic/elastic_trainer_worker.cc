@@ -1,0 +1,202 @@
+// elastic_trainer_worker: one rank of a small elastic training job, for
+// elastic_trainer_process_test. Trains a 2-layer MLP with Adam on synthetic
+// data (the same on every rank) through ElasticTrainer. Every rank starts
+// from different random weights: only the state sync makes them agree.
+//
+// Test hooks: the job-prefixed store key "ctl/gate" (if present) holds the
+// step this rank may not start before it is raised, so the test can order
+// resizes by step; --hidden gives a rank a different model.
+// Output: JSON lines on --events, and the final parameters as raw float32 in
+// --params.
+//
+// Exit codes: 0 finished or left, 1 error, 2 bad flags, 5 model mismatch.
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adam.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libmalle/elastic/elastic_trainer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, store, "", "control store HOST:PORT");
+ABSL_FLAG(std::string, job, "", "job id");
+ABSL_FLAG(std::string, member, "", "member id");
+ABSL_FLAG(int, bootstrap, 0, "size of generation 0 (0 = join a running job)");
+ABSL_FLAG(int, logical_workers, 4, "L");
+ABSL_FLAG(int64_t, steps, 40, "steps to train");
+ABSL_FLAG(bool, deterministic, false, "bitwise-reproducible mode");
+ABSL_FLAG(int, hidden, 32, "hidden width");
+ABSL_FLAG(int64_t, init_seed, -1, "seed of the initial weights (-1: the pid, a different start per process)");
+ABSL_FLAG(std::string, events, "", "JSON lines output");
+ABSL_FLAG(std::string, params, "", "final parameters output (raw float32)");
+
+namespace {
+
+using malle::elastic::ElasticTrainer;
+using nlohmann::json;
+
+constexpr int64_t kSamples = 256;
+constexpr int64_t kFeatures = 16;
+constexpr int64_t kClasses = 4;
+
+class Events {
+ public:
+  explicit Events(const std::string& path) : out_(path, std::ios::app) {}
+  void Emit(json e) { out_ << e.dump() << std::endl; }
+
+ private:
+  std::ofstream out_;
+};
+
+int Run(Events& events) {
+  at::set_num_threads(1);  // deterministic mode needs the same thread count everywhere
+  const std::string addr = absl::GetFlag(FLAGS_store);
+  const size_t colon = addr.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &port)) return 2;
+  auto store = malle::comm::ControlStore::Connect(addr.substr(0, colon), port, absl::Seconds(20));
+  if (!store.ok()) {
+    events.Emit({{"ev", "error"}, {"status", store.status().ToString()}});
+    return 1;
+  }
+  auto job = (*store)->WithPrefix(malle::comm::JobPrefix(absl::GetFlag(FLAGS_job)));
+
+  // Data: identical on every rank (fixed generator).
+  at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  at::Tensor x = at::randn({kSamples, kFeatures}, data_gen, at::TensorOptions());
+  at::Tensor truth = at::randn({kFeatures, kClasses}, data_gen, at::TensorOptions());
+  at::Tensor y = at::matmul(x, truth).argmax(1);
+  // Model: a random start seeded by --init_seed, by default different on every
+  // process (pid), so only the state sync can make the replicas agree.
+  const int64_t init_seed = absl::GetFlag(FLAGS_init_seed);
+  at::Generator init = at::make_generator<at::CPUGeneratorImpl>(
+      static_cast<uint64_t>(init_seed >= 0 ? init_seed : ::getpid()));
+  const int64_t hidden = absl::GetFlag(FLAGS_hidden);
+  at::Tensor w1 = (at::randn({kFeatures, hidden}, init, at::TensorOptions()) * 0.3).set_requires_grad(true);
+  at::Tensor b1 = (at::randn({hidden}, init, at::TensorOptions()) * 0.1).set_requires_grad(true);
+  at::Tensor w2 = (at::randn({hidden, kClasses}, init, at::TensorOptions()) * 0.3).set_requires_grad(true);
+  at::Tensor b2 = (at::randn({kClasses}, init, at::TensorOptions()) * 0.1).set_requires_grad(true);
+  torch::optim::Adam adam({w1, b1, w2, b2}, torch::optim::AdamOptions(1e-2));
+
+  malle::comm::ElasticGroupOptions group;
+  group.job_id = absl::GetFlag(FLAGS_job);
+  group.member_id = absl::GetFlag(FLAGS_member);
+  group.bootstrap_size = absl::GetFlag(FLAGS_bootstrap);
+  group.heartbeat_timeout = absl::Seconds(4);
+  group.recovery_grace = absl::Milliseconds(300);
+  group.rendezvous_timeout = absl::Seconds(40);
+  malle::elastic::ElasticTrainerOptions options;
+  options.logical_workers = absl::GetFlag(FLAGS_logical_workers);
+  options.seed = 7;
+  options.deterministic = absl::GetFlag(FLAGS_deterministic);
+  options.num_samples = kSamples;
+  options.batch_size = 8;
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.bucket_bytes = 1024;  // several buckets even for this small model
+  auto created = ElasticTrainer::Create(*store, group, options,
+                                        malle::elastic::ModelState::FromTensors({w1, b1, w2, b2}), adam);
+  if (!created.ok()) {
+    events.Emit({{"ev", "error"}, {"status", created.status().ToString()}});
+    return 1;
+  }
+  ElasticTrainer& trainer = **created;
+  events.Emit({{"ev", "start"}, {"member", group.member_id}});
+
+  size_t seen_events = 0;
+  for (;;) {
+    // Test gate: hold before starting a step at or past it. The boundary
+    // after the last step starts no step, so it is never held.
+    for (;;) {
+      if (trainer.step() >= trainer.total_steps()) break;
+      auto gate = job->TryGet("ctl/gate");
+      int64_t g = 0;
+      if (!gate.ok() || !gate->has_value() || !absl::SimpleAtoi(**gate, &g) || trainer.step() < g) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    auto plan = trainer.NextStep();
+    while (seen_events < trainer.history().size()) {
+      const auto& ev = trainer.history()[seen_events++];
+      events.Emit({{"ev", "transition"},
+                   {"kind", std::string(malle::comm::TransitionKindName(ev.kind))},
+                   {"gen", ev.generation},
+                   {"size", ev.size},
+                   {"rank", ev.rank},
+                   {"resume", ev.resume_step},
+                   {"state_bytes", ev.state_bytes},
+                   {"state_ms", absl::ToDoubleMilliseconds(ev.phases.state)},
+                   {"total_ms", absl::ToDoubleMilliseconds(ev.phases.total)}});
+    }
+    if (!plan.ok()) {
+      events.Emit({{"ev", "error"}, {"status", plan.status().ToString()}});
+      return absl::IsInvalidArgument(plan.status()) ? 5 : 1;
+    }
+    if (!plan->has_value()) break;
+    for (size_t i = 0; i < (*plan)->workers.size(); ++i) {
+      trainer.BeginMicroBatch(i);
+      const auto& idx = (*plan)->workers[i].indices;
+      at::Tensor rows = at::tensor(idx, at::kLong);
+      at::Tensor xb = x.index_select(0, rows);
+      at::Tensor yb = y.index_select(0, rows);
+      at::Tensor h = at::relu(at::matmul(xb, w1) + b1);
+      at::Tensor loss = at::cross_entropy_loss(at::matmul(h, w2) + b2, yb);
+      loss.backward();
+      absl::Status ended = trainer.EndMicroBatch();
+      if (!ended.ok()) {
+        events.Emit({{"ev", "error"}, {"status", ended.ToString()}});
+        return 1;
+      }
+    }
+    auto committed = trainer.FinishStep();
+    if (!committed.ok()) {
+      events.Emit({{"ev", "error"}, {"status", committed.status().ToString()}});
+      return 1;
+    }
+  }
+  if (trainer.left()) {
+    events.Emit({{"ev", "done"}, {"how", "left"}, {"step", trainer.step()}});
+    return 0;
+  }
+  auto digest = trainer.StateDigest();
+  std::vector<std::string> members = trainer.group()->members();
+  events.Emit({{"ev", "done"},
+               {"how", "finished"},
+               {"step", trainer.step()},
+               {"redone", trainer.redone_steps()},
+               {"gen", trainer.generation()},
+               {"members", members},
+               {"digest", digest.ok() ? *digest : digest.status().ToString()}});
+  std::ofstream out(absl::GetFlag(FLAGS_params), std::ios::binary);
+  for (const at::Tensor& p : {w1, b1, w2, b2}) {
+    at::Tensor c = p.detach().contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  }
+  return out.good() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_store).empty() || absl::GetFlag(FLAGS_job).empty() ||
+      absl::GetFlag(FLAGS_member).empty() || absl::GetFlag(FLAGS_events).empty() ||
+      absl::GetFlag(FLAGS_params).empty()) {
+    std::cerr << "--store, --job, --member, --events and --params are required\n";
+    return 2;
+  }
+  Events events(absl::GetFlag(FLAGS_events));
+  return Run(events);
+}

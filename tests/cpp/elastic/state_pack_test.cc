@@ -1,0 +1,288 @@
+// Job state in flat buffers: the record stream round-trips every kind of
+// value, corrupt messages give errors (never crashes), optimizer state
+// (Adam's moments and step count, SGD's momentum) moves to a fresh
+// optimizer so that both then take identical steps, and a trainer refuses
+// the state of a different model with "model mismatch".
+#include "libmalle/elastic/state_pack.h"
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/base/testing/status_matchers.h"
+#include "libmalle/elastic/elastic_trainer.h"
+#include "libmalle/elastic/optimizer_state.h"
+
+namespace malle::elastic {
+namespace {
+
+using ::malle::testing::IsOk;
+using ::malle::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(StatePackTest, RoundTripsValuesAndTensorsOfSeveralDtypes) {
+  at::Tensor f = at::randn({3, 4});
+  at::Tensor f2 = at::randn({5});
+  at::Tensor l = at::arange(6, at::kLong).view({2, 3});
+  at::Tensor b = at::ones({4}, at::kBool);
+  at::Tensor strided = at::randn({4, 4}).t();  // not contiguous
+  StatePacker p;
+  p.PutInt(-42);
+  p.PutDouble(0.125);
+  p.PutString(std::string("a\0b", 3));
+  p.PutTensor(f);
+  p.PutTensor(at::Tensor());
+  p.PutTensor(l);
+  p.PutTensor(f2);
+  p.PutTensor(b);
+  p.PutTensor(strided);
+  PackedState packed = std::move(p).Finish();
+  EXPECT_EQ(packed.buffers.size(), 3u);  // float, long, bool: one buffer each
+  EXPECT_EQ(packed.buffers.at(at::kFloat).numel(), 12 + 5 + 16);
+  ASSERT_OK_AND_ASSIGN(auto sizes, BufferSizes(packed.skeleton));
+  EXPECT_EQ(sizes.at(at::kLong), 6);
+
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(packed)));
+  EXPECT_THAT(in.Int(), ::malle::testing::IsOkAndHolds(-42));
+  EXPECT_THAT(in.Double(), ::malle::testing::IsOkAndHolds(0.125));
+  EXPECT_THAT(in.String(), ::malle::testing::IsOkAndHolds(std::string("a\0b", 3)));
+  ASSERT_OK_AND_ASSIGN(at::Tensor f_out, in.Tensor());
+  EXPECT_TRUE(at::equal(f_out, f));
+  ASSERT_OK_AND_ASSIGN(at::Tensor undefined, in.Tensor());
+  EXPECT_FALSE(undefined.defined());
+  ASSERT_OK_AND_ASSIGN(at::Tensor l_out, in.Tensor());
+  EXPECT_TRUE(at::equal(l_out, l));
+  ASSERT_OK_AND_ASSIGN(at::Tensor f2_out, in.Tensor());
+  EXPECT_TRUE(at::equal(f2_out, f2));
+  ASSERT_OK_AND_ASSIGN(at::Tensor b_out, in.Tensor());
+  EXPECT_TRUE(at::equal(b_out, b));
+  ASSERT_OK_AND_ASSIGN(at::Tensor s_out, in.Tensor());
+  EXPECT_TRUE(at::equal(s_out, strided));
+  EXPECT_TRUE(in.done());
+  EXPECT_THAT(in.Int(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ends")));
+}
+
+TEST(StatePackTest, ReaderOutOfStepOrCorruptMessageIsAnError) {
+  StatePacker p;
+  p.PutInt(1);
+  p.PutTensor(at::ones({2}));
+  PackedState packed = std::move(p).Finish();
+  {
+    ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(packed));
+    EXPECT_THAT(in.String(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected a string")));
+  }
+  PackedState truncated = packed;
+  truncated.skeleton.resize(truncated.skeleton.size() - 3);
+  {
+    ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(truncated));
+    ASSERT_OK(in.Int().status());
+    EXPECT_THAT(in.Tensor(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
+  }
+  PackedState bad_magic = packed;
+  bad_magic.skeleton[0] = 'X';
+  EXPECT_THAT(StateUnpacker::Open(bad_magic), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+  PackedState short_buffer = packed;
+  short_buffer.buffers[at::kFloat] = at::ones({1});
+  EXPECT_THAT(StateUnpacker::Open(short_buffer), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(BufferSizes("MSK"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Two parameters with gradients from a fixed function of the parameters.
+struct Toy {
+  at::Tensor w = at::randn({4, 3}).set_requires_grad(true);
+  at::Tensor b = at::randn({3}).set_requires_grad(true);
+  void Grads() {
+    w.mutable_grad() = (w * 0.5 + 0.1).detach();
+    b.mutable_grad() = (b * -0.25 + 0.3).detach();
+  }
+};
+
+template <typename Opt, typename Options>
+void ExpectOptimizerRoundTrip(Options options) {
+  Toy a;
+  Opt opt_a({a.w, a.b}, options);
+  for (int i = 0; i < 3; ++i) {
+    a.Grads();
+    opt_a.step();
+  }
+  static_cast<Options&>(opt_a.param_groups()[0].options()).lr(0.0123);  // a schedule moved it
+  StatePacker out;
+  ASSERT_OK(PackOptimizer(opt_a, out));
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(out).Finish()));
+
+  Toy b;  // a "joiner": different parameters, an optimizer that never stepped
+  b.w.detach().copy_(a.w);
+  b.b.detach().copy_(a.b);
+  Opt opt_b({b.w, b.b}, options);
+  ASSERT_OK(UnpackOptimizer(in, opt_b));
+  EXPECT_TRUE(in.done());
+  EXPECT_EQ(opt_b.param_groups()[0].options().get_lr(), 0.0123);
+  for (int i = 0; i < 2; ++i) {
+    a.Grads();
+    opt_a.step();
+    b.Grads();
+    opt_b.step();
+  }
+  EXPECT_TRUE(at::equal(a.w, b.w));
+  EXPECT_TRUE(at::equal(a.b, b.b));
+}
+
+TEST(OptimizerStateTest, AdamStateAndStepCountMoveToAFreshOptimizer) {
+  ExpectOptimizerRoundTrip<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).amsgrad(true));
+  // The step count itself (bias correction) travels.
+  Toy a;
+  torch::optim::Adam opt({a.w, a.b}, torch::optim::AdamOptions(1e-2));
+  a.Grads();
+  opt.step();
+  a.Grads();
+  opt.step();
+  StatePacker out;
+  ASSERT_OK(PackOptimizer(opt, out));
+  Toy b;
+  torch::optim::Adam fresh({b.w, b.b}, torch::optim::AdamOptions(1e-2));
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(out).Finish()));
+  ASSERT_OK(UnpackOptimizer(in, fresh));
+  auto& st = static_cast<torch::optim::AdamParamState&>(*fresh.state().at(b.w.unsafeGetTensorImpl()));
+  EXPECT_EQ(st.step(), 2);
+}
+
+TEST(OptimizerStateTest, SgdMomentumMovesToAFreshOptimizer) {
+  ExpectOptimizerRoundTrip<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+}
+
+TEST(OptimizerStateTest, MismatchesAreRefusedBeforeAnythingChanges) {
+  Toy a;
+  torch::optim::Adam adam({a.w, a.b}, torch::optim::AdamOptions(1e-2));
+  a.Grads();
+  adam.step();
+  StatePacker out;
+  ASSERT_OK(PackOptimizer(adam, out));
+  PackedState packed = std::move(out).Finish();
+
+  at::Tensor w = at::randn({5, 3}).set_requires_grad(true);  // different shape
+  at::Tensor b = at::randn({3}).set_requires_grad(true);
+  torch::optim::Adam other({w, b}, torch::optim::AdamOptions(1e-3));
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(packed));
+  EXPECT_THAT(UnpackOptimizer(in, other),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("optimizer mismatch")));
+  EXPECT_TRUE(other.state().empty());
+  EXPECT_EQ(other.param_groups()[0].options().get_lr(), 1e-3);
+
+  torch::optim::SGD sgd({a.w, a.b}, torch::optim::SGDOptions(0.1));
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in2, StateUnpacker::Open(packed));
+  EXPECT_THAT(UnpackOptimizer(in2, sgd), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'adam'")));
+}
+
+ElasticTrainerOptions TrainerOptions() {
+  ElasticTrainerOptions o;
+  o.logical_workers = 2;
+  o.num_samples = 64;
+  o.batch_size = 4;
+  o.steps = 10;
+  return o;
+}
+
+comm::ElasticGroupOptions GroupOptions() {
+  comm::ElasticGroupOptions g;
+  g.job_id = "pack";
+  g.member_id = "m0";
+  return g;
+}
+
+TEST(JobStateTest, TrainerStateRoundTripsAndMismatchedModelIsRefused) {
+  Toy a;
+  at::Tensor running = at::randn({3});
+  torch::optim::Adam adam({a.w, a.b}, torch::optim::AdamOptions(1e-2));
+  a.Grads();
+  adam.step();
+  ASSERT_OK_AND_ASSIGN(auto source, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(),
+                                                           TrainerOptions(),
+                                                           ModelState::FromTensors({a.w, a.b}, {running}), adam));
+  int64_t counter = 17;
+  ASSERT_OK(source->Track("counter", [&] { return ExtraState{{at::ones({2}) * counter}, "x"}; },
+                          [](const ExtraState&) { return absl::OkStatus(); }));
+  ASSERT_OK_AND_ASSIGN(PackedState packed, source->PackJobState());
+  ASSERT_OK_AND_ASSIGN(std::string digest, source->StateDigest());
+
+  Toy b;
+  at::Tensor running_b = at::zeros({3});
+  torch::optim::Adam adam_b({b.w, b.b}, torch::optim::AdamOptions(1e-2));
+  ASSERT_OK_AND_ASSIGN(auto receiver, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(),
+                                                             TrainerOptions(),
+                                                             ModelState::FromTensors({b.w, b.b}, {running_b}),
+                                                             adam_b));
+  ExtraState got;
+  ASSERT_OK(receiver->Track("counter", [] { return ExtraState{}; }, [&](const ExtraState& s) {
+    got = s;
+    return absl::OkStatus();
+  }));
+  EXPECT_NE(receiver->StateDigest().value(), digest);
+  ASSERT_OK(receiver->LoadJobState(packed));
+  EXPECT_EQ(receiver->StateDigest().value(), digest);
+  EXPECT_TRUE(at::equal(b.w, a.w));
+  EXPECT_TRUE(at::equal(running_b, running));
+  ASSERT_EQ(got.tensors.size(), 1u);
+  EXPECT_EQ(got.tensors[0][0].item<float>(), 17.0f);
+  EXPECT_EQ(got.bytes, "x");
+
+  // A rank whose model has another shape gets a clear error and keeps its state.
+  at::Tensor w3 = at::randn({4, 5}).set_requires_grad(true);
+  at::Tensor b3 = at::randn({3}).set_requires_grad(true);
+  at::Tensor w3_before = w3.detach().clone();
+  torch::optim::Adam adam3({w3, b3}, torch::optim::AdamOptions(1e-2));
+  ASSERT_OK_AND_ASSIGN(auto other, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(),
+                                                          TrainerOptions(),
+                                                          ModelState::FromTensors({w3, b3}, {at::zeros({3})}),
+                                                          adam3));
+  EXPECT_THAT(other->LoadJobState(packed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("model mismatch"), HasSubstr("Float[4,5]"),
+                                        HasSubstr("Float[4,3]"))));
+  EXPECT_TRUE(at::equal(w3, w3_before));
+
+  // Another logical-worker count is a job mismatch.
+  ElasticTrainerOptions three = TrainerOptions();
+  three.logical_workers = 3;
+  ASSERT_OK_AND_ASSIGN(auto l3, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(), three,
+                                                       ModelState::FromTensors({b.w, b.b}, {running_b}), adam_b));
+  EXPECT_THAT(l3->LoadJobState(packed), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job mismatch")));
+}
+
+TEST(ElasticTrainerOptionsTest, BadOptionsAreNamed) {
+  Toy a;
+  torch::optim::Adam adam({a.w, a.b}, torch::optim::AdamOptions(1e-2));
+  auto make = [&](ElasticTrainerOptions o, int bootstrap = 0) {
+    comm::ElasticGroupOptions g = GroupOptions();
+    g.bootstrap_size = bootstrap;
+    return ElasticTrainer::Create(comm::ControlStore::InMemory(), g, o, ModelState::FromTensors({a.w, a.b}), adam)
+        .status();
+  };
+  ElasticTrainerOptions o = TrainerOptions();
+  EXPECT_THAT(make(o), IsOk());
+  o.logical_workers = 0;
+  EXPECT_THAT(make(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logical_workers")));
+  o = TrainerOptions();
+  EXPECT_THAT(make(o, /*bootstrap=*/3), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  HasSubstr("smaller than the job's starting size")));
+  o.epochs = 2;  // and steps = 10
+  EXPECT_THAT(make(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one")));
+  o = TrainerOptions();
+  o.num_samples = 7;  // < 2 x 4
+  EXPECT_THAT(make(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fewer than one global batch")));
+  at::Tensor stranger = at::randn({2}).set_requires_grad(true);
+  torch::optim::SGD sgd({a.w, stranger}, torch::optim::SGDOptions(0.1));
+  EXPECT_THAT(ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(), TrainerOptions(),
+                                     ModelState::FromTensors({a.w, a.b}), sgd)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not in the model")));
+}
+
+}  // namespace
+}  // namespace malle::elastic
