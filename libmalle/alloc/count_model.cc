@@ -197,6 +197,7 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     if (cur > 0 && problem.resize_cost == ResizeCostModel::kBftrainer) {
       stop.value = -scale * job.current_samples_per_s * down;
     }
+    if (cur > 0) stop.value -= spec.stop_penalty;
     job.options.push_back(stop);
 
     for (const Pattern& pat : patterns) {

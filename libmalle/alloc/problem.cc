@@ -218,6 +218,10 @@ absl::Status ValidateProblem(const Problem& problem) {
     if (!std::isfinite(job.weight) || job.weight < 0) {
       return Invalid(name + ".weight", absl::StrCat("must be finite and >= 0, got ", job.weight));
     }
+    if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
+      return Invalid(name + ".stop_penalty",
+                     absl::StrCat("must be finite and >= 0, got ", job.stop_penalty));
+    }
     if (static_cast<int>(job.current_nodes.size()) > job.max_nodes) {
       return Invalid(name + ".current_nodes",
                      absl::StrFormat("holds %d nodes, more than max_nodes = %d",

@@ -67,6 +67,12 @@ struct JobSpec {
   absl::Duration resize_up_pause = absl::ZeroDuration();
   absl::Duration resize_down_pause = absl::ZeroDuration();
   double weight = 1.0;  // used by Objective::kWeighted and kSpeedup
+  // Subtracted from the objective when a job that holds nodes now is stopped
+  // (given 0 nodes). A live elastic job keeps its training state only in its
+  // ranks' memory, so the allocator service makes stopping it worse than any
+  // gain elsewhere; stopping stays possible (and is then the least bad
+  // choice) when the nodes left cannot hold every running job. Finite, >= 0.
+  double stop_penalty = 0.0;
   // Ids of the nodes the job holds now (each must be one of Problem::nodes).
   std::vector<std::string> current_nodes;
 };

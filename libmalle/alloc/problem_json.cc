@@ -354,7 +354,8 @@ absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
   MALLE_RETURN_IF_ERROR(
       CheckObject(value, path,
                   {"id", "min_nodes", "max_nodes", "throughput", "batch_options",
-                   "current_batch_option", "resize_up_s", "resize_down_s", "weight", "nodes"}));
+                   "current_batch_option", "resize_up_s", "resize_down_s", "weight", "stop_penalty",
+                   "nodes"}));
   JobSpec job;
   const Json* id = Find(value, "id");
   if (id == nullptr) return PathError(Member(path, "id"), "missing (required)");
@@ -392,6 +393,10 @@ absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
   }
   if (const Json* v = Find(value, "weight")) {
     MALLE_ASSIGN_OR_RETURN(job.weight, ReadNumber(*v, Member(path, "weight"), "a weight"));
+  }
+  if (const Json* v = Find(value, "stop_penalty")) {
+    MALLE_ASSIGN_OR_RETURN(job.stop_penalty,
+                           ReadNumber(*v, Member(path, "stop_penalty"), "a penalty"));
   }
   if (const Json* v = Find(value, "nodes")) {
     const std::string nodes_path = Member(path, "nodes");
@@ -602,6 +607,7 @@ std::string ProblemToJson(const Problem& problem, int indent) {
     job["resize_up_s"] = SecondsToJson(j.resize_up_pause);
     job["resize_down_s"] = SecondsToJson(j.resize_down_pause);
     job["weight"] = j.weight;
+    if (j.stop_penalty != 0) job["stop_penalty"] = j.stop_penalty;
     job["nodes"] = j.current_nodes;
     jobs.push_back(std::move(job));
   }

@@ -104,5 +104,42 @@ TEST(DecideTest, DpTooLargeFallsBackToGreedy) {
   EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
 }
 
+// Two nodes, a live slow job on one of them and a fast job that wants both:
+// without a penalty the exact policies stop the slow job (its throughput is
+// worth less than the fast job's second node); with one they keep it.
+TEST(DecideTest, StopPenaltyKeepsALiveJobRunning) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.nodes = {Node{"n0"}, Node{"n1"}};
+  JobSpec slow = Job("slow", 1, 1, {{0, 0}, {1, 10}});
+  slow.current_nodes = {"n0"};
+  JobSpec fast = Job("fast", 1, 2, {{0, 0}, {1, 100}, {2, 200}});
+  fast.current_nodes = {"n1"};
+  p.jobs = {slow, fast};
+  for (PolicyKind k : {PolicyKind::kMilp, PolicyKind::kDp}) {
+    DecideOptions o;
+    o.policy = k;
+    ASSERT_OK_AND_ASSIGN(Decision stopped, Decide(p, o));
+    EXPECT_THAT(stopped.allocation.jobs[0].nodes, ::testing::IsEmpty()) << PolicyName(k);
+    EXPECT_THAT(stopped.allocation.jobs[1].nodes, ::testing::UnorderedElementsAre("n0", "n1")) << PolicyName(k);
+    Problem kept = p;
+    kept.jobs[0].stop_penalty = 1e6;
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(kept, o));
+    EXPECT_THAT(d.allocation.jobs[0].nodes, ElementsAre("n0")) << PolicyName(k);
+    EXPECT_THAT(d.allocation.jobs[1].nodes, ElementsAre("n1")) << PolicyName(k);
+  }
+  // The penalty only counts for a job that holds nodes: a queued job may wait.
+  Problem queued = p;
+  queued.jobs[0].current_nodes.clear();
+  queued.jobs[1].current_nodes.clear();
+  queued.jobs[0].stop_penalty = 1e6;
+  ASSERT_OK_AND_ASSIGN(Decision q, Decide(queued, DecideOptions{}));
+  EXPECT_THAT(q.allocation.jobs[0].nodes, ::testing::IsEmpty());
+  Problem bad = p;
+  bad.jobs[1].stop_penalty = -1;
+  EXPECT_THAT(Decide(bad, DecideOptions{}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stop_penalty")));
+}
+
 }  // namespace
 }  // namespace malle::alloc
