@@ -10,7 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/stat.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace malle::cluster {
@@ -26,8 +29,29 @@ int DecodeWaitStatus(int status) {
 
 absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("ProcessSpec.argv is empty");
-  if (::access(spec.argv[0].c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("'", spec.argv[0], "' is not an executable file"));
+  std::string program = spec.argv[0];
+  if (program.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    std::string found;
+    for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+      struct stat st;
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          ::access(candidate.c_str(), X_OK) == 0) {
+        found = std::move(candidate);
+        break;
+      }
+    }
+    if (found.empty()) return absl::NotFoundError(absl::StrCat("'", program, "' is not in PATH"));
+    program = std::move(found);
+  } else if (::access(program.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("'", program, "' is not an executable file"));
+  }
+  if (!spec.cwd.empty()) {
+    struct stat st;
+    if (::stat(spec.cwd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::NotFoundError(absl::StrCat("working directory '", spec.cwd, "' is not a directory"));
+    }
   }
   // Everything the child needs is prepared before fork: between fork and exec
   // only async-signal-safe calls are allowed (the parent has threads).
@@ -55,7 +79,8 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
       int fd = ::open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) ::dup2(fd, STDERR_FILENO);
     }
-    ::execve(argv[0], argv.data(), envp.data());
+    if (!spec.cwd.empty() && ::chdir(spec.cwd.c_str()) != 0) ::_exit(127);
+    ::execve(program.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }
   return std::unique_ptr<LocalProcess>(new LocalProcess(pid));

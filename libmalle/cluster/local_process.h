@@ -30,16 +30,20 @@
 namespace malle::cluster {
 
 struct ProcessSpec {
-  std::vector<std::string> argv;  // argv[0] is the executable path
+  // argv[0] is the executable: a path, or a bare name looked up in PATH
+  // (as execvp would, but before fork, so a missing program is an error of
+  // Spawn rather than an exit code 127).
+  std::vector<std::string> argv;
   std::string stdout_path;        // empty = inherit
   std::string stderr_path;        // empty = inherit
   std::vector<std::pair<std::string, std::string>> env;  // added to the parent's environment
+  std::string cwd;  // empty = the parent's
 };
 
 class LocalProcess {
  public:
-  // Errors: kInvalidArgument (empty argv), kNotFound (not executable),
-  // kInternal (fork failed).
+  // Errors: kInvalidArgument (empty argv), kNotFound (not executable, not
+  // in PATH, or cwd is not a directory), kInternal (fork failed).
   static absl::StatusOr<std::unique_ptr<LocalProcess>> Spawn(const ProcessSpec& spec);
   ~LocalProcess();
 

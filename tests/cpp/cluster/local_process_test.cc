@@ -47,6 +47,26 @@ TEST(LocalProcessTest, DestructorKillsARunningChild) {
 TEST(LocalProcessTest, RejectsMissingExecutable) {
   EXPECT_THAT(LocalProcess::Spawn({{"/no/such/binary"}}), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(LocalProcess::Spawn({}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(LocalProcess::Spawn({{"no-such-program-in-path"}}),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("not in PATH")));
+  ProcessSpec bad_cwd{{"/bin/true"}};
+  bad_cwd.cwd = "/no/such/dir";
+  EXPECT_THAT(LocalProcess::Spawn(bad_cwd),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("/no/such/dir")));
+}
+
+TEST(LocalProcessTest, FindsProgramsInPathAndRunsInCwd) {
+  const std::string dir = ::testing::TempDir();
+  const std::string out = dir + "/lp_pwd.txt";
+  std::remove(out.c_str());
+  ProcessSpec spec{{"sh", "-c", "pwd"}, out};
+  spec.cwd = "/tmp";
+  ASSERT_OK_AND_ASSIGN(auto p, LocalProcess::Spawn(spec));
+  EXPECT_THAT(p->Wait(absl::Seconds(10)), IsOkAndHolds(0));
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "/tmp\n");
 }
 
 }  // namespace
