@@ -63,6 +63,8 @@ void BindBase(pybind11::module_& m);
 void BindAlloc(pybind11::module_& m);
 void BindSim(pybind11::module_& m);
 void BindElastic(pybind11::module_& m);
+void BindAdvisor(pybind11::module_& m);
+void BindControl(pybind11::module_& m);
 
 }  // namespace malle::python
 

@@ -1,0 +1,159 @@
+// Agent: the node agent. One per node; it offers the node to the allocator
+// and runs, on it, the rank of whichever job the allocator's plan assigns.
+//
+//   AgentOptions o;
+//   o.node = "n3";
+//   o.store_address = "127.0.0.1:29400";
+//   o.secret_path = "/etc/malle/secret";
+//   MALLE_ASSIGN_OR_RETURN(auto agent, Agent::Create(store, secret, o));
+//   // SIGTERM handler thread: agent->Reclaim(absl::Seconds(30), "slurm preemption");
+//   MALLE_RETURN_IF_ERROR(agent->Run());   // until Stop() or the reclaim is done
+//
+// What it does, each poll_interval:
+//   - registers the node (again, if a plan that does not list it is older
+//     than reregister_after: the allocator restarted empty, or refused it);
+//   - sends a heartbeat every heartbeat_interval, saying what it runs;
+//   - reads the plan when its id changes (authenticated; older plans are
+//     ignored) and reconciles: a rank of a job the node no longer serves is
+//     asked to leave at its next step boundary (ElasticGroup::RequestLeave),
+//     or terminated when its job gets no node at all; if it has not left by
+//     leave_timeout it is killed and reported dead, so the others recover at
+//     once. A node assigned a job gets a rank of it: the job's command from
+//     its published spec, with MALLE_* variables (docs/protocol.md) that make
+//     it join the job's current incarnation; on the incarnation's bootstrap
+//     node the first rank starts the job (bootstrap size 1), every other rank
+//     joins, after warming up (the Python and C++ APIs join at their first
+//     step);
+//   - reports every rank exit (RankExit: exited by itself, left on request,
+//     or stopped by the agent); a rank that crashed is reported dead to its
+//     job's group at once.
+// Reclaim(grace): NodeReclaim to the allocator, the rank leaves at its next
+// step boundary or is killed at the grace deadline (less a margin), then
+// NodeLeave and Run returns. Stop(): the same without the reclaim notice.
+//
+// Every process the agent starts is its child (LocalProcess: it dies with
+// the agent) and is stopped by pid.
+//
+// Thread-safety: Run on one thread; Reclaim, Stop and running() from any.
+#ifndef MALLE_CONTROL_AGENT_H_
+#define MALLE_CONTROL_AGENT_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libmalle/cluster/local_process.h"
+#include "libmalle/comm/control_store.h"
+#include "libmalle/control/channel.h"
+#include "libmalle/control/messages.h"
+#include "libmalle/control/secret.h"
+
+namespace malle::control {
+
+struct AgentOptions {
+  std::string node;      // id, required
+  std::string agent_id;  // default "agent.<node>.<pid>"
+  NodeClass node_class{"default", 1.0};
+  std::optional<absl::Time> idle_until;  // forecast end of the node's idle window
+  std::string store_address;  // host:port the ranks connect to (MALLE_STORE), required
+  std::string secret_path;    // passed to ranks (MALLE_CONTROL_SECRET), may be empty
+  std::string log_dir;        // ranks' stdout/stderr as <log_dir>/<member>.{out,err}; empty: inherit
+  std::vector<std::pair<std::string, std::string>> extra_env;  // added to every rank
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration poll_interval = absl::Milliseconds(50);
+  absl::Duration reregister_after = absl::Seconds(3);
+  absl::Duration leave_timeout = absl::Seconds(60);  // planned leave -> kill
+  absl::Duration stop_timeout = absl::Seconds(10);   // SIGTERM -> SIGKILL
+  absl::Duration respawn_backoff = absl::Seconds(1); // after a crash, times the crash count (max 30 s)
+
+  absl::Status Validate() const;  // kInvalidArgument naming the field
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(std::shared_ptr<comm::ControlStore> store,
+                                                       Secret secret, AgentOptions options);
+  ~Agent();  // kills a rank that still runs
+
+  // The agent's loop. Returns OK after Stop() or a completed reclaim; the
+  // store's error if it became unreachable (kUnavailable), after killing its
+  // rank.
+  absl::Status Run();
+  // Asks the loop to vacate the node within `grace` and return. Thread-safe,
+  // does not block.
+  void Reclaim(absl::Duration grace, std::string reason);
+  // Asks the loop to leave cleanly (the rank leaves at a step boundary, then
+  // NodeLeave) and return. Thread-safe, does not block.
+  void Stop(std::string reason);
+
+  // What runs now (job runtime id, member, pid). Thread-safe.
+  std::optional<RunningRank> running() const;
+  int64_t plan_seen() const { return plan_seen_.load(); }
+  const std::string& agent_id() const { return options_.agent_id; }
+
+ private:
+  struct Rank {
+    std::unique_ptr<cluster::LocalProcess> process;
+    std::string job;         // allocator job id
+    std::string runtime_id;  // store job id
+    std::string member;
+    enum class Ending { kNone, kLeaving, kStopping, kKilled } ending = Ending::kNone;
+    absl::Time deadline;     // for kLeaving / kStopping
+  };
+  struct Wanted {
+    std::string job, runtime_id, bootstrap_node;
+    int job_nodes = 0;
+  };
+
+  Agent(std::shared_ptr<comm::ControlStore> store, Secret secret, AgentOptions options);
+  absl::Status Register();
+  absl::Status Heartbeat();
+  absl::Status PollPlan(absl::Time now);
+  absl::Status Reconcile(absl::Time now);
+  absl::Status Spawn(const Wanted& w, absl::Time now);
+  absl::Status Reap(absl::Time now);   // a rank that exited: report it
+  absl::Status EndRank(Rank::Ending how, absl::Time deadline);
+  absl::Status Vacate(absl::Time deadline, bool reclaim);
+  absl::Status KillAndReportDead();
+  void SetRunning();
+
+  std::shared_ptr<comm::ControlStore> store_;
+  Secret secret_;
+  AgentOptions options_;
+  Outbox outbox_;
+
+  std::optional<Rank> rank_;
+  std::optional<Wanted> wanted_;
+  bool in_plan_ = false;
+  int64_t plan_id_ = 0;
+  std::atomic<int64_t> plan_seen_{0};
+  absl::Time last_register_ = absl::InfinitePast();
+  absl::Time last_heartbeat_ = absl::InfinitePast();
+  absl::Time next_spawn_ = absl::InfinitePast();
+  int crashes_ = 0;
+  int spawned_ = 0;
+  std::map<std::string, bool> bootstrapped_;  // runtime ids this agent has started
+  // Runtime ids whose rank here ended by itself with status 0: the program
+  // is done, so no new rank is started for it even while the plan (not yet
+  // updated) still lists the job here.
+  std::map<std::string, bool> finished_;
+  std::map<std::string, JobSubmit> specs_;     // job specs read so far
+
+  mutable absl::Mutex mu_;
+  std::optional<RunningRank> running_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool reclaim_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration grace_ ABSL_GUARDED_BY(mu_);
+  std::string why_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace malle::control
+
+#endif  // MALLE_CONTROL_AGENT_H_

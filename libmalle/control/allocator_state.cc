@@ -1,0 +1,626 @@
+#include "libmalle/control/allocator_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "libmalle/advisor/report_json.h"
+#include "libmalle/base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace malle::control {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+double Unix(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
+
+std::string ClassId(const NodeClass& c) { return absl::StrCat(c.group, "/", c.speed); }
+
+// Relative difference of two curves over [lo, hi]; used to ignore reports
+// that do not change the allocation problem materially.
+double CurveChange(const alloc::Curve& a, const alloc::Curve& b, int lo, int hi) {
+  if (a.empty() != b.empty()) return 1;
+  if (a.empty()) return 0;
+  double worst = 0;
+  for (int n = std::max(lo, 1); n <= hi; ++n) {
+    const double x = alloc::Interpolate(a, n), y = alloc::Interpolate(b, n);
+    const double scale = std::max(std::abs(x), std::abs(y));
+    if (scale > 0) worst = std::max(worst, std::abs(x - y) / scale);
+  }
+  return worst;
+}
+
+// A material change of a job's curve: re-deciding for less is churn.
+constexpr double kCurveChangeThreshold = 0.05;
+
+}  // namespace
+
+absl::Status AllocatorStateOptions::Validate() const {
+  auto positive = [](absl::string_view name, absl::Duration d) -> absl::Status {
+    if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("AllocatorStateOptions.", name,
+                                                     " must be finite and > 0, got ",
+                                                     absl::FormatDuration(d)));
+    }
+    return absl::OkStatus();
+  };
+  MALLE_RETURN_IF_ERROR(positive("forward_window", forward_window));
+  MALLE_RETURN_IF_ERROR(positive("heartbeat_timeout", heartbeat_timeout));
+  if (!(default_samples_per_s > 0) || !std::isfinite(default_samples_per_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllocatorStateOptions.default_samples_per_s must be finite and > 0, got ",
+        default_samples_per_s));
+  }
+  for (auto [name, d] : {std::pair{"default_grow_pause", default_grow_pause},
+                         std::pair{"default_shrink_pause", default_shrink_pause}}) {
+    if (d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("AllocatorStateOptions.", name,
+                                                     " must be finite and >= 0, got ",
+                                                     absl::FormatDuration(d)));
+    }
+  }
+  if (!(default_serial_fraction >= 0 && default_serial_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllocatorStateOptions.default_serial_fraction must be in [0, 1], got ", default_serial_fraction));
+  }
+  if (max_rank_failures < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllocatorStateOptions.max_rank_failures must be >= 1, got ", max_rank_failures));
+  }
+  return absl::OkStatus();
+}
+
+absl::string_view NodePhaseName(NodePhase phase) {
+  switch (phase) {
+    case NodePhase::kActive:
+      return "active";
+    case NodePhase::kReclaiming:
+      return "reclaiming";
+    case NodePhase::kGone:
+      return "gone";
+  }
+  return "?";
+}
+
+absl::string_view JobPhaseName(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kQueued:
+      return "queued";
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kSucceeded:
+      return "succeeded";
+    case JobPhase::kFailed:
+      return "failed";
+    case JobPhase::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+std::string JobRecord::RuntimeId() const { return absl::StrCat(spec.job, ".i", incarnation); }
+
+alloc::Curve PriorCurve(int min_nodes, int max_nodes, double per_node, double serial) {
+  std::set<int> sizes = {0, std::max(min_nodes, 1), max_nodes};
+  for (int n = 1; n < max_nodes; n *= 2) sizes.insert(n);
+  alloc::Curve curve;
+  for (int n : sizes) curve.push_back({n, n == 0 ? 0.0 : per_node * n / (1 + serial * (n - 1))});
+  return curve;
+}
+
+alloc::Curve CurveFromPoints(const std::vector<alloc::Breakpoint>& points, int min_nodes,
+                             int max_nodes) {
+  std::map<int, double> in;
+  for (const alloc::Breakpoint& p : points) {
+    if (p.nodes >= 1 && p.nodes <= max_nodes && std::isfinite(p.samples_per_s) &&
+        p.samples_per_s >= 0) {
+      in[p.nodes] = p.samples_per_s;
+    }
+  }
+  alloc::Curve curve = {{0, 0.0}};
+  if (in.empty()) return curve;
+  const auto [first_n, first_x] = *in.begin();
+  const auto [last_n, last_x] = *in.rbegin();
+  // Below the smallest predicted size: that size's per-node rate.
+  const int lo = std::max(1, std::min(min_nodes, first_n));
+  if (lo < first_n) curve.push_back({lo, first_x / first_n * lo});
+  for (const auto& [n, x] : in) curve.push_back({n, x});
+  if (last_n < max_nodes) curve.push_back({max_nodes, last_x / last_n * max_nodes});
+  return curve;
+}
+
+AllocatorState::AllocatorState(AllocatorStateOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<NodeRecord*> AllocatorState::AgentNode(const Envelope& e, absl::string_view node) {
+  auto it = nodes_.find(std::string(node));
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node '", node, "' is not registered"));
+  }
+  NodeRecord& n = it->second;
+  if (n.agent != e.sender) {
+    return absl::PermissionDeniedError(absl::StrCat("node '", node, "' belongs to agent '", n.agent,
+                                                    "', not to the sender '", e.sender, "'"));
+  }
+  if (n.phase == NodePhase::kGone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node '", node, "' is gone (", n.why_gone, "); its agent must register again"));
+  }
+  return &n;
+}
+
+absl::StatusOr<JobRecord*> AllocatorState::LiveJob(absl::string_view job) {
+  auto it = jobs_.find(std::string(job));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job, "' is not known"));
+  JobRecord& j = it->second;
+  if (j.phase != JobPhase::kQueued && j.phase != JobPhase::kRunning) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job, "' has ended (", JobPhaseName(j.phase), ")"));
+  }
+  return &j;
+}
+
+const JobRecord* AllocatorState::FindByRuntimeId(absl::string_view runtime_id) const {
+  const size_t dot = runtime_id.rfind(".i");
+  if (dot == absl::string_view::npos) return nullptr;
+  auto it = jobs_.find(std::string(runtime_id.substr(0, dot)));
+  if (it == jobs_.end() || it->second.RuntimeId() != runtime_id) return nullptr;
+  return &it->second;
+}
+
+void AllocatorState::EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message) {
+  job.phase = phase;
+  job.ended_at = now;
+  if (!message.empty()) job.message = std::move(message);
+}
+
+bool AllocatorState::Offered(const NodeRecord& n, absl::Time now) const {
+  return n.phase == NodePhase::kActive && now - n.last_seen <= options_.heartbeat_timeout;
+}
+
+absl::StatusOr<Applied> AllocatorState::ApplyRegister(const Envelope& e, const NodeRegister& m,
+                                                      absl::Time now) {
+  if (m.agent != e.sender) {
+    return absl::PermissionDeniedError(absl::StrCat("node_register: body.agent '", m.agent,
+                                                    "' must be the sender '", e.sender, "'"));
+  }
+  Applied a;
+  auto it = nodes_.find(m.node);
+  if (it != nodes_.end() && it->second.phase != NodePhase::kGone) {
+    NodeRecord& n = it->second;
+    if (n.agent != m.agent) {
+      if (now - n.last_seen <= options_.heartbeat_timeout) {
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "node '%s' is already registered by agent '%s' (heard from %.1f s ago); a second agent "
+            "is refused until that one leaves or is silent for %s",
+            m.node, n.agent, Seconds(now - n.last_seen),
+            absl::FormatDuration(options_.heartbeat_timeout)));
+      }
+      // The old agent went silent without being expired yet: replace it.
+    } else {
+      const bool changed = !(n.node_class == m.node_class) || n.idle_until != m.idle_until;
+      n.node_class = m.node_class;
+      n.idle_until = m.idle_until;
+      n.last_seen = now;
+      a.needs_decision = changed;
+      a.journal = changed;
+      a.what = absl::StrCat("node ", m.node, " registered again by agent ", m.agent,
+                            changed ? " (class or idle window changed)" : "");
+      return a;
+    }
+  }
+  NodeRecord fresh;
+  fresh.node = m.node;
+  fresh.agent = m.agent;
+  fresh.node_class = m.node_class;
+  fresh.idle_until = m.idle_until;
+  fresh.registered_at = now;
+  fresh.last_seen = now;
+  if (it != nodes_.end()) fresh.planned = it->second.planned;
+  nodes_[m.node] = std::move(fresh);
+  a.needs_decision = true;
+  a.journal = true;
+  a.what = absl::StrCat("node ", m.node, " registered (agent ", m.agent, ", class ",
+                        ClassId(m.node_class), ")");
+  return a;
+}
+
+absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now) {
+  return std::visit(
+      [&](const auto& m) -> absl::StatusOr<Applied> {
+        using T = std::decay_t<decltype(m)>;
+        Applied a;
+        if constexpr (std::is_same_v<T, NodeRegister>) {
+          return ApplyRegister(e, m, now);
+        } else if constexpr (std::is_same_v<T, NodeReclaim>) {
+          MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
+          n->last_seen = now;
+          const absl::Time deadline = e.ts + m.grace;
+          if (n->phase == NodePhase::kReclaiming && n->reclaim_deadline <= deadline) {
+            a.what = absl::StrCat("node ", m.node, " reclaim repeated");
+            return a;
+          }
+          n->phase = NodePhase::kReclaiming;
+          n->reclaim_deadline = deadline;
+          a.needs_decision = a.journal = true;
+          a.what = absl::StrCat("node ", m.node, " reclaimed, empty within ",
+                                absl::FormatDuration(m.grace), " (", m.reason, ")");
+        } else if constexpr (std::is_same_v<T, NodeLeave>) {
+          MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
+          n->phase = NodePhase::kGone;
+          n->why_gone = absl::StrCat("left: ", m.reason);
+          n->running.reset();
+          a.needs_decision = a.journal = true;
+          a.what = absl::StrCat("node ", m.node, " left (", m.reason, ")");
+        } else if constexpr (std::is_same_v<T, AgentHeartbeat>) {
+          MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
+          n->last_seen = now;
+          n->running = m.running;
+        } else if constexpr (std::is_same_v<T, RankExit>) {
+          auto nit = nodes_.find(m.node);
+          if (nit != nodes_.end() && nit->second.agent != e.sender) {
+            return absl::PermissionDeniedError(absl::StrCat("rank_exit: node '", m.node,
+                                                            "' belongs to agent '", nit->second.agent,
+                                                            "', not to '", e.sender, "'"));
+          }
+          if (nit != nodes_.end() && nit->second.running && nit->second.running->member == m.member) {
+            nit->second.running.reset();
+          }
+          const std::string how =
+              m.signal != 0 ? absl::StrCat("signal ", m.signal) : absl::StrCat("exit ", m.exit_code);
+          a.what = absl::StrCat("rank ", m.member, " of ", m.job, " on ", m.node, " ended (", how,
+                                ", ", RankExitCauseName(m.cause), ")");
+          const JobRecord* found = FindByRuntimeId(m.job);
+          if (found == nullptr || m.cause != RankExitCause::kExited) return a;
+          JobRecord& job = jobs_.at(found->spec.job);
+          if (job.phase != JobPhase::kRunning ||
+              std::find(job.nodes.begin(), job.nodes.end(), m.node) == job.nodes.end()) {
+            return a;  // not a rank the plan wants: its end changes nothing
+          }
+          if (m.exit_code == 0 && m.signal == 0) {
+            EndJob(job, JobPhase::kSucceeded, now,
+                   absl::StrCat("a rank on ", m.node, " exited 0: the program ended"));
+            a.what += "; job succeeded";
+          } else if (++job.rank_failures >= options_.max_rank_failures) {
+            EndJob(job, JobPhase::kFailed, now,
+                   absl::StrCat(job.rank_failures, " rank failures, the last on ", m.node, " (",
+                                how, ")"));
+            a.what += "; job failed";
+          } else {
+            a.what += absl::StrCat("; failure ", job.rank_failures, " of ",
+                                   options_.max_rank_failures, " allowed");
+          }
+          a.needs_decision = a.journal = true;
+        } else if constexpr (std::is_same_v<T, JobSubmit>) {
+          auto it = jobs_.find(m.job);
+          if (it != jobs_.end()) {
+            return absl::AlreadyExistsError(absl::StrCat("job '", m.job, "' already exists (",
+                                                         JobPhaseName(it->second.phase),
+                                                         "); job ids are never reused"));
+          }
+          JobRecord job;
+          job.spec = m;
+          job.submitted_at = now;
+          jobs_[m.job] = std::move(job);
+          a.needs_decision = a.journal = true;
+          a.what = absl::StrCat("job ", m.job, " submitted (", m.min_nodes, "..",
+                                m.EffectiveMaxNodes(), " nodes)");
+        } else if constexpr (std::is_same_v<T, JobCancel>) {
+          MALLE_ASSIGN_OR_RETURN(JobRecord * job, LiveJob(m.job));
+          EndJob(*job, JobPhase::kCancelled, now, m.reason);
+          a.needs_decision = a.journal = true;
+          a.what = absl::StrCat("job ", m.job, " cancelled (", m.reason, ")");
+        } else if constexpr (std::is_same_v<T, AdvisorReport>) {
+          MALLE_ASSIGN_OR_RETURN(JobRecord * job, LiveJob(m.job));
+          auto report = advisor::ParseReportJson(m.report_json);
+          if (!report.ok()) {
+            return absl::InvalidArgumentError(absl::StrCat("advisor_report of job '", m.job,
+                                                           "': body.report.", report.status().message()));
+          }
+          std::vector<alloc::Breakpoint> points;
+          for (const advisor::CurvePoint& p : report->curve) points.push_back({p.nodes, p.samples_per_s});
+          const int lo = job->spec.min_nodes, hi = job->spec.EffectiveMaxNodes();
+          bool usable = false;
+          for (const alloc::Breakpoint& b : points) usable |= b.nodes >= 1 && b.nodes <= hi;
+          alloc::Curve curve = usable ? CurveFromPoints(points, lo, hi) : alloc::Curve{};
+          a.needs_decision = CurveChange(curve, job->curve, lo, hi) > kCurveChangeThreshold;
+          job->curve = std::move(curve);
+          job->report_json = m.report_json;
+          job->grow_pause_s = report->resize_cost_s.grow;
+          job->shrink_pause_s = report->resize_cost_s.shrink;
+          job->step = report->step;
+          a.what = absl::StrCat("advisor report of ", m.job, " at step ", report->step,
+                                a.needs_decision ? " (curve changed)" : "");
+        } else if constexpr (std::is_same_v<T, JobComplete>) {
+          MALLE_ASSIGN_OR_RETURN(JobRecord * job, LiveJob(m.job));
+          job->steps = m.steps;
+          job->samples = m.samples;
+          const JobPhase phase = m.status == JobStatus::kSucceeded ? JobPhase::kSucceeded
+                                 : m.status == JobStatus::kFailed  ? JobPhase::kFailed
+                                                                   : JobPhase::kCancelled;
+          EndJob(*job, phase, now, m.message);
+          a.needs_decision = a.journal = true;
+          a.what = absl::StrCat("job ", m.job, " completed: ", JobPhaseName(phase), " after ",
+                                m.steps, " steps, ", m.samples, " samples");
+        } else if constexpr (std::is_same_v<T, AllocationPlan>) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("allocation_plan from '", e.sender, "': only the allocator makes plans"));
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat(MessageTypeName(TypeOf(e.message)), " is not a message the allocator takes"));
+        }
+        return a;
+      },
+      e.message);
+}
+
+std::vector<std::string> AllocatorState::Expire(absl::Time now) {
+  std::vector<std::string> changed;
+  for (auto& [name, n] : nodes_) {
+    if (n.phase == NodePhase::kGone) continue;
+    if (now - n.last_seen > options_.heartbeat_timeout) {
+      n.phase = NodePhase::kGone;
+      n.why_gone = absl::StrCat("agent ", n.agent, " silent for ",
+                                absl::FormatDuration(absl::Trunc(now - n.last_seen, absl::Milliseconds(1))));
+      n.running.reset();
+      changed.push_back(absl::StrCat("node ", name, " withdrawn: ", n.why_gone));
+    }
+  }
+  return changed;
+}
+
+void AllocatorState::TouchAll(absl::Time now) {
+  for (auto& [name, n] : nodes_) {
+    if (n.phase != NodePhase::kGone) n.last_seen = now;
+  }
+}
+
+alloc::Curve AllocatorState::CurveOf(const JobRecord& job) const {
+  if (!job.curve.empty()) return job.curve;
+  return PriorCurve(job.spec.min_nodes, job.spec.EffectiveMaxNodes(), options_.default_samples_per_s,
+                    options_.default_serial_fraction);
+}
+
+bool AllocatorState::HasWork(absl::Time now) const {
+  bool offered = false;
+  for (const auto& [name, n] : nodes_) offered = offered || Offered(n, now);
+  for (const auto& [id, j] : jobs_) {
+    if (j.phase == JobPhase::kQueued && offered) return true;
+    if (j.phase == JobPhase::kRunning) return true;
+  }
+  return false;
+}
+
+alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
+  alloc::Problem p;
+  p.forward_window = options_.forward_window;
+  p.objective = options_.objective;
+  std::set<std::string> class_ids;
+  std::set<std::string> offered;
+  for (const auto& [name, n] : nodes_) {
+    if (!Offered(n, now)) continue;
+    const std::string cls = ClassId(n.node_class);
+    if (class_ids.insert(cls).second) {
+      p.classes.push_back(alloc::NodeClass{cls, n.node_class.group, n.node_class.speed});
+    }
+    alloc::Node node;
+    node.id = name;
+    node.class_id = cls;
+    if (n.idle_until) node.expected_idle = std::max(*n.idle_until - now, absl::Seconds(1));
+    p.nodes.push_back(std::move(node));
+    offered.insert(name);
+  }
+  // Deterministic job order: priority (high first), then submission, then id.
+  std::vector<const JobRecord*> live;
+  for (const auto& [id, j] : jobs_) {
+    if (j.phase == JobPhase::kQueued || j.phase == JobPhase::kRunning) live.push_back(&j);
+  }
+  std::sort(live.begin(), live.end(), [](const JobRecord* a, const JobRecord* b) {
+    return std::make_tuple(-a->spec.priority, a->submitted_at, a->spec.job) <
+           std::make_tuple(-b->spec.priority, b->submitted_at, b->spec.job);
+  });
+  // The penalty must exceed anything the other jobs could gain over the
+  // window: 4 x an upper bound of the whole objective.
+  double bound = 0;
+  for (const JobRecord* j : live) {
+    const alloc::Curve curve = CurveOf(*j);
+    double best = 0;
+    for (const alloc::Breakpoint& b : curve) best = std::max(best, b.samples_per_s);
+    double scale = j->spec.weight;
+    if (options_.objective == alloc::Objective::kThroughput) scale = 1;
+    if (options_.objective == alloc::Objective::kSpeedup) {
+      const double at_min = alloc::Interpolate(curve, j->spec.min_nodes);
+      scale = at_min > 0 ? j->spec.weight * j->spec.min_nodes / at_min : 0;
+    }
+    bound += best * scale * Seconds(options_.forward_window);
+  }
+  const double penalty = 4 * bound + 1;
+  for (const JobRecord* j : live) {
+    alloc::JobSpec spec;
+    spec.id = j->spec.job;
+    spec.min_nodes = j->spec.min_nodes;
+    spec.max_nodes = j->spec.EffectiveMaxNodes();
+    spec.throughput = CurveOf(*j);
+    spec.resize_up_pause =
+        j->grow_pause_s ? absl::Seconds(*j->grow_pause_s) : options_.default_grow_pause;
+    spec.resize_down_pause =
+        j->shrink_pause_s ? absl::Seconds(*j->shrink_pause_s) : options_.default_shrink_pause;
+    spec.weight = j->spec.weight;
+    for (const std::string& node : j->nodes) {
+      if (offered.count(node)) spec.current_nodes.push_back(node);
+    }
+    if (j->phase == JobPhase::kRunning && !spec.current_nodes.empty()) spec.stop_penalty = penalty;
+    p.jobs.push_back(std::move(spec));
+  }
+  return p;
+}
+
+AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time now,
+                                     absl::string_view policy) {
+  std::map<std::string, std::vector<std::string>> wanted;
+  for (const alloc::JobAllocation& ja : decision.allocation.jobs) {
+    std::vector<std::string> nodes = ja.nodes;
+    std::sort(nodes.begin(), nodes.end());
+    wanted[ja.job_id] = std::move(nodes);
+  }
+  for (auto& [id, job] : jobs_) {
+    auto w = wanted.find(id);
+    std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;
+    if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) next.clear();
+    if (job.nodes.empty() && !next.empty()) {
+      ++job.incarnation;
+      job.bootstrap_node = next.front();
+      job.phase = JobPhase::kRunning;
+    } else if (!job.nodes.empty() && next.empty() && job.phase == JobPhase::kRunning) {
+      // Its training state lived in its ranks: it starts again from scratch
+      // (or from its own checkpoint) when it gets nodes back.
+      job.phase = JobPhase::kQueued;
+      job.message = "stopped: the nodes left could not hold every running job";
+    }
+    job.nodes = std::move(next);
+  }
+  for (auto& [name, n] : nodes_) n.planned.reset();
+  for (const auto& [id, job] : jobs_) {
+    for (const std::string& node : job.nodes) nodes_.at(node).planned = id;
+  }
+  AllocationPlan plan;
+  plan.plan = next_plan_id();
+  plan.decided_at = absl::FromUnixMicros(absl::ToUnixMicros(now));
+  plan.policy = std::string(policy);
+  plan.reason = decision.result.reason.substr(0, kMaxTextBytes);
+  for (const auto& [name, n] : nodes_) {
+    if (n.phase == NodePhase::kGone) continue;
+    plan.assignments.push_back(Assignment{name, n.planned});
+  }
+  for (const auto& [id, job] : jobs_) {
+    if (job.nodes.empty()) continue;
+    plan.sizes.push_back(JobSize{id, static_cast<int>(job.nodes.size())});
+    plan.launches.push_back(JobLaunch{id, job.RuntimeId(), job.bootstrap_node});
+  }
+  last_plan_ = plan;
+  last_decision_ = DecisionInfo{now, std::string(policy), decision.result.reason,
+                                absl::ToDoubleMilliseconds(decision.result.solve_time),
+                                decision.objective};
+  return plan;
+}
+
+absl::Status AllocatorState::Restore(const AllocationPlan& plan) {
+  std::map<std::string, std::vector<std::string>> wanted;
+  for (const Assignment& a : plan.assignments) {
+    if (!nodes_.count(a.node)) {
+      return absl::NotFoundError(absl::StrCat("plan ", plan.plan, ": unknown node '", a.node, "'"));
+    }
+    if (a.job) wanted[*a.job].push_back(a.node);
+  }
+  for (const auto& [id, nodes] : wanted) {
+    if (!jobs_.count(id)) {
+      return absl::NotFoundError(absl::StrCat("plan ", plan.plan, ": unknown job '", id, "'"));
+    }
+  }
+  for (const JobLaunch& l : plan.launches) {
+    auto it = jobs_.find(l.job);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("plan ", plan.plan, ": unknown job '", l.job, "'"));
+    }
+    const size_t dot = l.runtime_id.rfind(".i");
+    int incarnation = 0;
+    if (dot == std::string::npos || !absl::SimpleAtoi(l.runtime_id.substr(dot + 2), &incarnation)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan ", plan.plan, ": runtime id '", l.runtime_id, "' is not <job>.i<k>"));
+    }
+    it->second.incarnation = incarnation;
+    it->second.bootstrap_node = l.bootstrap_node;
+  }
+  for (auto& [id, job] : jobs_) {
+    auto w = wanted.find(id);
+    std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;
+    std::sort(next.begin(), next.end());
+    if (job.phase == JobPhase::kQueued && !next.empty()) job.phase = JobPhase::kRunning;
+    if (job.phase == JobPhase::kRunning && next.empty()) job.phase = JobPhase::kQueued;
+    job.nodes = std::move(next);
+  }
+  for (auto& [name, n] : nodes_) n.planned.reset();
+  for (const auto& [id, job] : jobs_) {
+    for (const std::string& node : job.nodes) nodes_.at(node).planned = id;
+  }
+  last_plan_ = plan;
+  last_decision_ = DecisionInfo{plan.decided_at, plan.policy, plan.reason, 0, 0};
+  return absl::OkStatus();
+}
+
+std::string AllocatorState::StatusJson(absl::Time now) const {
+  Json out;
+  out["version"] = 1;
+  out["now"] = Unix(now);
+  Json nodes = Json::array();
+  for (const auto& [name, n] : nodes_) {
+    Json j;
+    j["node"] = name;
+    j["agent"] = n.agent;
+    j["class"] = ClassId(n.node_class);
+    j["phase"] = NodePhaseName(n.phase);
+    j["offered"] = Offered(n, now);
+    j["last_seen_s_ago"] = Seconds(now - n.last_seen);
+    j["idle_until"] = n.idle_until ? Json(Unix(*n.idle_until)) : Json(nullptr);
+    if (n.phase == NodePhase::kReclaiming) j["reclaim_deadline"] = Unix(n.reclaim_deadline);
+    if (n.phase == NodePhase::kGone) j["why_gone"] = n.why_gone;
+    j["planned"] = n.planned ? Json(*n.planned) : Json(nullptr);
+    j["running"] = n.running ? Json(n.running->job) : Json(nullptr);
+    nodes.push_back(std::move(j));
+  }
+  out["nodes"] = std::move(nodes);
+  Json jobs = Json::array();
+  for (const auto& [id, job] : jobs_) {
+    Json j;
+    j["job"] = id;
+    j["phase"] = JobPhaseName(job.phase);
+    j["runtime_id"] = job.incarnation > 0 ? Json(job.RuntimeId()) : Json(nullptr);
+    j["min_nodes"] = job.spec.min_nodes;
+    j["max_nodes"] = job.spec.EffectiveMaxNodes();
+    j["nodes"] = job.nodes;
+    int running = 0;
+    for (const std::string& node : job.nodes) {
+      const NodeRecord& n = nodes_.at(node);
+      if (n.running && n.running->job == job.RuntimeId()) ++running;
+    }
+    j["running_nodes"] = running;
+    // Predicted at the planned size (from the curve the allocator uses).
+    j["samples_per_s"] =
+        job.nodes.empty() ? 0.0 : alloc::Interpolate(CurveOf(job), static_cast<int>(job.nodes.size()));
+    j["step"] = job.step;
+    j["has_report"] = !job.report_json.empty();
+    j["rank_failures"] = job.rank_failures;
+    j["submitted_at"] = Unix(job.submitted_at);
+    if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) {
+      j["ended_at"] = Unix(job.ended_at);
+      j["steps"] = job.steps;
+      j["samples"] = job.samples;
+    }
+    j["message"] = job.message;
+    jobs.push_back(std::move(j));
+  }
+  out["jobs"] = std::move(jobs);
+  if (last_decision_) {
+    Json d;
+    d["plan"] = last_plan_ ? last_plan_->plan : 0;
+    d["at"] = Unix(last_decision_->at);
+    d["policy"] = last_decision_->policy;
+    d["reason"] = last_decision_->reason;
+    d["solve_ms"] = last_decision_->solve_ms;
+    d["objective"] = last_decision_->objective;
+    out["last_decision"] = std::move(d);
+  } else {
+    out["last_decision"] = nullptr;
+  }
+  return out.dump();
+}
+
+}  // namespace malle::control

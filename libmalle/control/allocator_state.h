@@ -1,0 +1,207 @@
+// AllocatorState: what the allocator service knows, and the pure decisions it
+// takes from it.
+//
+// Defines the node and job records, Apply (one verified control message ->
+// state change), Expire (agents that went silent), BuildProblem (the state as
+// an alloc::Problem), Adopt (a Decision -> the next AllocationPlan) and the
+// status document that `malletrain status` prints. Everything here is a pure
+// function of (state, message or decision, now, options): no I/O, no clock,
+// no threads, so the service (allocator_service.h) and the tests drive it
+// alike, and a journal replay rebuilds the same state.
+//
+//   AllocatorState state(options);
+//   MALLE_ASSIGN_OR_RETURN(Applied a, state.Apply(envelope, now));
+//   if (a.needs_decision) {
+//     MALLE_ASSIGN_OR_RETURN(alloc::Decision d, alloc::Decide(state.BuildProblem(now), decide));
+//     AllocationPlan plan = state.Adopt(d, now, "milp");
+//   }
+//
+// Rules, in short (docs/operations.md has them in full):
+//   - A node is offered while its agent is registered, has not announced a
+//     reclaim or a leave, and has sent a heartbeat within heartbeat_timeout.
+//     A node registered by another live agent is refused.
+//   - A job is queued until a plan gives it nodes, running while it holds
+//     nodes, and ends succeeded (a JobComplete, or one of its ranks exiting 0
+//     on a node the plan still gives it), failed (max_rank_failures rank
+//     crashes) or cancelled. Ended jobs hold no node.
+//   - A running job is never stopped to make room for others (it pays
+//     alloc::JobSpec::stop_penalty); it stops only when the nodes left cannot
+//     hold every running job. Each start from zero nodes is a new incarnation
+//     (store job id "<job>.i<k>"), bootstrapped by one node, the others join.
+//   - Curves come from the job's latest advisor report (samples/s at each
+//     size it can predict, extended linearly by the nearest per-node rate);
+//     before any report a job is assumed to scale like the prior in
+//     AllocatorStateOptions.
+//
+// Thread-safety: not synchronised; the owner serialises calls.
+#ifndef MALLE_CONTROL_ALLOCATOR_STATE_H_
+#define MALLE_CONTROL_ALLOCATOR_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/decide.h"
+#include "libmalle/alloc/problem.h"
+#include "libmalle/control/messages.h"
+
+namespace malle::control {
+
+struct AllocatorStateOptions {
+  absl::Duration forward_window = absl::Minutes(2);  // alloc::Problem::forward_window
+  alloc::Objective objective = alloc::Objective::kThroughput;
+  // An agent silent for this long is considered dead: its node is withdrawn.
+  absl::Duration heartbeat_timeout = absl::Seconds(15);
+  // A job's curve before its first advisor report (the prior): Amdahl-like,
+  // r(n) = default_samples_per_s * n / (1 + default_serial_fraction * (n - 1)).
+  // A concave prior gives a new job's first node more value than a running
+  // job's next one, so jobs share nodes until their advisors have measured
+  // how they really scale; a linear prior would let the first job hold every
+  // node (any resize costs something, equal shares gain nothing).
+  double default_samples_per_s = 1.0;
+  double default_serial_fraction = 0.1;
+  // Resize pauses assumed until the advisor has measured them.
+  absl::Duration default_grow_pause = absl::Seconds(1);
+  absl::Duration default_shrink_pause = absl::Milliseconds(200);
+  // Rank crashes (non-zero exit not caused by the agent) after which a job is failed.
+  int max_rank_failures = 3;
+
+  absl::Status Validate() const;  // kInvalidArgument naming the field
+};
+
+enum class NodePhase { kActive, kReclaiming, kGone };
+enum class JobPhase { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+absl::string_view NodePhaseName(NodePhase phase);  // "active", "reclaiming", "gone"
+absl::string_view JobPhaseName(JobPhase phase);    // "queued", "running", ...
+
+struct NodeRecord {
+  std::string node;
+  std::string agent;
+  NodeClass node_class;
+  std::optional<absl::Time> idle_until;
+  NodePhase phase = NodePhase::kActive;
+  absl::Time registered_at;
+  absl::Time last_seen;                  // last message from its agent
+  absl::Time reclaim_deadline;           // kReclaiming: when the node must be empty
+  std::string why_gone;                  // kGone: leave reason, reclaim, or missed heartbeats
+  std::optional<RunningRank> running;    // what the agent last said it runs
+  std::optional<std::string> planned;    // job id the current plan gives it
+};
+
+struct JobRecord {
+  JobSubmit spec;
+  JobPhase phase = JobPhase::kQueued;
+  absl::Time submitted_at;
+  absl::Time ended_at;
+  int incarnation = 0;         // starts from zero nodes so far
+  std::string bootstrap_node;  // of the current incarnation
+  int rank_failures = 0;
+  std::vector<std::string> nodes;  // the current plan's nodes, sorted
+  // From the latest advisor report (empty before the first one).
+  std::string report_json;
+  alloc::Curve curve;
+  std::optional<double> grow_pause_s, shrink_pause_s;
+  int64_t step = 0;          // last reported step
+  // From JobComplete.
+  int64_t steps = 0, samples = 0;
+  std::string message;
+
+  // "<job>.i<incarnation>": the job id its ranks use in the control store,
+  // new for every start from zero nodes (a restart cannot meet the old
+  // incarnation's store records).
+  std::string RuntimeId() const;
+};
+
+// What Apply did.
+struct Applied {
+  bool needs_decision = false;  // the allocation problem changed
+  bool journal = false;         // hard state changed: write the message to the journal
+  std::string what;             // one line for the log, e.g. "node n3 registered (agent a-n3)"
+};
+
+class AllocatorState {
+ public:
+  explicit AllocatorState(AllocatorStateOptions options = {});
+
+  // Applies one verified message received at `now`. Errors (the message is
+  // refused, the state is unchanged): kAlreadyExists (a job id that exists, a
+  // node registered by another live agent), kNotFound (unknown node or job),
+  // kPermissionDenied (an agent speaking for another agent's node),
+  // kFailedPrecondition (e.g. a report for an ended job), kInvalidArgument
+  // (an AllocationPlan: only the allocator makes those; a report whose
+  // content is malformed).
+  absl::StatusOr<Applied> Apply(const Envelope& envelope, absl::Time now);
+
+  // Withdraws nodes whose agent has been silent for heartbeat_timeout and
+  // ends reclaims past their deadline. Returns what changed (empty: nothing).
+  std::vector<std::string> Expire(absl::Time now);
+
+  // Treats every live node as heard from at `now` (after a restart, the
+  // journal has no heartbeats: agents get a full heartbeat_timeout).
+  void TouchAll(absl::Time now);
+
+  // The allocation problem: offered nodes, queued and running jobs with
+  // their curves, current nodes and stop penalties. Always valid.
+  alloc::Problem BuildProblem(absl::Time now) const;
+  // True if some job is queued or running and some node is offered, or a
+  // job holds nodes that are no longer offered.
+  bool HasWork(absl::Time now) const;
+
+  // Takes `decision` (made from BuildProblem) as the new allocation and
+  // returns the plan that says so (id = last plan + 1): every known node that
+  // is not gone, with its job or none. Jobs that start get a new incarnation;
+  // running jobs that lose every node go back to queued.
+  AllocationPlan Adopt(const alloc::Decision& decision, absl::Time now, absl::string_view policy);
+  // Re-applies a plan read from the journal (same effects as Adopt had).
+  absl::Status Restore(const AllocationPlan& plan);
+
+  // The status document (JSON object text) `malletrain status` prints and
+  // clients watch: nodes, jobs, the last plan and its reason.
+  std::string StatusJson(absl::Time now) const;
+
+  const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
+  const std::map<std::string, JobRecord>& jobs() const { return jobs_; }
+  const std::optional<AllocationPlan>& last_plan() const { return last_plan_; }
+  int64_t next_plan_id() const { return last_plan_ ? last_plan_->plan + 1 : 1; }
+  const AllocatorStateOptions& options() const { return options_; }
+
+  // The job whose runtime id is `runtime_id` ("<job>.i<k>"), or nullptr.
+  const JobRecord* FindByRuntimeId(absl::string_view runtime_id) const;
+
+ private:
+  absl::StatusOr<Applied> ApplyRegister(const Envelope& e, const NodeRegister& m, absl::Time now);
+  absl::StatusOr<NodeRecord*> AgentNode(const Envelope& e, absl::string_view node);
+  absl::StatusOr<JobRecord*> LiveJob(absl::string_view job);
+  bool Offered(const NodeRecord& n, absl::Time now) const;
+  void EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message);
+  alloc::Curve CurveOf(const JobRecord& job) const;
+
+  AllocatorStateOptions options_;
+  std::map<std::string, NodeRecord> nodes_;
+  std::map<std::string, JobRecord> jobs_;
+  std::optional<AllocationPlan> last_plan_;
+  struct DecisionInfo {
+    absl::Time at;
+    std::string policy, reason;
+    double solve_ms = 0;
+    double objective = 0;
+  };
+  std::optional<DecisionInfo> last_decision_;
+};
+
+// A job's curve from an advisor report's points over [min_nodes, max_nodes]:
+// breakpoint (0, 0), the reported sizes, and beyond them the nearest point's
+// per-node rate. Requires a non-empty `points` with a size in [1, max_nodes].
+alloc::Curve CurveFromPoints(const std::vector<alloc::Breakpoint>& points, int min_nodes,
+                             int max_nodes);
+// The prior: r(n) = per_node * n / (1 + serial * (n - 1)) at n = 0, min,
+// powers of two and max (interpolated linearly in between).
+alloc::Curve PriorCurve(int min_nodes, int max_nodes, double per_node, double serial);
+
+}  // namespace malle::control
+
+#endif  // MALLE_CONTROL_ALLOCATOR_STATE_H_

@@ -1,0 +1,332 @@
+// AllocatorState: the allocator's decisions as pure functions of (state,
+// message, now). Nodes, jobs and agents are scripted message by message; the
+// policy is the exact DP.
+#include "libmalle/control/allocator_state.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/advisor/report_json.h"
+#include "libmalle/base/testing/status_matchers.h"
+#include "nlohmann/json.hpp"
+
+namespace malle::control {
+namespace {
+
+using ::malle::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+// A report of a job measured at 100 samples/s on one node.
+AdvisorReport RichReport() {
+  advisor::AdvisorReport r;
+  r.job = "rich";
+  r.step = 50;
+  r.sizes_observed = {1};
+  advisor::CurvePoint p;
+  p.nodes = 1;
+  p.samples_per_s = 100;
+  p.lo = 90;
+  p.hi = 110;
+  p.efficiency = 1;
+  r.curve = {p};
+  r.model.fitted = true;
+  r.model.configurations = 1;
+  r.model.current_nodes = 1;
+  r.model.efficiency_reference_nodes = 1;
+  return AdvisorReport{"rich", advisor::ReportToJson(r)};
+}
+
+class AllocatorStateTest : public ::testing::Test {
+ protected:
+  Envelope From(const std::string& sender, Message m, absl::Time ts = kT0) {
+    Envelope e;
+    e.sender = sender;
+    e.seq = ++seq_;
+    e.ts = ts;
+    e.message = std::move(m);
+    return e;
+  }
+  static std::string Agent(const std::string& node) { return "agent." + node; }
+
+  absl::StatusOr<Applied> Register(const std::string& node, absl::Time now = kT0,
+                                   const std::string& agent = "") {
+    NodeRegister r;
+    r.node = node;
+    r.agent = agent.empty() ? Agent(node) : agent;
+    return state_.Apply(From(r.agent, r, now), now);
+  }
+  absl::StatusOr<Applied> Submit(const std::string& job, int min, int max, absl::Time now = kT0) {
+    JobSubmit s;
+    s.job = job;
+    s.command = {"python", "train.py"};
+    s.min_nodes = min;
+    s.max_nodes = max;
+    return state_.Apply(From("client", s, now), now);
+  }
+  AllocationPlan DecideAndAdopt(absl::Time now = kT0) {
+    alloc::DecideOptions o;
+    o.policy = alloc::PolicyKind::kDp;
+    absl::StatusOr<alloc::Decision> d = alloc::Decide(state_.BuildProblem(now), o);
+    EXPECT_OK(d.status());
+    return state_.Adopt(*d, now, "dp");
+  }
+  const JobRecord& Job(const std::string& id) { return state_.jobs().at(id); }
+
+  AllocatorState state_;
+  uint64_t seq_ = 0;
+};
+
+TEST_F(AllocatorStateTest, AJobStartsOnTheNodesAndTheyShareWithALaterJob) {
+  for (const char* n : {"n0", "n1", "n2", "n3"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK_AND_ASSIGN(Applied a, Submit("a", 1, 4));
+  EXPECT_TRUE(a.needs_decision);
+  EXPECT_TRUE(a.journal);
+  AllocationPlan p1 = DecideAndAdopt();
+  EXPECT_EQ(p1.plan, 1);
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0", "n1", "n2", "n3"));
+  ASSERT_THAT(p1.launches, SizeIs(1));
+  EXPECT_EQ(p1.launches[0].runtime_id, "a.i1");
+  EXPECT_EQ(p1.launches[0].bootstrap_node, "n0");
+  EXPECT_THAT(p1.assignments, SizeIs(4));
+
+  // A second job: with the concave prior its first node is worth more than
+  // a's fourth, so a gives up nodes; a keeps its incarnation and bootstrap.
+  ASSERT_OK(Submit("b", 1, 4).status());
+  AllocationPlan p2 = DecideAndAdopt();
+  EXPECT_EQ(p2.plan, 2);
+  EXPECT_EQ(Job("a").nodes.size() + Job("b").nodes.size(), 4u);
+  EXPECT_GE(Job("b").nodes.size(), 1u);
+  EXPECT_GE(Job("a").nodes.size(), 1u);
+  EXPECT_EQ(Job("a").RuntimeId(), "a.i1");
+  EXPECT_EQ(Job("b").RuntimeId(), "b.i1");
+  // No node is given twice.
+  std::set<std::string> seen;
+  for (const Assignment& as : p2.assignments) EXPECT_TRUE(seen.insert(as.node).second);
+}
+
+TEST_F(AllocatorStateTest, ARunningJobIsNotStoppedForAnotherButWaitersAre) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("first", 1, 1).status());
+  DecideAndAdopt();
+  ASSERT_EQ(Job("first").phase, JobPhase::kRunning);
+  // A job worth 100x more per node: without the stop penalty it would take n0.
+  ASSERT_OK(Submit("rich", 1, 1).status());
+  ASSERT_OK_AND_ASSIGN(Applied r, state_.Apply(From("rich.m0", RichReport()), kT0));
+  EXPECT_TRUE(r.needs_decision);  // its curve is 100x the prior
+  DecideAndAdopt();
+  EXPECT_THAT(Job("first").nodes, ElementsAre("n0"));
+  EXPECT_EQ(Job("rich").phase, JobPhase::kQueued);
+}
+
+TEST_F(AllocatorStateTest, ASecondAgentForALiveNodeIsRefusedUntilTheFirstIsSilent) {
+  ASSERT_OK(Register("n0").status());
+  EXPECT_THAT(Register("n0", kT0 + absl::Seconds(1), "agent.intruder"),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already registered by agent 'agent.n0'")));
+  // The same agent again is idempotent.
+  ASSERT_OK_AND_ASSIGN(Applied again, Register("n0", kT0 + absl::Seconds(2)));
+  EXPECT_FALSE(again.needs_decision);
+  EXPECT_FALSE(again.journal);
+  // After the heartbeat timeout (15 s) of silence another agent may take over.
+  const absl::Time later = kT0 + absl::Seconds(2) + absl::Seconds(16);
+  ASSERT_OK(Register("n0", later, "agent.replacement").status());
+  EXPECT_EQ(state_.nodes().at("n0").agent, "agent.replacement");
+}
+
+TEST_F(AllocatorStateTest, AgentsSpeakOnlyForTheirOwnNodes) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  NodeReclaim r{"n1", absl::Seconds(5), "not mine"};
+  EXPECT_THAT(state_.Apply(From(Agent("n0"), r), kT0),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to agent 'agent.n1'")));
+  NodeRegister forged;
+  forged.node = "n2";
+  forged.agent = "agent.n2";
+  EXPECT_THAT(state_.Apply(From("agent.n0", forged), kT0),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("must be the sender")));
+  EXPECT_THAT(state_.Apply(From(Agent("n9"), AgentHeartbeat{"n9", std::nullopt}), kT0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("n9")));
+}
+
+TEST_F(AllocatorStateTest, BadRequestsAreRefusedWithTheReason) {
+  ASSERT_OK(Submit("a", 1, 2).status());
+  EXPECT_THAT(Submit("a", 1, 2), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("job 'a' already exists")));
+  EXPECT_THAT(state_.Apply(From("client", JobCancel{"zz", "x"}), kT0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'zz'")));
+  AllocationPlan plan;
+  EXPECT_THAT(state_.Apply(From("client", plan), kT0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only the allocator")));
+  AdvisorReport bad{"a", R"({"version":1})"};
+  EXPECT_THAT(state_.Apply(From("a.m0", bad), kT0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("advisor_report of job 'a'")));
+  ASSERT_OK(state_.Apply(From("client", JobCancel{"a", "user"}), kT0).status());
+  EXPECT_EQ(Job("a").phase, JobPhase::kCancelled);
+  EXPECT_THAT(state_.Apply(From("client", JobCancel{"a", "again"}), kT0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended (cancelled)")));
+}
+
+TEST_F(AllocatorStateTest, AReclaimedNodeIsEmptiedByTheNextPlan) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  ASSERT_OK_AND_ASSIGN(Applied r, state_.Apply(From(Agent("n1"), NodeReclaim{"n1", absl::Seconds(10), "main job"}), kT0));
+  EXPECT_TRUE(r.needs_decision);
+  EXPECT_EQ(state_.nodes().at("n1").phase, NodePhase::kReclaiming);
+  EXPECT_EQ(state_.nodes().at("n1").reclaim_deadline, kT0 + absl::Seconds(10));
+  alloc::Problem p = state_.BuildProblem(kT0);
+  ASSERT_THAT(p.nodes, SizeIs(1));
+  AllocationPlan plan = DecideAndAdopt();
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0"));
+  // The reclaimed node is still listed, with no job, until its agent leaves.
+  ASSERT_THAT(plan.assignments, SizeIs(2));
+  EXPECT_EQ(plan.assignments[1].node, "n1");
+  EXPECT_FALSE(plan.assignments[1].job.has_value());
+  ASSERT_OK(state_.Apply(From(Agent("n1"), NodeLeave{"n1", "reclaimed"}), kT0).status());
+  EXPECT_THAT(DecideAndAdopt().assignments, SizeIs(1));
+}
+
+TEST_F(AllocatorStateTest, JobsEndByCompletionByAnExitZeroOrByRepeatedCrashes) {
+  for (const char* n : {"n0", "n1", "n2"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("done", 1, 1).status());
+  ASSERT_OK(Submit("exits", 1, 1).status());
+  ASSERT_OK(Submit("crashes", 1, 1).status());
+  DecideAndAdopt();
+  for (const char* j : {"done", "exits", "crashes"}) ASSERT_THAT(Job(j).nodes, SizeIs(1)) << j;
+  ASSERT_OK(state_.Apply(From("done.m", JobComplete{"done", JobStatus::kSucceeded, 10, 640, ""}), kT0).status());
+  EXPECT_EQ(Job("done").phase, JobPhase::kSucceeded);
+  EXPECT_EQ(Job("done").samples, 640);
+
+  const std::string exits_node = Job("exits").nodes[0];
+  // A rank that left on request does not end the job; one that exits 0 by itself does.
+  RankExit left{exits_node, "exits.i1", "m1", 0, 0, RankExitCause::kLeft};
+  ASSERT_OK(state_.Apply(From(Agent(exits_node), left), kT0).status());
+  EXPECT_EQ(Job("exits").phase, JobPhase::kRunning);
+  RankExit ended{exits_node, "exits.i1", "m1", 0, 0, RankExitCause::kExited};
+  ASSERT_OK_AND_ASSIGN(Applied a, state_.Apply(From(Agent(exits_node), ended), kT0));
+  EXPECT_TRUE(a.needs_decision);
+  EXPECT_EQ(Job("exits").phase, JobPhase::kSucceeded);
+  // An exit of an older incarnation is ignored.
+  const std::string crash_node = Job("crashes").nodes[0];
+  RankExit stale{crash_node, "crashes.i0", "m0", 1, 0, RankExitCause::kExited};
+  ASSERT_OK(state_.Apply(From(Agent(crash_node), stale), kT0).status());
+  EXPECT_EQ(Job("crashes").rank_failures, 0);
+  for (int i = 1; i <= 3; ++i) {
+    RankExit crash{crash_node, "crashes.i1", absl::StrCat("m", i), 0, 11, RankExitCause::kExited};
+    ASSERT_OK(state_.Apply(From(Agent(crash_node), crash), kT0).status());
+    EXPECT_EQ(Job("crashes").rank_failures, i);
+  }
+  EXPECT_EQ(Job("crashes").phase, JobPhase::kFailed);
+  EXPECT_THAT(Job("crashes").message, HasSubstr("signal 11"));
+  // Ended jobs hold no node after the next plan.
+  AllocationPlan p = DecideAndAdopt();
+  EXPECT_THAT(p.launches, IsEmpty());
+  for (const Assignment& as : p.assignments) EXPECT_FALSE(as.job.has_value()) << as.node;
+}
+
+TEST_F(AllocatorStateTest, SilentAgentsAreWithdrawn) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(state_.Apply(From(Agent("n1"), AgentHeartbeat{"n1", std::nullopt}), kT0 + absl::Seconds(10))
+                .status());
+  EXPECT_THAT(state_.Expire(kT0 + absl::Seconds(14)), IsEmpty());
+  std::vector<std::string> gone = state_.Expire(kT0 + absl::Seconds(16));
+  ASSERT_THAT(gone, SizeIs(1));
+  EXPECT_THAT(gone[0], HasSubstr("n0"));
+  EXPECT_EQ(state_.nodes().at("n0").phase, NodePhase::kGone);
+  EXPECT_THAT(state_.BuildProblem(kT0 + absl::Seconds(16)).nodes, SizeIs(1));
+  // TouchAll (after a restart) gives every live agent a full timeout again.
+  state_.TouchAll(kT0 + absl::Seconds(100));
+  EXPECT_THAT(state_.Expire(kT0 + absl::Seconds(110)), IsEmpty());
+}
+
+TEST_F(AllocatorStateTest, ReplayingMessagesAndPlansRebuildsTheSameState) {
+  std::vector<Envelope> log;
+  auto apply = [&](Envelope e) {
+    ASSERT_OK(state_.Apply(e, kT0).status());
+    log.push_back(std::move(e));
+  };
+  for (const char* n : {"n0", "n1", "n2"}) {
+    NodeRegister r;
+    r.node = n;
+    r.agent = Agent(n);
+    apply(From(r.agent, r));
+  }
+  JobSubmit s;
+  s.job = "a";
+  s.command = {"x"};
+  s.max_nodes = 3;
+  apply(From("client", s));
+  AllocationPlan p1 = DecideAndAdopt();
+  s.job = "b";
+  apply(From("client", s));
+  AllocationPlan p2 = DecideAndAdopt();
+
+  AllocatorState replayed;
+  for (const Envelope& e : log) {
+    ASSERT_OK(replayed.Apply(e, kT0).status());
+    if (&e == &log[3]) ASSERT_OK(replayed.Restore(p1));
+  }
+  ASSERT_OK(replayed.Restore(p2));
+  // Equal but for what describes the solve itself (a replay does not solve).
+  auto state_only = [](const std::string& status) {
+    nlohmann::json j = nlohmann::json::parse(status);
+    j["last_decision"].erase("solve_ms");
+    j["last_decision"].erase("objective");
+    return j.dump();
+  };
+  EXPECT_EQ(state_only(replayed.StatusJson(kT0)), state_only(state_.StatusJson(kT0)));
+  EXPECT_EQ(replayed.next_plan_id(), 3);
+  AllocationPlan unknown = p2;
+  unknown.assignments.push_back({"n9", std::nullopt});
+  EXPECT_THAT(replayed.Restore(unknown), StatusIs(absl::StatusCode::kNotFound, HasSubstr("n9")));
+}
+
+TEST_F(AllocatorStateTest, StatusNamesEveryNodeAndJob) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("a", 1, 1).status());
+  DecideAndAdopt();
+  nlohmann::json s = nlohmann::json::parse(state_.StatusJson(kT0));
+  ASSERT_EQ(s["nodes"].size(), 1u);
+  EXPECT_EQ(s["nodes"][0]["planned"], "a");
+  EXPECT_EQ(s["jobs"][0]["phase"], "running");
+  EXPECT_EQ(s["jobs"][0]["runtime_id"], "a.i1");
+  EXPECT_EQ(s["last_decision"]["plan"], 1);
+  EXPECT_EQ(s["last_decision"]["policy"], "dp");
+}
+
+TEST(CurveTest, PriorIsConcaveAndReportsExtendByTheNearestRate) {
+  alloc::Curve prior = PriorCurve(1, 8, 10, 0.1);
+  EXPECT_DOUBLE_EQ(alloc::Interpolate(prior, 1), 10);
+  EXPECT_NEAR(alloc::Interpolate(prior, 8), 80 / 1.7, 1e-9);
+  EXPECT_LT(alloc::Interpolate(prior, 8) - alloc::Interpolate(prior, 7),
+            alloc::Interpolate(prior, 2) - alloc::Interpolate(prior, 1));
+  alloc::Curve c = CurveFromPoints({{2, 30}, {3, 40}}, 1, 6);
+  EXPECT_DOUBLE_EQ(alloc::Interpolate(c, 1), 15);   // 2's per-node rate
+  EXPECT_DOUBLE_EQ(alloc::Interpolate(c, 3), 40);
+  EXPECT_NEAR(alloc::Interpolate(c, 6), 80, 1e-9);  // 3's per-node rate
+}
+
+TEST(OptionsTest, BadOptionsNameTheField) {
+  AllocatorStateOptions o;
+  o.heartbeat_timeout = absl::ZeroDuration();
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heartbeat_timeout")));
+  o = {};
+  o.default_serial_fraction = 2;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default_serial_fraction")));
+  o = {};
+  o.max_rank_failures = 0;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rank_failures")));
+}
+
+}  // namespace
+}  // namespace malle::control
