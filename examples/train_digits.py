@@ -51,8 +51,15 @@ class IndexedDataset(torch.utils.data.Dataset):
         return x, y, i
 
 
-def build_model(hidden: int = 128, batchnorm: bool = False) -> torch.nn.Module:
+def build_model(hidden: int = 128, batchnorm: bool = False, arch: str = "mlp") -> torch.nn.Module:
     torch.manual_seed(0)  # replicas may start different; rank 0's initial state wins anyway
+    if arch == "cnn":  # the 8x8 images as images: a small convolutional network
+        return torch.nn.Sequential(
+            torch.nn.Unflatten(1, (1, 8, 8)),
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, 10))
     norm = [torch.nn.BatchNorm1d(hidden)] if batchnorm else []
     # No bias before a BatchNorm: it would get a zero gradient whose rounding noise Adam
     # turns into full-size steps, i.e. a parameter that depends on summation order.
@@ -75,10 +82,15 @@ def main(argv=None) -> int:
                    help="global batch follows the world size (no logical workers); the "
                    "learning rate is rescaled at each resize")
     p.add_argument("--hidden", type=int, default=128, help="hidden width (all ranks must agree)")
+    p.add_argument("--arch", choices=["mlp", "cnn"], default="mlp",
+                   help="mlp (default) or a small cnn over the 8x8 images")
     p.add_argument("--batchnorm", action="store_true",
                    help="add a BatchNorm1d layer (buffers: running statistics)")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds to sleep per step (slows the demo down so resizes are visible)")
+    p.add_argument("--compute-sleep", type=float, default=0.0,
+                   help="seconds to sleep per micro-batch (stands in for a heavier model: it "
+                   "is spread over the ranks like compute, so the job scales)")
     p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
     args = p.parse_args(argv)
     if args.epochs is None and args.steps is None:
@@ -92,7 +104,7 @@ def main(argv=None) -> int:
     # Test hook: DIGITS_HIDDEN_FOR_<member> gives one member a different model, which
     # the state sync must refuse with a clear error.
     hidden = int(os.environ.get(f"DIGITS_HIDDEN_FOR_{job.member_id}", args.hidden))
-    model = job.wrap_model(build_model(hidden, args.batchnorm))
+    model = job.wrap_model(build_model(hidden, args.batchnorm, args.arch))
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=50, gamma=0.5)
     job.track("lr_scheduler", sched)
@@ -118,6 +130,8 @@ def main(argv=None) -> int:
                   ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ev.phases.items()
                             if k != "total") + ")", flush=True)
         opt.zero_grad()
+        if args.compute_sleep:
+            time.sleep(args.compute_sleep)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         step = job.step

@@ -70,6 +70,11 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // A parent that takes signals with sigwait has them blocked; the child
+    // must not inherit that (SIGTERM would not reach it).
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
     if (!spec.stdout_path.empty()) {
       int fd = ::open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);

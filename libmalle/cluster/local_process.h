@@ -3,7 +3,7 @@
 // Used by the local launcher, the demo, the benchmarks and the multi-process
 // tests, which must stop every process they start, by pid, with a timeout on
 // every wait. The child gets PR_SET_PDEATHSIG(SIGKILL), so it cannot outlive
-// a parent that crashes.
+// a parent that crashes, and starts with no signal blocked.
 //
 //   ProcessSpec spec{{"/bin/sleep", "10"}};
 //   ASSIGN_OR_RETURN(auto p, LocalProcess::Spawn(spec));

@@ -13,6 +13,7 @@
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/control/client.h"
 
 namespace malle::control {
 
@@ -28,6 +29,7 @@ absl::Status AgentOptions::Validate() const {
                          std::pair{"reregister_after", reregister_after},
                          std::pair{"leave_timeout", leave_timeout},
                          std::pair{"stop_timeout", stop_timeout},
+                         std::pair{"finish_timeout", finish_timeout},
                          std::pair{"respawn_backoff", respawn_backoff}}) {
     if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(absl::StrCat("AgentOptions.", name, " must be finite and > 0, got ",
@@ -152,15 +154,32 @@ absl::Status Agent::PollPlan(absl::Time now) {
       (!wanted_ || wanted_->runtime_id != rank_->runtime_id)) {
     bool job_still_runs = false;
     for (const JobLaunch& l : plan->launches) job_still_runs |= l.runtime_id == rank_->runtime_id;
-    MALLE_LOG(INFO) << "plan " << plan_id_ << ": rank " << rank_->member << " of " << rank_->runtime_id
-                    << (job_still_runs ? " leaves (the job shrinks)" : " stops (the job runs nowhere now)");
+    MALLE_LOG(INFO) << "plan " << plan_id_ << ": the rank " << rank_->member << " of " << rank_->runtime_id
+                    << " is no longer wanted here";
     if (job_still_runs) {
       MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kLeaving, now + options_.leave_timeout));
+    } else if (JobPhase(rank_->job, now) == "succeeded") {
+      // Its program is ending by itself (the job reported completion): let
+      // it write its results.
+      MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kFinishing, now + options_.finish_timeout));
     } else {
       MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kStopping, now + options_.stop_timeout));
     }
   }
   return absl::OkStatus();
+}
+
+std::string Agent::JobPhase(absl::string_view job, absl::Time now) {
+  absl::StatusOr<std::optional<Envelope>> doc = ReadDocument(*store_, keys::kStatus, secret_, now);
+  if (!doc.ok() || !doc->has_value()) return "";
+  const auto* status = std::get_if<AllocatorStatus>(&(*doc)->message);
+  if (status == nullptr) return "";
+  absl::StatusOr<std::vector<JobView>> jobs = ParseJobViews(status->status_json);
+  if (!jobs.ok()) return "";
+  for (const JobView& v : *jobs) {
+    if (v.job == job) return v.phase;
+  }
+  return "";
 }
 
 absl::Status Agent::EndRank(Rank::Ending how, absl::Time deadline) {
@@ -203,6 +222,7 @@ absl::Status Agent::Reap(absl::Time now) {
   e.signal = *status > 128 ? std::min(*status - 128, 127) : 0;
   switch (rank_->ending) {
     case Rank::Ending::kNone:
+    case Rank::Ending::kFinishing:
       e.cause = RankExitCause::kExited;
       break;
     case Rank::Ending::kLeaving:
@@ -266,6 +286,8 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   p.env.emplace_back("MALLE_MEMBER_ID", r.member);
   p.env.emplace_back("MALLE_BOOTSTRAP_SIZE", bootstrap ? "1" : "0");
   p.env.emplace_back("MALLE_CONTROL_JOB", w.job);
+  p.env.emplace_back("MALLE_MIN_NODES", absl::StrCat(spec.min_nodes));
+  p.env.emplace_back("MALLE_MAX_NODES", absl::StrCat(spec.EffectiveMaxNodes()));
   p.env.emplace_back("MALLE_NODE", options_.node);
   if (!options_.secret_path.empty()) p.env.emplace_back("MALLE_CONTROL_SECRET", options_.secret_path);
   absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);

@@ -71,6 +71,7 @@ struct AgentOptions {
   absl::Duration reregister_after = absl::Seconds(3);
   absl::Duration leave_timeout = absl::Seconds(60);  // planned leave -> kill
   absl::Duration stop_timeout = absl::Seconds(10);   // SIGTERM -> SIGKILL
+  absl::Duration finish_timeout = absl::Seconds(60); // job succeeded -> the rank must end by then
   absl::Duration respawn_backoff = absl::Seconds(1); // after a crash, times the crash count (max 30 s)
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
@@ -104,7 +105,9 @@ class Agent {
     std::string job;         // allocator job id
     std::string runtime_id;  // store job id
     std::string member;
-    enum class Ending { kNone, kLeaving, kStopping, kKilled } ending = Ending::kNone;
+    // kFinishing: its job succeeded; the rank is given finish_timeout to end
+    // by itself (write its results) before it is killed.
+    enum class Ending { kNone, kLeaving, kStopping, kFinishing, kKilled } ending = Ending::kNone;
     absl::Time deadline;     // for kLeaving / kStopping
   };
   struct Wanted {
@@ -122,6 +125,8 @@ class Agent {
   absl::Status EndRank(Rank::Ending how, absl::Time deadline);
   absl::Status Vacate(absl::Time deadline, bool reclaim);
   absl::Status KillAndReportDead();
+  // The job's phase in the allocator's status document ("" if unknown).
+  std::string JobPhase(absl::string_view job, absl::Time now);
   void SetRunning();
 
   std::shared_ptr<comm::ControlStore> store_;

@@ -247,10 +247,13 @@ absl::Status AllocatorService::Decide(absl::Time now) {
   }
   MALLE_LOG(INFO) << "plan " << plan.plan << " (" << ms << " ms): " << plan.reason;
   MALLE_RETURN_IF_ERROR(CheckEpoch());
+  // Status first: an agent that sees the new plan reads a status that
+  // already explains it (e.g. that a job it runs has succeeded).
+  MALLE_RETURN_IF_ERROR(PublishStatus(now));
   MALLE_RETURN_IF_ERROR(store_->Set(keys::kPlan, wire));
   MALLE_RETURN_IF_ERROR(store_->Set(keys::kPlanId, absl::StrCat(plan.plan)));
   last_republish_ = now;
-  return PublishStatus(now);
+  return absl::OkStatus();
 }
 
 absl::Status AllocatorService::PublishPlan(absl::Time now) {

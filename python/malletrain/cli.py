@@ -9,6 +9,18 @@
     malletrain local --nodes N [--schedule SPEC] -- COMMAND ...
                                        run an elastic job on this machine, scripting joins,
                                        leaves and kills (malletrain.launcher)
+    malletrain local --nodes N --idle-trace FILE -- COMMAND ...
+                                       the same under the embedded allocator, with N local
+                                       node agents appearing and vanishing as FILE says
+    malletrain secret --new PATH       create a deployment's shared secret (mode 0600)
+    malletrain store --listen H:P      host a deployment's control store
+    malletrain allocator --store H:P   run the shared allocator (malle-allocator)
+    malletrain agent --store H:P --node N
+                                       run a node agent (malle-agent)
+    malletrain submit --job ID -- COMMAND ...
+                                       submit an elastic job to the allocator
+    malletrain status [--watch S]      nodes, jobs, sizes and the last decision
+    malletrain cancel --job ID         cancel a job
 
 Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in
 :func:`build_parser`; the exit code is its return value (argparse itself exits
@@ -309,6 +321,14 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
+    if args.idle_trace is not None:
+        if args.schedule:
+            print("malletrain local: --schedule and --idle-trace exclude each other (a trace "
+                  "makes the allocator decide who runs where)", file=sys.stderr)
+            return 2
+        from malletrain import cluster
+
+        return cluster.run_local_cli(args)
     from malletrain import launcher
 
     return launcher.main(args)
@@ -344,10 +364,266 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
                    help="kill (and stop) random non-leader members, reproducibly")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="one log file per member (DIR/<member>.log) instead of the terminal")
+    p.add_argument("--idle-trace", default=None, metavar="FILE",
+                   help="run under the embedded allocator: N local node agents appear and vanish "
+                   "following FILE (CSV time,node,idle; docs/operations.md); the job may use "
+                   "every node the allocator gives it")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                   help="with --idle-trace: replay the trace X times faster")
+    p.add_argument("--policy", default="milp", help="with --idle-trace: the allocation policy")
+    p.add_argument("--logical-workers", type=_positive_int, default=None, metavar="L",
+                   help="with --idle-trace: the job's logical workers (caps its size)")
+    p.add_argument("--grace", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                   help="with --idle-trace: time a reclaimed node gives its rank to leave")
     # Not dest="command": the top-level subcommand already uses that name.
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the rank program and its arguments, after --")
     p.set_defaults(func=_cmd_local)
+
+
+# --- the control plane ---------------------------------------------------------------------
+
+def _store_address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _control_client(args: argparse.Namespace):
+    from malletrain import _C
+
+    if not args.store:
+        raise SystemExit(_usage_error(args, "--store (or MALLE_STORE) is required"))
+    if not args.secret:
+        raise SystemExit(_usage_error(args, "--secret (or MALLE_SECRET) is required"))
+    host, _, port = args.store.rpartition(":")
+    secret = _C.load_secret(args.secret)
+    store = _C.ControlStore.connect(host, int(port), timeout=args.connect_timeout)
+    return _C.ControlClient(store, secret)
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    print(f"malletrain {args.command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _control_failed(args: argparse.Namespace, e: Exception) -> int:
+    from malletrain.errors import MalleValueError
+
+    print(f"malletrain {args.command}: {e}", file=sys.stderr)
+    return 2 if isinstance(e, (MalleValueError, ValueError, OSError)) else 1
+
+
+def _cmd_secret(args: argparse.Namespace) -> int:
+    from malletrain import _C
+
+    try:
+        _C.write_new_secret(args.new)
+    except Exception as e:  # noqa: BLE001 - reported with its class
+        return _control_failed(args, e)
+    print(f"created {args.new} (mode 0600); give it to the allocator, the agents and the clients")
+    return 0
+
+
+def _cmd_store(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from malletrain import _C
+
+    host, _, port = args.listen.rpartition(":")
+    try:
+        store = _C.ControlStore.serve(host, int(port))
+    except Exception as e:  # noqa: BLE001
+        return _control_failed(args, e)
+    print(f"control store listening on {host}:{store.port}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(0.5):
+        pass
+    return 0
+
+
+def _exec_daemon(name: str, argv: list) -> int:
+    import os
+
+    from malletrain.cluster import agent_binary
+
+    path = agent_binary(name)
+    os.execv(path, [path, *argv])
+    return 1  # not reached
+
+
+def _cmd_allocator(args: argparse.Namespace) -> int:
+    if (args.store is None) == (args.listen is None):
+        return _usage_error(args, "give exactly one of --store and --listen")
+    if not args.secret:
+        return _usage_error(args, "--secret (or MALLE_SECRET) is required")
+    argv = [f"--secret={args.secret}", f"--policy={args.policy}",
+            f"--forward_window={args.forward_window}s",
+            f"--heartbeat_timeout={args.heartbeat_timeout}s"]
+    argv.append(f"--store={args.store}" if args.store else f"--listen={args.listen}")
+    if args.journal:
+        argv.append(f"--journal={args.journal}")
+    return _exec_daemon("malle-allocator", argv)
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    if not args.store or not args.secret:
+        return _usage_error(args, "--store and --secret (or MALLE_STORE, MALLE_SECRET) are required")
+    argv = [f"--store={args.store}", f"--secret={args.secret}", f"--node={args.node}",
+            f"--group={args.group}", f"--speed={args.speed}", f"--grace={args.grace}s"]
+    if args.idle_until is not None:
+        argv.append(f"--idle_until={args.idle_until}")
+    if args.log_dir:
+        argv.append(f"--log_dir={args.log_dir}")
+    return _exec_daemon("malle-agent", argv)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    import os
+
+    command = list(args.program)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        return _usage_error(args, "give the job's command after --, e.g. -- python train.py")
+    env = {}
+    for item in args.env or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            return _usage_error(args, f"--env: expected NAME=VALUE, got {item!r}")
+        env[name] = value
+    max_nodes = args.max_nodes if args.max_nodes is not None else (args.logical_workers or 1)
+    try:
+        client = _control_client(args)
+        client.submit(job=args.job, command=command, env=env,
+                      cwd=os.path.abspath(args.cwd or os.getcwd()), min_nodes=args.min_nodes,
+                      max_nodes=max_nodes, logical_workers=args.logical_workers,
+                      weight=args.weight, priority=args.priority)
+    except Exception as e:  # noqa: BLE001
+        return _control_failed(args, e)
+    print(f"submitted {args.job}; see `malletrain status`")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from malletrain.cluster import format_status
+
+    try:
+        client = _control_client(args)
+        while True:
+            text = client.status_json()
+            if args.json:
+                print(text)
+            else:
+                if args.watch:
+                    print("\033[2J\033[H", end="")
+                print(format_status(json.loads(text)))
+            if not args.watch:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+    except Exception as e:  # noqa: BLE001
+        return _control_failed(args, e)
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    try:
+        _control_client(args).cancel(job=args.job, reason=args.reason)
+    except Exception as e:  # noqa: BLE001
+        return _control_failed(args, e)
+    print(f"cancel of {args.job} sent")
+    return 0
+
+
+def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
+    import os
+
+    def connection(p: argparse.ArgumentParser, store: bool = True) -> None:
+        if store:
+            p.add_argument("--store", type=_store_address, default=os.environ.get("MALLE_STORE"),
+                           metavar="HOST:PORT", help="the control store (default: $MALLE_STORE)")
+        p.add_argument("--secret", default=os.environ.get("MALLE_SECRET"), metavar="FILE",
+                       help="the shared secret file, mode 0600 (default: $MALLE_SECRET)")
+        p.add_argument("--connect-timeout", type=_positive_seconds, default=30.0,
+                       metavar="SECONDS", help=argparse.SUPPRESS)
+
+    p = commands.add_parser("secret", help="create a deployment's shared secret",
+                            description="Creates a new random secret file (mode 0600). The "
+                            "allocator, every agent and every client need it.")
+    p.add_argument("--new", required=True, metavar="PATH", help="file to create (must not exist)")
+    p.set_defaults(func=_cmd_secret)
+
+    p = commands.add_parser("store", help="host a deployment's control store",
+                            description="Hosts the control store (a c10d TCPStore) until "
+                            "SIGINT/SIGTERM. Run it where it outlives allocator restarts.")
+    p.add_argument("--listen", type=_store_address, default="127.0.0.1:29400", metavar="HOST:PORT",
+                   help="address to listen on (default 127.0.0.1:29400; port 0: any)")
+    p.set_defaults(func=_cmd_store)
+
+    p = commands.add_parser("allocator", help="run the shared allocator (malle-allocator)",
+                            description="Runs the allocator daemon over a control store hosted "
+                            "elsewhere (--store) or hosted by itself (--listen).")
+    p.add_argument("--store", type=_store_address, default=None, metavar="HOST:PORT")
+    p.add_argument("--listen", type=_store_address, default=None, metavar="HOST:PORT")
+    connection(p, store=False)
+    p.add_argument("--journal", default=None, metavar="FILE",
+                   help="journal: a kill -9 and restart loses nothing (recommended)")
+    p.add_argument("--policy", default="milp", choices=["milp", "dp", "greedy", "equal_share",
+                                                        "static"])
+    p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")
+    p.add_argument("--heartbeat-timeout", type=_positive_seconds, default=15.0, metavar="SECONDS")
+    p.set_defaults(func=_cmd_allocator)
+
+    p = commands.add_parser("agent", help="run a node agent (malle-agent)",
+                            description="Offers this node to the allocator and runs the ranks "
+                            "it assigns. SIGTERM = the node is reclaimed (the rank leaves within "
+                            "--grace); SIGINT = stop offering it.")
+    connection(p)
+    p.add_argument("--node", required=True, help="this node's name")
+    p.add_argument("--group", default="default", help="locality group (rack, switch)")
+    p.add_argument("--speed", type=float, default=1.0, help="relative speed, (0, 100]")
+    p.add_argument("--idle-until", type=float, default=None, metavar="UNIX_SECONDS",
+                   help="forecast end of this node's idle window")
+    p.add_argument("--grace", type=_positive_seconds, default=30.0, metavar="SECONDS")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="ranks' stdout/stderr files")
+    p.set_defaults(func=_cmd_agent)
+
+    p = commands.add_parser("submit", help="submit an elastic job to the allocator",
+                            description="Submits a job; its command runs as one rank per node "
+                            "the allocator gives it.")
+    connection(p)
+    p.add_argument("--job", required=True, help="job id ([A-Za-z0-9._-], unique)")
+    p.add_argument("--min-nodes", type=_positive_int, default=1)
+    p.add_argument("--max-nodes", type=_positive_int, default=None,
+                   help="default: --logical-workers, else 1")
+    p.add_argument("--logical-workers", type=_positive_int, default=None)
+    p.add_argument("--weight", type=float, default=1.0)
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--env", action="append", metavar="NAME=VALUE")
+    p.add_argument("--cwd", default=None, help="working directory of the ranks (default: here)")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.set_defaults(func=_cmd_submit)
+
+    p = commands.add_parser("status", help="nodes, jobs, sizes and the last decision",
+                            description="Prints the allocator's status document.")
+    connection(p)
+    p.add_argument("--json", action="store_true", help="the raw JSON document")
+    p.add_argument("--watch", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="refresh every SECONDS until Ctrl-C")
+    p.set_defaults(func=_cmd_status)
+
+    p = commands.add_parser("cancel", help="cancel a job")
+    connection(p)
+    p.add_argument("--job", required=True)
+    p.add_argument("--reason", default="cancelled by the user")
+    p.set_defaults(func=_cmd_cancel)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,6 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_alloc_parser(commands)
     _add_simulate_parser(commands)
     _add_local_parser(commands)
+    _add_control_parsers(commands)
     return parser
 
 

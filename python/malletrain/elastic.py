@@ -152,6 +152,43 @@ class _HookWaiter:
         self._thread.join(timeout=10)
 
 
+class _StepProfile:
+    """Timestamps of the step in flight, for the advisor (docs/advisor.md)."""
+
+    def __init__(self) -> None:
+        self.steps_in_process = 0
+        self.prev_end: Optional[float] = None  # when the last committed step ended
+        self.reset()
+
+    def reset(self) -> None:
+        self.start: Optional[float] = None
+        self.data_wait = 0.0
+        self.last_hook: Optional[float] = None
+        self.resize_pause = 0.0
+        self.after_resize = False
+        self.after_failure = False
+
+
+class _Reporter:
+    """Sends rank 0's advisor report to the allocator every ``interval`` seconds (a thread,
+    so fitting never delays a step)."""
+
+    def __init__(self, job: "ElasticJob", interval: float) -> None:
+        self._job = job
+        self._interval = max(0.5, interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="malletrain-advisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._job._send_report()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def _dummy_process_group() -> "dist.ProcessGroup":
     # DDP's Reducer is bound to this one-rank group for its whole life; it never
     # communicates through it (the comm hook does, over the current generation).
@@ -259,7 +296,7 @@ class ElasticJob:
                  member_id: Optional[str] = None, bootstrap_size: Optional[int] = None,
                  heartbeat_timeout: float = 2.0, recovery_grace: float = 0.5,
                  rendezvous_timeout: float = 60.0, op_timeout: float = 60.0,
-                 bucket_cap_mb: float = 25.0) -> None:
+                 bucket_cap_mb: float = 25.0, print_scaling: bool = False) -> None:
         if logical_workers is not None:
             if not isinstance(logical_workers, int) or logical_workers < 1:
                 raise MalleValueError(
@@ -327,6 +364,21 @@ class ElasticJob:
         self.closed = False
         self.left = False
         self.redone_steps = 0
+        # Job profiling advisor (docs/advisor.md): one sample per committed step.
+        self._advisor: Any = None
+        self._profile = _StepProfile()
+        self._completed = False
+        # Under the allocator (a node agent started this rank): advisor reports and the
+        # job's completion go to the allocator, signed with the deployment's secret.
+        self.control_job = os.environ.get("MALLE_CONTROL_JOB") or None
+        self._outbox: Any = None
+        secret_path = os.environ.get("MALLE_CONTROL_SECRET")
+        if self.control_job and secret_path:
+            sender = f"rank.{member}"[:128]
+            self._outbox = _C.Outbox(self._store, _C.load_secret(secret_path), sender)
+        self._reporter: Optional[_Reporter] = None
+        self.report_interval = float(os.environ.get("MALLE_REPORT_INTERVAL", "5"))
+        self.print_scaling = bool(print_scaling) or os.environ.get("MALLE_PRINT_SCALING") == "1"
 
     def join(self) -> None:
         """Joins the job now (the loader does it at its first step; call this only to
@@ -603,6 +655,7 @@ class ElasticJob:
     @staticmethod
     def _comm_hook(job, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
         buf = bucket.buffer()
+        job._profile.last_hook = time.perf_counter()
         fut: torch.futures.Future = torch.futures.Future()
         if job._st.failed or job._waiter is None:
             fut.set_result(buf)
@@ -711,18 +764,23 @@ class ElasticJob:
             self._capture_grads()
         if not self._is_last_micro():
             return None
+        prof = self._profile
+        t_opt = time.perf_counter()
         ok = not st.failed
         if ok and self.deterministic:
             ok = self._reduce_rows()
+        t_reduced = time.perf_counter()
         if ok:
             ok = self._sync_buffers()
         st.grads_pending = False
         st.stepped = True
         if not ok:
             self._optimizer.optimizer.zero_grad(set_to_none=True)
+            self._profile.prev_end = None  # the redone step's time is not a step time
             return None  # not committed: the next boundary recovers and redoes the step
         self._optimizer.optimizer.step()
         self._group.commit(self._step)
+        self._record_step(prof, t_opt, t_reduced)
         self._step += 1
         if self.logical_workers is None:
             self._position += self.size * self._batch_size_for_position
@@ -734,6 +792,92 @@ class ElasticJob:
         return None
 
     _batch_size_for_position = 0
+
+    # --- profiling advisor ------------------------------------------------------------
+    def _record_step(self, prof: "_StepProfile", t_opt: float, t_reduced: float) -> None:
+        """One advisor sample for the step just committed (cheap: no fitting here)."""
+        if prof.start is None:
+            return
+        now = time.perf_counter()
+        if self._advisor is None:
+            lw = self.logical_workers if self.logical_workers is not None else None
+            lo = max(1, _env_int("MALLE_MIN_NODES", 1))
+            hi = _env_int("MALLE_MAX_NODES", lw if lw is not None else max(8, self.size))
+            if lw is not None:
+                hi = min(hi, lw)
+            self._advisor = _C.Advisor(self.control_job or self.job_id, min(lo, hi), max(hi, 1))
+        if self.deterministic:
+            comm = t_reduced - t_opt
+        elif prof.last_hook is not None and prof.last_hook >= prof.start:
+            comm = max(0.0, t_opt - prof.last_hook)  # backward waited this long for the buckets
+        else:
+            comm = 0.0
+        total = now - prof.start
+        if prof.prev_end is not None:
+            # What the training loop does between two steps (logging, evaluation, a
+            # sleep) and the step boundary belong to the step's time; a resize pause
+            # is measured separately.
+            total += max(0.0, prof.start - prof.prev_end - prof.resize_pause)
+        compute = max(0.0, (t_opt - prof.start) - prof.data_wait - comm)
+        optimizer = max(0.0, now - t_reduced)
+        bs = self._batch_size_for_position or 1
+        workers = self.logical_workers if self.logical_workers is not None else self.size
+        try:
+            self._advisor.record(
+                step=self._step, world_size=self.size, logical_workers=workers,
+                local_batch=len(self._st.workers) * bs, global_batch=workers * bs,
+                data_wait_s=prof.data_wait, compute_s=compute, comm_s=comm,
+                optimizer_s=optimizer, resize_pause_s=prof.resize_pause, total_s=total,
+                after_resize=prof.after_resize, after_failure=prof.after_failure,
+                warmup=prof.steps_in_process < 1)
+        except ValueError as e:  # a sample the advisor finds implausible is dropped, loudly
+            log.debug("advisor sample of step %d not recorded: %s", self._step, e)
+        prof.steps_in_process += 1
+        prof.reset()
+        prof.prev_end = now
+        if self._outbox is not None and self._reporter is None and self.rank == 0:
+            self._reporter = _Reporter(self, self.report_interval)
+
+    def scaling_report(self) -> Optional[Dict[str, Any]]:
+        """The advisor's report (docs/advisor.md): predicted samples/s with bands for every
+        size in the job's range, resize costs, marginal gains; None before the first step."""
+        if self._advisor is None:
+            return None
+        import json
+        return json.loads(self._advisor.report_json())
+
+    def scaling_table(self) -> str:
+        """The advisor's report as a human-readable table ('' before the first step)."""
+        if self._advisor is None:
+            return ""
+        return _C.advisor_report_table(self._advisor.report_json())
+
+    def _send_report(self) -> None:
+        if self._outbox is None or self._advisor is None or self.rank != 0:
+            return
+        try:
+            self._outbox.send_advisor_report(self.control_job, self._advisor.report_json())
+        except (MalleError, ValueError) as e:  # advisory: never stop training for it
+            log.warning("advisor report not sent: %s", e)
+
+    def _complete(self, total_steps: int) -> None:
+        """All steps are done: rank 0 tells the allocator and prints the scaling table."""
+        if self._completed or self.rank != 0:
+            return
+        self._completed = True
+        if self._reporter is not None:
+            self._reporter.stop()
+        self._send_report()
+        if self._outbox is not None:
+            bs = self._batch_size_for_position or 1
+            workers = self.logical_workers if self.logical_workers is not None else self.size
+            try:
+                self._outbox.send_job_complete(self.control_job, "succeeded", total_steps,
+                                               total_steps * workers * bs, "")
+            except MalleError as e:
+                log.warning("job completion not sent to the allocator: %s", e)
+        if self.print_scaling and self._advisor is not None:
+            print(self.scaling_table(), flush=True)
 
     # --- end --------------------------------------------------------------------
     def finish(self) -> None:
@@ -755,6 +899,8 @@ class ElasticJob:
         if self.closed:
             return
         self.closed = True
+        if self._reporter is not None:
+            self._reporter.stop()
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
@@ -866,18 +1012,31 @@ class ElasticLoader:
                     f"{job._step}")
             if job._step >= self.total_steps:
                 job.finish()
+                job._complete(self.total_steps)
                 raise StopIteration
+            events = len(job.history)
+            t_boundary = time.perf_counter()
             if not job._boundary():
                 raise StopIteration  # this member left the job
             if job._step >= self.total_steps:
                 job.finish()
+                job._complete(self.total_steps)
                 raise StopIteration
             self._restart()
             st.micro = 0
             st.failed = False
             st.stepped = False
+            prof = job._profile
+            prof.reset()
+            prof.start = time.perf_counter()
+            if len(job.history) > events:  # the boundary changed the membership
+                prof.after_resize = True
+                prof.resize_pause = prof.start - t_boundary
+                prof.after_failure = job.history[-1].kind == "recovered"
         assert self._it is not None
+        t_data = time.perf_counter()
         batch = next(self._it)
+        job._profile.data_wait += time.perf_counter() - t_data
         worker = st.workers[st.micro]
         st.micro += 1
         if st.micro == len(st.workers):  # the iterator moves on to the next step
@@ -916,7 +1075,9 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             (default from ``MALLE_STORE``, ``MALLE_JOB_ID``, ``MALLE_MEMBER_ID``,
             ``MALLE_BOOTSTRAP_SIZE``, which ``malletrain local`` sets), and the timeouts
             ``heartbeat_timeout``, ``recovery_grace``, ``rendezvous_timeout``,
-            ``op_timeout`` (seconds), ``bucket_cap_mb``.
+            ``op_timeout`` (seconds), ``bucket_cap_mb``, and ``print_scaling`` (rank 0
+            prints the profiling advisor's scalability table when the job completes; also
+            ``MALLE_PRINT_SCALING=1``).
 
     Raises:
         MalleValueError: bad arguments (e.g. fewer logical workers than the starting size).

@@ -1,0 +1,108 @@
+// malle-agent: the node agent (libmalle/control/agent.h) as a program.
+//
+//   malle-agent --store=127.0.0.1:29400 --secret=/etc/malle/secret --node=n3 \
+//       [--group=rack1] [--speed=1] [--idle_until=UNIX_SECONDS] [--grace=30s] \
+//       [--log_dir=DIR] [--leave_timeout=60s]
+//
+// SIGTERM: the node is reclaimed (the main scheduler wants it back): the rank
+// leaves at its next step boundary within --grace, then the agent exits.
+// SIGINT: the same without a reclaim notice (the agent stops offering it).
+// Exit codes: 0 after a completed reclaim or stop, 1 an error (the store was
+// lost, ...), 2 bad flags or a bad secret file.
+#include <signal.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "libmalle/comm/control_store.h"
+#include "libmalle/control/agent.h"
+#include "libmalle/control/secret.h"
+
+ABSL_FLAG(std::string, store, "", "control store HOST:PORT (required)");
+ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");
+ABSL_FLAG(std::string, node, "", "this node's name (required)");
+ABSL_FLAG(std::string, group, "default", "locality group (rack, switch)");
+ABSL_FLAG(double, speed, 1.0, "relative speed of this node, (0, 100]");
+ABSL_FLAG(double, idle_until, 0, "forecast end of the idle window, unix seconds (0: unknown)");
+ABSL_FLAG(absl::Duration, grace, absl::Seconds(30), "time a SIGTERM (reclaim) leaves to vacate the node");
+ABSL_FLAG(absl::Duration, leave_timeout, absl::Seconds(60), "planned leave not done by then: kill the rank");
+ABSL_FLAG(std::string, log_dir, "", "ranks' stdout/stderr files go here (default: inherited)");
+
+namespace {
+
+int Usage(const std::string& why) {
+  std::cerr << "malle-agent: " << why << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("the malletrain node agent (see docs/operations.md)");
+  absl::ParseCommandLine(argc, argv);
+  // Signals are taken by one thread with sigwait; every other thread (and,
+  // through LocalProcess, no child) has them blocked.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  const std::string store_address = absl::GetFlag(FLAGS_store);
+  std::vector<std::string> hp = absl::StrSplit(store_address, absl::MaxSplits(':', 1));
+  int port = 0;
+  if (hp.size() != 2 || hp[0].empty() || !absl::SimpleAtoi(hp[1], &port)) {
+    return Usage(absl::StrCat("--store must be HOST:PORT, got '", store_address, "'"));
+  }
+  if (absl::GetFlag(FLAGS_secret).empty()) return Usage("--secret is required");
+  absl::StatusOr<malle::control::Secret> secret = malle::control::LoadSecret(absl::GetFlag(FLAGS_secret));
+  if (!secret.ok()) return Usage(secret.status().ToString());
+  malle::control::AgentOptions o;
+  o.node = absl::GetFlag(FLAGS_node);
+  o.store_address = store_address;
+  o.secret_path = absl::GetFlag(FLAGS_secret);
+  o.node_class = malle::control::NodeClass{absl::GetFlag(FLAGS_group), absl::GetFlag(FLAGS_speed)};
+  if (absl::GetFlag(FLAGS_idle_until) > 0) {
+    o.idle_until = absl::FromUnixMicros(static_cast<int64_t>(absl::GetFlag(FLAGS_idle_until) * 1e6));
+  }
+  o.leave_timeout = absl::GetFlag(FLAGS_leave_timeout);
+  o.log_dir = absl::GetFlag(FLAGS_log_dir);
+  const absl::Duration grace = absl::GetFlag(FLAGS_grace);
+  if (grace < absl::ZeroDuration() || grace > absl::Hours(1)) return Usage("--grace must be in [0, 1h]");
+
+  absl::StatusOr<std::shared_ptr<malle::comm::ControlStore>> store =
+      malle::comm::ControlStore::Connect(hp[0], port, absl::Seconds(30));
+  if (!store.ok()) {
+    std::cerr << "malle-agent: " << store.status() << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<malle::control::Agent>> agent =
+      malle::control::Agent::Create(*store, *secret, o);
+  if (!agent.ok()) return Usage(agent.status().ToString());
+
+  std::thread signals([&set, a = agent->get(), grace] {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) return;
+    if (sig == SIGTERM) {
+      a->Reclaim(grace, "SIGTERM: the node is reclaimed");
+    } else {
+      a->Stop("SIGINT: the agent stops");
+    }
+  });
+  signals.detach();  // the process ends when Run returns
+  absl::Status s = (*agent)->Run();
+  if (!s.ok()) {
+    std::cerr << "malle-agent: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

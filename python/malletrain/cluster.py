@@ -1,0 +1,441 @@
+"""A local elastic cluster: the allocator, its control store and node agents on this machine.
+
+:class:`LocalCluster` runs the shared allocator embedded (a thread of this process, the same
+C++ service as the ``malle-allocator`` daemon), hosts the control store, and starts one node
+agent process (``malle-agent``) per local "node". Nodes come and go as you say, or following an
+idle-node trace; jobs you submit grow and shrink in place as the allocator decides::
+
+    from malletrain.cluster import LocalCluster
+
+    with LocalCluster(nodes=["n0", "n1", "n2", "n3"], policy="milp") as cluster:
+        cluster.node_up("n0"); cluster.node_up("n1")
+        cluster.submit("digits", ["python", "examples/train_digits.py", "--epochs", "4"],
+                       max_nodes=4, logical_workers=4)
+        cluster.node_down("n1", grace=10)        # the main scheduler reclaims n1
+        cluster.wait(["digits"], timeout=600)
+        print(cluster.jobs())
+
+Everything binds to 127.0.0.1. The shared secret is a fresh random file (mode 0600) in the
+cluster's work directory; agents and ranks read it from there. Every process the cluster starts
+is stopped by pid when it closes (agents with SIGINT, then SIGKILL; their ranks die with them).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from malletrain import _C
+from malletrain.errors import MalleTimeoutError, MalleValueError
+
+__all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "format_status"]
+
+_ENDED = ("succeeded", "failed", "cancelled")
+
+
+def agent_binary(name: str = "malle-agent") -> str:
+    """Path of a daemon shipped with the package (``malle-agent``, ``malle-allocator``)."""
+    here = Path(__file__).resolve().parent / "bin" / name
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    env = os.environ.get("MALLE_BIN_DIR")
+    if env and (Path(env) / name).is_file():
+        return str(Path(env) / name)
+    raise MalleValueError(f"{name}: not found in {here.parent} (reinstall malletrain) "
+                          f"nor in $MALLE_BIN_DIR")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """A node becoming idle (``idle=True``: offered to the jobs) or busy (reclaimed)."""
+
+    t: float    # seconds after the start of the trace
+    node: str
+    idle: bool
+
+
+def load_idle_trace(path: str | os.PathLike, *, time_scale: float = 1.0) -> List[TraceEvent]:
+    """Reads an idle-node trace: CSV with header ``time,node,idle`` (``#`` lines are comments),
+    the format of ``summit-idle-2021-02.csv.gz`` (docs/simulator.md). Times become seconds after
+    the first row, divided by ``time_scale``. Raises MalleValueError naming file and line for a
+    bad row; nothing is skipped silently."""
+    if not time_scale > 0:
+        raise MalleValueError(f"time_scale: must be > 0, got {time_scale!r}")
+    events: List[TraceEvent] = []
+    header_seen = False
+    t0: Optional[float] = None
+    last = float("-inf")
+    with open(path, newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            fields = next(csv.reader([text]))
+            if not header_seen:
+                if [x.strip() for x in fields] != ["time", "node", "idle"]:
+                    raise MalleValueError(f"{path}:{lineno}: expected the header 'time,node,idle', "
+                                          f"got {text!r}")
+                header_seen = True
+                continue
+            if len(fields) != 3:
+                raise MalleValueError(f"{path}:{lineno}: expected 3 fields, got {len(fields)}")
+            try:
+                t = float(fields[0])
+            except ValueError:
+                raise MalleValueError(f"{path}:{lineno}: time: not a number: {fields[0]!r}") from None
+            node = fields[1].strip()
+            if not node or not all(c.isalnum() or c in "._-" for c in node) or len(node) > 128:
+                raise MalleValueError(f"{path}:{lineno}: node: not an id: {node!r}")
+            if fields[2].strip() not in ("0", "1"):
+                raise MalleValueError(f"{path}:{lineno}: idle: must be 0 or 1, got {fields[2]!r}")
+            if t < last:
+                raise MalleValueError(f"{path}:{lineno}: time: {t:g} is before the previous "
+                                      f"row's {last:g}; rows must be in time order")
+            last = t
+            if t0 is None:
+                t0 = t
+            events.append(TraceEvent((t - t0) / time_scale, node, fields[2].strip() == "1"))
+    if not header_seen:
+        raise MalleValueError(f"{path}: no header 'time,node,idle'")
+    return events
+
+
+class LocalCluster:
+    """An embedded allocator, its control store and local node agents (see the module doc).
+
+    Args:
+        nodes: the node names this cluster may start (an int ``n`` means ``n0 .. n{n-1}``).
+            None is up until :meth:`node_up` (or a trace) says so.
+        policy: ``milp``, ``dp``, ``greedy``, ``equal_share`` or ``static``.
+        workdir: where the secret, the journal and the logs go (default: a new temporary
+            directory, removed at close if it was created here and ``keep_logs`` is False).
+        grace: seconds a reclaimed node gives its rank to leave (SIGTERM to its agent).
+        forward_window: the allocator's look-ahead (seconds).
+        heartbeat_timeout: seconds after which a silent agent's node is withdrawn.
+        journal: keep the allocator's journal in the work directory.
+    """
+
+    def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
+                 workdir: Optional[str | os.PathLike] = None, grace: float = 10.0,
+                 forward_window: float = 120.0, heartbeat_timeout: float = 5.0,
+                 debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
+                 objective: str = "throughput", keep_logs: bool = False) -> None:
+        names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
+        if not names or len(set(names)) != len(names):
+            raise MalleValueError(f"nodes: give a positive count or distinct names, got {nodes!r}")
+        self.nodes = names
+        self.grace = float(grace)
+        self._agent = agent_binary("malle-agent")
+        self._own_dir = workdir is None
+        self._keep_logs = keep_logs
+        self.workdir = Path(tempfile.mkdtemp(prefix="malle-cluster-") if workdir is None else workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = self.workdir / "logs"
+        self.log_dir.mkdir(exist_ok=True)
+        self.secret_path = self.workdir / "secret"
+        if not self.secret_path.exists():
+            _C.write_new_secret(str(self.secret_path))
+        self._secret = _C.load_secret(str(self.secret_path))
+        self.store = _C.ControlStore.serve("127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self.store.port}"
+        self.journal_path = self.workdir / "journal" if journal else None
+        self._service_args = dict(
+            policy=policy, journal=str(self.journal_path) if journal else "",
+            forward_window_s=float(forward_window), heartbeat_timeout_s=float(heartbeat_timeout),
+            debounce_s=float(debounce), report_min_interval_s=float(report_min_interval),
+            default_samples_per_s=1.0, max_rank_failures=3, objective=objective)
+        self._service: Any = None
+        self.start_allocator()
+        self.client = _C.ControlClient(self.store, self._secret)
+        self._agents: Dict[str, subprocess.Popen] = {}
+        self._agent_logs: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._trace_thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.events: List[str] = []  # what the cluster did, for the demo's summary
+        self.closed = False
+
+    # --- the allocator ------------------------------------------------------------------
+    def start_allocator(self) -> None:
+        """Starts the embedded allocator (again, after :meth:`stop_allocator`: it replays
+        its journal)."""
+        if self._service is not None:
+            raise MalleValueError("the allocator is already running")
+        self._service = _C.AllocatorService(self.store, self._secret, **self._service_args)
+        self._service.start()
+
+    def stop_allocator(self) -> None:
+        """Stops the embedded allocator (jobs keep training at their current size)."""
+        if self._service is not None:
+            service, self._service = self._service, None
+            service.stop()
+
+    @property
+    def allocator_running(self) -> bool:
+        return self._service is not None
+
+    # --- nodes --------------------------------------------------------------------------
+    def node_up(self, node: str, *, idle_until: Optional[float] = None, group: str = "default",
+                speed: float = 1.0) -> int:
+        """Starts the agent of ``node`` (it registers and offers the node). Returns its pid."""
+        if node not in self.nodes:
+            raise MalleValueError(f"node {node!r} is not one of this cluster's {self.nodes}")
+        with self._lock:
+            p = self._agents.get(node)
+            if p is not None and p.poll() is None:
+                return p.pid
+            args = [self._agent, f"--store={self.address}", f"--secret={self.secret_path}",
+                    f"--node={node}", f"--group={group}", f"--speed={speed}",
+                    f"--grace={self.grace}s", f"--log_dir={self.log_dir}"]
+            if idle_until is not None:
+                args.append(f"--idle_until={idle_until}")
+            log = open(self.log_dir / f"agent-{node}.log", "ab")
+            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+            self._agents[node] = p
+            self._agent_logs[node] = log
+            self._note(f"node {node} up (agent pid {p.pid})")
+            return p.pid
+
+    def node_down(self, node: str, *, grace: Optional[float] = None, wait: bool = False) -> None:
+        """The main scheduler reclaims ``node``: SIGTERM to its agent, which makes its rank
+        leave at the next step boundary within the grace time, then exits. ``grace`` other than
+        the cluster's needs a new agent flag, so it only bounds the wait here."""
+        with self._lock:
+            p = self._agents.get(node)
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        self._note(f"node {node} reclaimed (grace {self.grace:g} s)")
+        if wait:
+            self._wait_agent(node, p, (grace if grace is not None else self.grace) + 10)
+
+    def kill_agent(self, node: str) -> None:
+        """kill -9 of a node's agent (its rank dies with it): a node failure."""
+        with self._lock:
+            p = self._agents.get(node)
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+            self._note(f"node {node} agent killed (kill -9)")
+
+    def live_nodes(self) -> List[str]:
+        with self._lock:
+            return [n for n, p in self._agents.items() if p.poll() is None]
+
+    def _wait_agent(self, node: str, p: subprocess.Popen, timeout: float) -> None:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+            self._note(f"node {node} agent did not exit in {timeout:g} s: killed")
+
+    # --- trace --------------------------------------------------------------------------
+    def follow_trace(self, events: Sequence[TraceEvent]) -> None:
+        """Applies ``events`` (from :func:`load_idle_trace`) in the background: idle -> node_up,
+        busy -> node_down. Nodes named in the trace must be cluster nodes."""
+        unknown = sorted({e.node for e in events} - set(self.nodes))
+        if unknown:
+            raise MalleValueError(f"trace: nodes {unknown} are not cluster nodes {self.nodes}")
+        if self._trace_thread is not None:
+            raise MalleValueError("follow_trace: a trace is already being followed")
+        start = time.monotonic()
+
+        def run() -> None:
+            for e in events:
+                delay = start + e.t - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    return
+                if e.idle:
+                    self.node_up(e.node)
+                else:
+                    self.node_down(e.node)
+
+        self._trace_thread = threading.Thread(target=run, name="malle-trace", daemon=True)
+        self._trace_thread.start()
+
+    # --- jobs ---------------------------------------------------------------------------
+    def submit(self, job: str, command: Sequence[str], *, min_nodes: int = 1,
+               max_nodes: Optional[int] = None, logical_workers: Optional[int] = None,
+               env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+               weight: float = 1.0, priority: int = 0) -> None:
+        """Submits a job: ``command`` runs on every node the allocator gives it (one rank per
+        node; ranks join at their first step). Invalid specs raise ValueError naming the
+        field."""
+        if max_nodes is None:
+            max_nodes = logical_workers if logical_workers is not None else len(self.nodes)
+        self.client.submit(job=job, command=list(command), env=dict(env or {}),
+                           cwd=os.path.abspath(cwd) if cwd else os.getcwd(),
+                           min_nodes=int(min_nodes), max_nodes=int(max_nodes),
+                           logical_workers=logical_workers, weight=float(weight),
+                           priority=int(priority))
+        self._note(f"job {job} submitted ({min_nodes}..{max_nodes} nodes)")
+
+    def cancel(self, job: str, reason: str = "cancelled by the user") -> None:
+        self.client.cancel(job=job, reason=reason)
+
+    def status(self) -> Dict[str, Any]:
+        """The allocator's status document (nodes, jobs, last decision), as a dict."""
+        if self._service is not None:
+            text = self._service.status_json()
+            if text:
+                return json.loads(text)
+        return json.loads(self.client.status_json())
+
+    def jobs(self) -> Dict[str, Dict[str, Any]]:
+        return {j["job"]: j for j in self.status().get("jobs", [])}
+
+    def report(self, job: str) -> Optional[Dict[str, Any]]:
+        """The job's latest advisor report (dict), or None."""
+        text = self.client.report_json(job)
+        return None if text is None else json.loads(text)
+
+    def wait(self, jobs: Optional[Sequence[str]] = None, *, timeout: float = 600.0,
+             poll: float = 0.5, on_poll=None) -> Dict[str, Dict[str, Any]]:
+        """Waits until the given jobs (default: all submitted) have ended; returns their status.
+        Raises MalleTimeoutError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            js = self.jobs()
+            names = list(jobs) if jobs is not None else list(js)
+            if names and all(js.get(n, {}).get("phase") in _ENDED for n in names):
+                return {n: js[n] for n in names}
+            if on_poll is not None:
+                on_poll(self)
+            if time.monotonic() >= deadline:
+                raise MalleTimeoutError(
+                    f"jobs did not end within {timeout:g} s: "
+                    + ", ".join(f"{n}={js.get(n, {}).get('phase', 'unknown')}" for n in names))
+            time.sleep(poll)
+
+    # --- end ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stops the trace, every agent (SIGINT, then SIGKILL after 15 s; ranks die with their
+        agent) and the allocator."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._trace_thread is not None:
+            self._trace_thread.join(timeout=5)
+        with self._lock:
+            agents = dict(self._agents)
+        for p in agents.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 15
+        for node, p in agents.items():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        for log in self._agent_logs.values():
+            log.close()
+        try:
+            self.stop_allocator()
+        finally:
+            if self._own_dir and not self._keep_logs:
+                import shutil
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _note(self, what: str) -> None:
+        self.events.append(f"{time.monotonic() - self.t0:7.1f}s  {what}")
+
+
+def format_status(status: Dict[str, Any]) -> str:
+    """The status document as the table ``malletrain status`` prints."""
+    lines = []
+    nodes = status.get("nodes", [])
+    lines.append(f"{'node':<10} {'phase':<11} {'planned':<16} {'running':<18} {'seen':>6}")
+    for n in nodes:
+        lines.append(f"{n['node']:<10} {n['phase']:<11} {str(n.get('planned') or '-'):<16} "
+                     f"{str(n.get('running') or '-'):<18} {n.get('last_seen_s_ago', 0):5.1f}s")
+    lines.append("")
+    lines.append(f"{'job':<16} {'phase':<10} {'nodes':>5} {'running':>7} {'samples/s':>10} "
+                 f"{'step':>6}  message")
+    for j in status.get("jobs", []):
+        lines.append(f"{j['job']:<16} {j['phase']:<10} {len(j.get('nodes', [])):>5} "
+                     f"{j.get('running_nodes', 0):>7} {j.get('samples_per_s', 0):>10.1f} "
+                     f"{j.get('step', 0):>6}  {j.get('message', '')}")
+    d = status.get("last_decision")
+    if d:
+        lines.append("")
+        lines.append(f"last decision: plan {d['plan']} by {d['policy']}: {d['reason']}")
+    a = status.get("allocator")
+    if a:
+        lines.append(f"allocator: epoch {a['epoch']}, {a['accepted']} messages accepted, "
+                     f"{a['rejected']} rejected"
+                     + (f" (last: {a['last_rejection']})" if a.get("last_rejection") else ""))
+    return "\n".join(lines)
+
+
+def live_table(cluster: LocalCluster) -> str:
+    """One compact line per job and node, for a terminal that follows a run."""
+    st = cluster.status()
+    t = time.monotonic() - cluster.t0
+    up = cluster.live_nodes()
+    jobs = "  ".join(f"{j['job']}:{j['phase'][:3]}@{len(j.get('nodes', []))}"
+                     f"(step {j.get('step', 0)})" for j in st.get("jobs", []))
+    plan = (st.get("last_decision") or {}).get("plan", 0)
+    return f"[{t:6.1f}s] nodes up {len(up)} {sorted(up)}  plan {plan}  {jobs}"
+
+
+def run_local_cli(args: Any) -> int:
+    """``malletrain local --nodes N --idle-trace FILE -- COMMAND``: one job under the embedded
+    allocator on N local nodes that follow the trace. Exit codes: 0 the job succeeded, 1 it
+    failed or was cancelled, 2 bad input, 124 timeout."""
+    command = list(args.program)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("malletrain local: give the program to run after --, e.g. -- python train.py",
+              file=sys.stderr)
+        return 2
+    try:
+        events = load_idle_trace(args.idle_trace, time_scale=args.time_scale)
+        nodes = [f"n{i}" for i in range(args.nodes)]
+        with LocalCluster(nodes, policy=args.policy, grace=args.grace,
+                          workdir=args.log_dir, keep_logs=args.log_dir is not None) as cluster:
+            cluster.follow_trace(events)
+            lw = args.logical_workers
+            cluster.submit(args.job_id, command, min_nodes=1,
+                           max_nodes=min(args.nodes, lw) if lw else args.nodes,
+                           logical_workers=lw)
+            last = [0.0]
+
+            def show(c: LocalCluster) -> None:
+                if time.monotonic() - last[0] >= 2:
+                    last[0] = time.monotonic()
+                    print(live_table(c), flush=True)
+
+            try:
+                final = cluster.wait([args.job_id], timeout=args.timeout, on_poll=show)
+            except MalleTimeoutError as e:
+                print(f"malletrain local: {e}", file=sys.stderr)
+                return 124
+            print(format_status(cluster.status()))
+            print("\n".join(cluster.events))
+            print(f"logs: {cluster.log_dir}" if args.log_dir else "")
+            return 0 if final[args.job_id]["phase"] == "succeeded" else 1
+    except (MalleValueError, OSError) as e:
+        print(f"malletrain local: {e}", file=sys.stderr)
+        return 2
