@@ -263,6 +263,13 @@ ElasticGroup::ElasticGroup(std::shared_ptr<ControlStore> root, ElasticGroupOptio
 }
 
 ElasticGroup::~ElasticGroup() {
+  if (finished_.load()) {
+    // Everyone stops after the same step: no abort, no dead report. Stop the
+    // watchdog first so it does not take the others' exits for failures.
+    watchdog_.reset();
+    comm_.reset();
+    return;
+  }
   if (watchdog_ && transition_.active() && record_.RankOf(member_id()) >= 0) {
     // This member is going away without a planned leave. It must not become a
     // member of the next generation: the survivors would build it and wait for

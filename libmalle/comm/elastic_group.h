@@ -169,6 +169,14 @@ class ElasticGroup {
   // Asks to leave at the next step boundary (AtStepBoundary returns kLeft).
   absl::Status RequestLeave();
 
+  // Declares that this member is done with the job together with the others
+  // (the job agreed to stop: its last step is committed everywhere). Closing
+  // the group then neither aborts the generation nor reports this member
+  // dead: a slower member still completing the last collective must not see
+  // it fail. Without Finish(), closing an active group is a failure for the
+  // others (they recover without this member at once). Does not block.
+  void Finish() { finished_.store(true); }
+
   // --- For drivers (launchers, tests, the allocator) -------------------------
   // Queues a leave for `member_id` of job `job_id`; it happens at the next
   // step boundary. `store` is the deployment's (unprefixed) store.
@@ -220,6 +228,7 @@ class ElasticGroup {
   Transition transition_;
   std::atomic<int64_t> committed_{-1};
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
+  std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
   std::unique_ptr<Watchdog> watchdog_;
 };
 

@@ -143,6 +143,8 @@ void AllocatorService::Reject(const absl::Status& why, absl::string_view what) {
   absl::MutexLock lock(&mu_);
   ++stats_.rejected;
   stats_.last_rejection = absl::StrCat(CodeName(why), ": ", why.message());
+  stats_.recent_rejections.push_back(absl::StrCat(what, ": ", stats_.last_rejection));
+  if (stats_.recent_rejections.size() > 20) stats_.recent_rejections.pop_front();
 }
 
 absl::Status AllocatorService::Handle(const std::string& wire, absl::Time now) {
@@ -280,6 +282,8 @@ absl::Status AllocatorService::PublishStatus(absl::Time now) {
     s["accepted"] = stats_.accepted;
     s["rejected"] = stats_.rejected;
     s["last_rejection"] = stats_.last_rejection;
+    s["recent_rejections"] = std::vector<std::string>(stats_.recent_rejections.begin(),
+                                                      stats_.recent_rejections.end());
     s["holes_skipped"] = stats_.holes_skipped;
     s["decisions"] = stats_.decisions;
     s["inbox_position"] = stats_.cursor;

@@ -81,6 +81,7 @@ struct AllocatorStats {
   int64_t epoch = 0;
   int64_t cursor = 0;
   std::string last_rejection;  // "<code>: <message>"
+  std::deque<std::string> recent_rejections;  // the last 20, oldest first
   std::deque<double> decision_ms;  // the last 1000 decision latencies
 };
 

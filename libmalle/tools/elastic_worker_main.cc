@@ -251,6 +251,7 @@ int Run(Events& events) {
     }
     need_sync = true;
   }
+  group->Finish();  // everyone stops after this step: closing must not fail the slower ones
   events.Emit({{"ev", "done"}, {"how", "finished"}, {"steps", step}, {"checksum", checksum},
                {"redone", redone}, {"gen", group->generation()}, {"members", group->members()},
                {"rank", group->rank()}});

@@ -246,6 +246,8 @@ class ElasticGroup:
     def commit(self, step: int) -> None: ...
     def at_step_boundary(self) -> Transition: ...
     def request_leave(self) -> None: ...
+    def finish(self) -> None:
+        """Done with the job together with the others: closing will not fail the generation."""
     def allreduce(self, tensors: list[torch.Tensor], op: str = "sum") -> None: ...
     def allreduce_async(self, tensors: list[torch.Tensor], op: str = "sum") -> PendingCollective: ...
     def broadcast(self, tensors: list[torch.Tensor], root: int) -> None: ...
@@ -260,3 +262,130 @@ def latest_generation(store: ControlStore, job_id: str) -> dict[str, Any] | None
 def report_dead(store: ControlStore, job_id: str, member_id: str) -> None:
     """Reports that the process of ``member_id`` exited (its owner saw it), so a recovery
     stops waiting for its check-in."""
+
+# --- advisor (bind_advisor.cc) ----------------------------------------------------------------
+
+class Advisor:
+    """The job profiling advisor (docs/advisor.md); one per rank."""
+
+    def __init__(
+        self,
+        job: str,
+        min_nodes: int,
+        max_nodes: int,
+        skip_steps_after_resize: int = 3,
+        min_samples_per_config: int = 10,
+    ) -> None: ...
+    def record(
+        self,
+        step: int,
+        world_size: int,
+        logical_workers: int,
+        local_batch: int,
+        global_batch: int,
+        data_wait_s: float,
+        compute_s: float,
+        comm_s: float,
+        optimizer_s: float,
+        resize_pause_s: float,
+        total_s: float,
+        after_resize: bool,
+        after_failure: bool,
+        warmup: bool,
+    ) -> None:
+        """One step's sample. Raises MalleValueError naming an implausible field."""
+    def report_json(self) -> str:
+        """Fits the model (GIL released) and returns the report as JSON."""
+
+def advisor_report_table(report_json: str) -> str: ...
+def advisor_validate_report(report_json: str) -> None: ...
+
+# --- control plane (bind_control.cc) -----------------------------------------------------------
+
+class Secret:
+    """A deployment's shared secret; never printed."""
+
+def load_secret(path: str) -> Secret:
+    """Raises MalleValueError if the file is missing, not 0600/0400, not ours, or too short."""
+
+def write_new_secret(path: str) -> None: ...
+def sign_control_message(
+    secret: Secret, sender: str, seq: int, ts: float, type: str, body_json: str
+) -> str:
+    """The signed wire text of one control message (docs/protocol.md)."""
+
+class AllocatorService:
+    """The allocator loop on a thread of this process (malletrain.cluster.LocalCluster)."""
+
+    def __init__(
+        self,
+        store: ControlStore,
+        secret: Secret,
+        policy: str,
+        journal: str,
+        forward_window_s: float,
+        heartbeat_timeout_s: float,
+        debounce_s: float,
+        report_min_interval_s: float,
+        default_samples_per_s: float,
+        max_rank_failures: int,
+        objective: str,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def status_json(self) -> str: ...
+    def stats(self) -> dict[str, Any]: ...
+
+class Agent:
+    """A node agent; run() blocks until stop() or a completed reclaim."""
+
+    def __init__(
+        self,
+        store: ControlStore,
+        secret: Secret,
+        node: str,
+        store_address: str,
+        secret_path: str,
+        log_dir: str,
+        group: str,
+        speed: float,
+        idle_until: float | None,
+        leave_timeout_s: float,
+        extra_env: list[tuple[str, str]],
+    ) -> None: ...
+    def run(self) -> None: ...
+    def reclaim(self, grace_s: float, reason: str) -> None: ...
+    def stop(self, reason: str = "stopped") -> None: ...
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def plan_seen(self) -> int: ...
+
+class ControlClient:
+    """Submits jobs and reads the allocator's published status and reports."""
+
+    def __init__(self, store: ControlStore, secret: Secret) -> None: ...
+    def submit(
+        self,
+        job: str,
+        command: list[str],
+        env: dict[str, str],
+        cwd: str,
+        min_nodes: int,
+        max_nodes: int,
+        logical_workers: int | None,
+        weight: float,
+        priority: int,
+    ) -> None: ...
+    def cancel(self, job: str, reason: str) -> None: ...
+    def status_json(self) -> str: ...
+    def report_json(self, job: str) -> str | None: ...
+
+class Outbox:
+    """Signs and sends a job's messages to the allocator (advisor reports, completion)."""
+
+    def __init__(self, store: ControlStore, secret: Secret, sender: str) -> None: ...
+    def send_advisor_report(self, job: str, report_json: str) -> None: ...
+    def send_job_complete(
+        self, job: str, status: str, steps: int, samples: int, message: str
+    ) -> None: ...

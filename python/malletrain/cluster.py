@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from malletrain import _C
-from malletrain.errors import MalleTimeoutError, MalleValueError
+from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
+
+log = logging.getLogger("malletrain")
 
 __all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "format_status"]
 
@@ -123,18 +126,26 @@ class LocalCluster:
         forward_window: the allocator's look-ahead (seconds).
         heartbeat_timeout: seconds after which a silent agent's node is withdrawn.
         journal: keep the allocator's journal in the work directory.
+        allocator: ``"thread"`` (embedded in this process, the default) or ``"process"`` (the
+            ``malle-allocator`` daemon as a child process, which :meth:`stop_allocator` can
+            kill -9 and :meth:`start_allocator` restart from its journal).
     """
 
     def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
                  workdir: Optional[str | os.PathLike] = None, grace: float = 10.0,
                  forward_window: float = 120.0, heartbeat_timeout: float = 5.0,
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
-                 objective: str = "throughput", keep_logs: bool = False) -> None:
+                 objective: str = "throughput", keep_logs: bool = False,
+                 allocator: str = "thread") -> None:
+        if allocator not in ("thread", "process"):
+            raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
         names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         if not names or len(set(names)) != len(names):
             raise MalleValueError(f"nodes: give a positive count or distinct names, got {nodes!r}")
         self.nodes = names
         self.grace = float(grace)
+        self.t0 = time.monotonic()
+        self.events: List[str] = []  # what the cluster did, for the demo's summary
         self._agent = agent_binary("malle-agent")
         self._own_dir = workdir is None
         self._keep_logs = keep_logs
@@ -155,6 +166,8 @@ class LocalCluster:
             debounce_s=float(debounce), report_min_interval_s=float(report_min_interval),
             default_samples_per_s=1.0, max_rank_failures=3, objective=objective)
         self._service: Any = None
+        self._allocator_mode = allocator
+        self._allocator_proc: Optional[subprocess.Popen] = None
         self.start_allocator()
         self.client = _C.ControlClient(self.store, self._secret)
         self._agents: Dict[str, subprocess.Popen] = {}
@@ -162,28 +175,52 @@ class LocalCluster:
         self._lock = threading.Lock()
         self._trace_thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
-        self.t0 = time.monotonic()
-        self.events: List[str] = []  # what the cluster did, for the demo's summary
         self.closed = False
 
     # --- the allocator ------------------------------------------------------------------
     def start_allocator(self) -> None:
-        """Starts the embedded allocator (again, after :meth:`stop_allocator`: it replays
-        its journal)."""
-        if self._service is not None:
+        """Starts the allocator (again, after :meth:`stop_allocator`: it replays its
+        journal and continues where the inbox says)."""
+        if self.allocator_running:
             raise MalleValueError("the allocator is already running")
-        self._service = _C.AllocatorService(self.store, self._secret, **self._service_args)
-        self._service.start()
+        if self._allocator_mode == "thread":
+            self._service = _C.AllocatorService(self.store, self._secret, **self._service_args)
+            self._service.start()
+            return
+        a = self._service_args
+        args = [agent_binary("malle-allocator"), f"--store={self.address}",
+                f"--secret={self.secret_path}", f"--policy={a['policy']}",
+                f"--forward_window={a['forward_window_s']}s",
+                f"--heartbeat_timeout={a['heartbeat_timeout_s']}s",
+                f"--debounce={a['debounce_s']}s"]
+        if a["journal"]:
+            args.append(f"--journal={a['journal']}")
+        log = open(self.log_dir / "allocator.log", "ab")
+        self._allocator_proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
+        log.close()
+        self._note(f"allocator started (pid {self._allocator_proc.pid})")
 
-    def stop_allocator(self) -> None:
-        """Stops the embedded allocator (jobs keep training at their current size)."""
+    def stop_allocator(self, *, kill: bool = False) -> None:
+        """Stops the allocator; jobs keep training at their current size. ``kill=True``
+        (process mode only): kill -9, as a crash would."""
         if self._service is not None:
             service, self._service = self._service, None
             service.stop()
+        p, self._allocator_proc = self._allocator_proc, None
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            self._note(f"allocator {'killed (kill -9)' if kill else 'stopped'}")
 
     @property
     def allocator_running(self) -> bool:
-        return self._service is not None
+        return self._service is not None or (
+            self._allocator_proc is not None and self._allocator_proc.poll() is None)
 
     # --- nodes --------------------------------------------------------------------------
     def node_up(self, node: str, *, idle_until: Optional[float] = None, group: str = "default",
@@ -292,7 +329,11 @@ class LocalCluster:
             text = self._service.status_json()
             if text:
                 return json.loads(text)
-        return json.loads(self.client.status_json())
+        try:
+            return json.loads(self.client.status_json())
+        except MalleError as e:  # not published yet (a daemon that is starting)
+            log.debug("no allocator status yet: %s", e)
+            return {"nodes": [], "jobs": []}
 
     def jobs(self) -> Dict[str, Dict[str, Any]]:
         return {j["job"]: j for j in self.status().get("jobs", [])}

@@ -881,13 +881,18 @@ class ElasticJob:
 
     # --- end --------------------------------------------------------------------
     def finish(self) -> None:
-        """Waits at a last step boundary so no member exits while others still reduce."""
+        """Waits at a last step boundary so no member exits while others still reduce; after
+        it this member is done with the job together with the others, so closing it does not
+        fail the generation for a slower member."""
         if self.closed or self.left or self._group is None or not self._group.active:
             return
         try:
             self._boundary()  # a member arriving now still gets the final state
         except MalleError as e:
             log.warning("final step boundary failed: %s", e)
+            return
+        if self._group is not None and getattr(self._group, "active", False):
+            self._group.finish()
 
     def leave(self) -> None:
         """Asks to leave the job at the next step boundary (the loader then stops)."""

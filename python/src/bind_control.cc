@@ -18,6 +18,7 @@
 #include "libmalle/control/allocator_service.h"
 #include "libmalle/control/channel.h"
 #include "libmalle/control/client.h"
+#include "libmalle/control/envelope.h"
 #include "libmalle/control/messages.h"
 #include "libmalle/control/secret.h"
 #include "python/src/bind_common.h"
@@ -55,6 +56,19 @@ void BindControl(py::module_& m) {
       "write_new_secret",
       [](const std::string& path) { ThrowIfError(control::WriteNewSecret(path)); }, py::arg("path"),
       "Creates a new random secret file (mode 0600); fails if it exists.");
+
+  m.def(
+      "sign_control_message",
+      [](const Secret& secret, const std::string& sender, uint64_t seq, double ts, const std::string& type,
+         const std::string& body_json) {
+        const control::MessageType t = ValueOrThrow(control::ParseMessageType(type));
+        control::Message message = ValueOrThrow(control::DecodeBody(t, body_json));
+        return ValueOrThrow(control::Sign(message, secret, sender, seq,
+                                          absl::FromUnixMicros(static_cast<int64_t>(std::llround(ts * 1e6)))));
+      },
+      py::arg("secret"), py::arg("sender"), py::arg("seq"), py::arg("ts"), py::arg("type"), py::arg("body_json"),
+      "Signs one control message (body as JSON, docs/protocol.md) and returns its wire text. "
+      "Raises ValueError naming the field for an invalid message.");
 
   py::class_<Service>(m, "AllocatorService", "The allocator loop on a thread of this process.")
       .def(py::init([](std::shared_ptr<ControlStore> store, const Secret& secret, const std::string& policy,

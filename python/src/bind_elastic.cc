@@ -208,6 +208,9 @@ void BindElastic(py::module_& m) {
       .def(
           "request_leave", [](ElasticGroup& g) { ThrowIfError(g.RequestLeave()); },
           "Asks to leave at the next step boundary.")
+      .def("finish", &ElasticGroup::Finish,
+           "This member is done with the job together with the others: closing the group "
+           "will not fail the generation.")
       .def(
           "allreduce",
           [](ElasticGroup& g, std::vector<at::Tensor> tensors, const std::string& op) {

@@ -18,6 +18,8 @@ import torch
 
 from malletrain import launcher
 
+from digits_runs import check_replicas_and_data, final_params, read_traces, rel_diff, sizes_seen
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
 STEPS = 60
@@ -34,61 +36,9 @@ def run_job(tmp: pathlib.Path, name: str, nodes: int, schedule: str = "", extra=
     return out, result
 
 
-def read_traces(out: pathlib.Path):
-    rows = []
-    for f in sorted(out.glob("trace-*.jsonl")):
-        member = f.stem[len("trace-"):]
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            r["member"] = member
-            rows.append(r)
-    return rows
-
-
-def final_params(out: pathlib.Path):
-    return torch.load(out / "final.pt")
-
-
-def rel_diff(a, b) -> float:
-    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
-    den = sum(float((a[k] ** 2).sum()) for k in a) ** 0.5
-    return num / den
-
-
 def logs(tmp: pathlib.Path, name: str) -> str:
     d = tmp / f"{name}-logs"
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(d.glob("*.log")))
-
-
-def check_replicas_and_data(rows, steps=STEPS):
-    """(3) every sample once per epoch, (4) identical replicas after every committed step."""
-    # The committed attempt of every (step, worker): the last one recorded.
-    by_step = collections.defaultdict(dict)
-    digests = collections.defaultdict(set)
-    for r in rows:
-        if r["type"] == "micro":
-            by_step[r["step"]][r["worker"]] = r["indices"]
-        else:
-            digests[r["step"]].add(r["digest"])
-    assert sorted(by_step) == list(range(steps))
-    for s in range(steps):
-        assert sorted(by_step[s]) == [0, 1, 2, 3], s
-        assert len(digests[s]) == 1, f"replicas differ after step {s}: {digests[s]}"
-    stream = [i for s in range(steps) for k in range(4) for i in by_step[s][k]]
-    for e in range(len(stream) // N_TRAIN):
-        assert sorted(stream[e * N_TRAIN:(e + 1) * N_TRAIN]) == list(range(N_TRAIN)), e
-    tail = stream[(len(stream) // N_TRAIN) * N_TRAIN:]
-    assert len(set(tail)) == len(tail)
-
-
-def sizes_seen(rows):
-    seq = []
-    rows = [r for r in rows if r["type"] == "micro"]
-    for r in sorted(rows, key=lambda r: (r["step"], r["generation"])):
-        if not seq or seq[-1] != (r["generation"], r["size"]):
-            if not seq or r["generation"] > seq[-1][0]:
-                seq.append((r["generation"], r["size"]))
-    return [size for _, size in seq]
 
 
 @pytest.fixture(scope="module")
