@@ -260,3 +260,28 @@ def test_bad_input_and_attacks_are_rejected_and_nothing_crashes(tmp_path):
         n0 = next(n for n in c.status()["nodes"] if n["node"] == "n0")
         assert n0["agent"] == first_agent and n0["phase"] == "active", n0
         assert c.allocator_running
+
+
+NAS = ROOT / "build" / "ci" / "examples" / "nas_search"
+
+
+@pytest.mark.skipif(not NAS.is_file(), reason="examples/nas_search is built by tests/run_all.sh "
+                    "(MALLE_BUILD_EXAMPLES=ON); a plain `pip install .` does not build it")
+def test_cpp_nas_driver_submits_trials_that_share_the_nodes(tmp_path):
+    """examples/nas_search.cpp, on the C++ client API: three trials of different widths on two
+    nodes; every trial succeeds and the driver names the best one."""
+    with LocalCluster(["n0", "n1"], policy="dp", workdir=tmp_path / "cluster") as c:
+        c.node_up("n0")
+        c.node_up("n1")
+        r = subprocess.run(
+            [str(NAS), f"--store={c.address}", f"--secret={c.secret_path}",
+             f"--python={sys.executable}", f"--script={EXAMPLE}", "--widths=16,32,64",
+             "--steps=60", "--max_nodes=2", f"--out={tmp_path / 'nas'}", "--timeout=5m"],
+            capture_output=True, text=True, timeout=400)
+        jobs = c.jobs()
+    assert r.returncode == 0, r.stdout + r.stderr
+    for w in (16, 32, 64):
+        assert jobs[f"nas-w{w}"]["phase"] == "succeeded"
+        assert f"nas-w{w} (width {w}): succeeded, test accuracy" in r.stdout
+        assert json.loads((tmp_path / "nas" / f"nas-w{w}" / "result.json").read_text())["steps"] == 60
+    assert "best: nas-w" in r.stdout
