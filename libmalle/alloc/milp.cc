@@ -42,6 +42,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,7 +107,9 @@ std::vector<bool> NeededOptions(const CountModel& model, const JobModel& job) {
   return needed;
 }
 
-Formulation BuildFormulation(const CountModel& model, bool use_start) {
+// `start`: the first incumbent (nullptr: the current allocation), or no
+// start at all when `use_start` is false.
+Formulation BuildFormulation(const CountModel& model, bool use_start, const CountSolution* start) {
   Formulation f;
   double largest = 0.0;
   for (const JobModel& job : model.jobs) {
@@ -233,6 +236,7 @@ Formulation BuildFormulation(const CountModel& model, bool use_start) {
   // make this common, and branch-and-bound would otherwise explore every
   // permutation of them. Order them: count(a) >= count(b) for consecutive
   // identical jobs. Their current counts are equal, so the start obeys it.
+  std::map<std::string, std::vector<int>> kinds;  // identical jobs, in index order
   {
     std::map<std::string, int> last_of_kind;
     for (int j = 0; j < num_jobs; ++j) {
@@ -253,6 +257,7 @@ Formulation BuildFormulation(const CountModel& model, bool use_start) {
       }
       put(job.current_per_pool.data(), job.current_per_pool.size() * sizeof(int));
       put(&job.current_option, sizeof(job.current_option));
+      kinds[key].push_back(j);
       auto [it, first] = last_of_kind.emplace(std::move(key), j);
       if (first) continue;
       const int prev = it->second;
@@ -273,7 +278,44 @@ Formulation BuildFormulation(const CountModel& model, bool use_start) {
   if (use_start) {
     // Keeping every job where it is obeys every rule, so CBC starts with an
     // incumbent and a time limit can never leave it with nothing.
-    const CountSolution current = CurrentSolution(model);
+    CountSolution current = start != nullptr ? *start : CurrentSolution(model);
+    if (start != nullptr) {
+      // A given start may use an option left out as dominated (a DP breaks
+      // ties its own way): the best kept option with no more nodes is worth
+      // at least as much and needs no more capacity (one pool only, the only
+      // case where options are left out).
+      for (int j = 0; j < num_jobs; ++j) {
+        const JobModel& job = model.jobs[j];
+        const int o = current.option[j];
+        if (f.y[j][o] >= 0) continue;
+        int best = 0;
+        for (size_t k = 0; k < job.options.size(); ++k) {
+          if (f.y[j][k] < 0 || job.options[k].nodes > job.options[o].nodes) continue;
+          const Option& b = job.options[best];
+          const Option& c = job.options[k];
+          if (c.value > b.value || (c.value == b.value && c.nodes < b.nodes)) {
+            best = static_cast<int>(k);
+          }
+        }
+        current.option[j] = best;
+        if (num_pools == 1) current.per_pool[j][0] = job.options[best].nodes;
+      }
+      // Identical jobs are interchangeable; the ordering rows above want
+      // non-increasing counts in index order.
+      for (const auto& [key, group] : kinds) {
+        if (group.size() < 2) continue;
+        std::vector<std::pair<int, std::vector<int>>> choices;
+        for (int j : group) choices.emplace_back(current.option[j], current.per_pool[j]);
+        const JobModel& job = model.jobs[group[0]];
+        std::stable_sort(choices.begin(), choices.end(), [&job](const auto& a, const auto& b) {
+          return job.options[a.first].nodes > job.options[b.first].nodes;
+        });
+        for (size_t k = 0; k < group.size(); ++k) {
+          current.option[group[k]] = choices[k].first;
+          current.per_pool[group[k]] = std::move(choices[k].second);
+        }
+      }
+    }
     mip.start.assign(mip.num_cols(), 0.0);
     for (int j = 0; j < num_jobs; ++j) {
       mip.start[f.y[j][current.option[j]]] = 1.0;
@@ -529,7 +571,12 @@ absl::StatusOr<MipResult> SolveSerialised(const MipModel& mip, const CbcSettings
 absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOptions& options) {
 
   const absl::Time start = absl::Now();
-  Formulation f = BuildFormulation(model, options.use_mip_start);
+  // The DP's answer as the start (dp_start), kept for the fallback too.
+  std::optional<absl::StatusOr<PolicyResult>> dp;
+  if (options.use_mip_start && options.dp_start) dp = SolveDp(model, options.fallback);
+  const bool dp_started = dp.has_value() && dp->ok();
+  Formulation f = BuildFormulation(model, options.use_mip_start,
+                                   dp_started ? &(*dp)->solution : nullptr);
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
@@ -553,6 +600,13 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     if (!check.ok()) cause = absl::StrCat("solver answer rejected: ", check.message());
   }
 
+  if (cause.empty() && dp_started &&
+      result.solution.objective < (*dp)->solution.objective -
+                                      1e-12 * std::max(1.0, std::fabs((*dp)->solution.objective))) {
+    // Only possible when CBC rejected the start (it reports why in its
+    // detail): the DP's answer is better, so it is the answer.
+    cause = absl::StrCat("answer below the dp start (", solved->detail, ")");
+  }
   if (cause.empty()) {
     const MipResult& mr = *solved;
     result.best_bound = std::max(mr.best_bound / f.scale, result.solution.objective);
@@ -568,14 +622,20 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
           "milp: time limit %s reached; incumbent %.6g, bound %.6g (gap %.3g%%)",
           absl::FormatDuration(options.time_limit), obj, result.best_bound, 100.0 * gap);
     }
-  } else {
-    absl::StatusOr<PolicyResult> dp = SolveDp(model, options.fallback);
-    if (!dp.ok()) {
-      return absl::Status(
-          dp.status().code(),
-          absl::StrCat(dp.status().message(), " (the dp was the fallback of milp: ", cause, ")"));
+    if (dp_started) absl::StrAppend(&result.reason, "; started from the dp's answer");
+    // A start CBC refused is a bug in the start (it obeys every rule by
+    // construction): say so rather than lose it.
+    if (const size_t at = mr.detail.find("start ignored"); at != std::string::npos) {
+      absl::StrAppend(&result.reason, "; cbc: ", mr.detail.substr(at));
     }
-    result = *std::move(dp);
+  } else {
+    if (!dp.has_value()) dp = SolveDp(model, options.fallback);
+    if (!dp->ok()) {
+      return absl::Status(
+          dp->status().code(),
+          absl::StrCat(dp->status().message(), " (the dp was the fallback of milp: ", cause, ")"));
+    }
+    result = **std::move(dp);
     result.fell_back = true;
     result.reason = absl::StrCat("milp: ", cause, "; answered by dp: ", result.reason);
     if (solved.ok()) result.branch_nodes = solved->branch_nodes;

@@ -49,6 +49,14 @@ struct MilpOptions {
   double relative_gap = 1e-9;  // stop when (bound - incumbent) / |incumbent| is below
   SolveIsolation isolation = SolveIsolation::kFork;
   bool use_mip_start = true;   // give CBC the current allocation as the first incumbent
+  // With use_mip_start: solve the model with the DP first and give CBC the
+  // DP's answer as the first incumbent instead (where the DP answers: always
+  // with one pool; with several, within `fallback`'s limits, else the
+  // current allocation is the start). The answer is then never worse than
+  // the DP's and a time limit only cuts the proof short; on a single pool
+  // (where the DP is exact) CBC can only confirm it. The DP's time is not
+  // part of time_limit. Off by default: the MILP stays an independent check.
+  bool dp_start = false;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

@@ -47,6 +47,10 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_waiting: must be >= 0, got ", o.max_waiting));
   }
+  if (o.max_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_jobs: must be >= 0 (0 = no limit), got ", o.max_jobs));
+  }
   if (o.debounce < absl::ZeroDuration() || o.debounce == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("debounce: must be finite and >= 0, got ", absl::FormatDuration(o.debounce)));
@@ -260,12 +264,19 @@ absl::Duration Replay::EstimatedIdle(int node) {
 }
 
 absl::Status Replay::Decide() {
-  // Running jobs and the first max_waiting waiting ones, in submit order.
+  // Running jobs and the first max_waiting waiting ones, in submit order;
+  // with max_jobs, only waiting jobs among the first max_jobs unfinished
+  // ones. Running jobs are always among those (a job starts only when it is,
+  // and the jobs ahead of it can only finish), so none is ever left out.
   std::vector<int> ranks(running_.begin(), running_.end());
   {
     int taken = 0;
     for (auto it = waiting_.begin(); it != waiting_.end() && taken < options_.max_waiting;
          ++it, ++taken) {
+      if (options_.max_jobs > 0) {
+        const auto running_ahead = std::distance(running_.begin(), running_.lower_bound(*it));
+        if (running_ahead + taken >= options_.max_jobs) break;
+      }
       ranks.push_back(*it);
     }
     std::sort(ranks.begin(), ranks.end());
@@ -306,7 +317,8 @@ absl::Status Replay::Decide() {
 
   const absl::Time t0 = absl::Now();
   absl::StatusOr<alloc::Decision> decision = alloc::Decide(problem, options_.decide);
-  const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  const absl::Duration took = absl::Now() - t0;
+  const double ms = absl::ToDoubleMilliseconds(took);
   if (!decision.ok()) {
     return absl::Status(decision.status().code(),
                         absl::StrCat("decision at ", absl::FormatTime(origin_ + absl::Seconds(now_)),
@@ -315,6 +327,7 @@ absl::Status Replay::Decide() {
   latencies_ms_.push_back(ms);
   ++summary_.decisions;
   Record("decide", -1, -1, 0, 0, ms);
+  if (options_.on_decision) options_.on_decision(problem, *decision, took);
   // Two passes: a node one job releases may be taken by a job listed before
   // it, so every release happens before any take.
   std::vector<int> before(considered.size());

@@ -79,6 +79,12 @@ struct SimOptions {
   absl::Duration forward_window = absl::Minutes(2);
   absl::Duration debounce = absl::ZeroDuration();
   int max_waiting = 64;
+  // At most this many jobs are in play at once: the policy considers only
+  // the first `max_jobs` submitted, unfinished jobs in submit order, running
+  // or not (BFTrainer's replayer's `maxJ`, 10 by default there; a job, once
+  // among them, stays until it finishes). 0 = no limit (then every running
+  // job and the first `max_waiting` waiting ones are considered).
+  int max_jobs = 0;
   Accounting accounting = Accounting::kBftrainer;
   CurveMode curves = CurveMode::kOracle;
   absl::Duration learned_warmup = absl::ZeroDuration();
@@ -97,6 +103,10 @@ struct SimOptions {
   absl::Duration timeline_step = absl::Minutes(10);  // SimResult::timeline sampling
   // Called now and then with the fraction of the replay done (0..1).
   std::function<void(double)> progress;
+  // Called after every decision with the problem the policy was given, its
+  // answer and the wall time Decide took (e.g. to audit a MILP's gap against
+  // the DP on the same problem). Not timed as part of the decision.
+  std::function<void(const alloc::Problem&, const alloc::Decision&, absl::Duration)> on_decision;
 };
 
 struct JobOutcome {

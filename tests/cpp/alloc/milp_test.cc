@@ -335,6 +335,93 @@ TEST(MilpTest, ShortTimeLimitReturnsIncumbentOrDpAnswer) {
   EXPECT_TRUE(NoChildLeft());
 }
 
+// The DP's answer as the start: same optimum, and CBC accepts every start.
+// The generator's identical copies make the DP's answer break the ordering
+// rows of identical jobs now and then (the DP breaks ties its own way);
+// BuildFormulation reorders them, else CBC would ignore the start.
+TEST(MilpTest, DpStartAgreesWithDpOnRandomProblems) {
+  std::mt19937 rng(8080);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  options.dp_start = true;
+  GenOptions multi;
+  multi.multi_pool = true;
+  multi.max_nodes = 10;
+  multi.max_jobs = 4;
+  for (int i = 0; i < 400; ++i) {
+    const Problem problem = RandomProblem(rng, i < 300 ? GenOptions{} : multi);
+    const std::string label = absl::StrCat("dp-start instance ", i);
+    ExpectAgrees(problem, options, label);
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+    EXPECT_THAT(r.reason, HasSubstr("started from the dp's answer")) << label;
+    EXPECT_THAT(r.reason, ::testing::Not(HasSubstr("ignored"))) << label;
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+// Groups of identical jobs (the ordering rows apply to them) whose curves
+// are flat over a range (options the formulation leaves out as dominated):
+// the DP's answer must still be a start CBC accepts. With 1 ms CBC cannot
+// finish, so a rejected start would leave it without an incumbent and the
+// DP fallback would answer.
+TEST(MilpTest, DpStartIsAcceptedWithIdenticalJobsAndPlateaus) {
+  Problem p;
+  p.resize_cost = ResizeCostModel::kLostWork;
+  for (int i = 0; i < 1500; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  std::mt19937 rng(5);
+  for (int j = 0; j < 450; ++j) {
+    if (j % 3 != 0) {  // two identical copies of every third job
+      JobSpec copy = p.jobs.back();
+      copy.id = absl::StrCat("j", j);
+      p.jobs.push_back(copy);
+      continue;
+    }
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    job.min_nodes = 1;
+    job.max_nodes = 32;
+    const double r1 = 1000.0 * (1 + rng() % 50);
+    const int flat_from = 4 + rng() % 8;
+    job.throughput = {{1, r1}, {flat_from, r1 * flat_from * 0.9}, {flat_from + 8, r1 * flat_from * 0.9},
+                      {32, r1 * (flat_from + 10) * 0.8}};
+    job.resize_up_pause = absl::Seconds(10 + rng() % 20);
+    p.jobs.push_back(job);
+  }
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Milliseconds(1);
+  options.dp_start = true;
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+  EXPECT_FALSE(r.fell_back) << r.reason;
+  EXPECT_THAT(r.reason, HasSubstr("started from the dp's answer"));
+  EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+  EXPECT_LE(Rel(r.solution.objective, dp.solution.objective), kTolerance) << r.reason;
+
+  // Without the DP's start the same 1 ms gives at best CBC's incumbent from
+  // the current allocation (all stopped here), or the fallback.
+  options.dp_start = false;
+  ASSERT_OK_AND_ASSIGN(PolicyResult plain, SolveMilp(model, options));
+  EXPECT_THAT(plain.reason, ::testing::Not(HasSubstr("started from the dp's answer")));
+  EXPECT_LE(plain.solution.objective, dp.solution.objective * (1 + 1e-9));
+}
+
+TEST(MilpTest, DpStartFallbackReusesTheDp) {
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(FaultProblem()));
+  ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+  MilpOptions options;
+  options.dp_start = true;
+  options.fault = MilpFault::kCrash;
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+  EXPECT_TRUE(r.fell_back);
+  EXPECT_THAT(r.reason, HasSubstr("answered by dp"));
+  EXPECT_NEAR(r.solution.objective, dp.solution.objective, 1e-9);
+  EXPECT_TRUE(NoChildLeft());
+}
+
 TEST(MilpTest, ConcurrentCallersGetCorrectAnswers) {
   constexpr int kThreads = 4;
   constexpr int kPerThread = 8;

@@ -281,6 +281,63 @@ TEST(EngineTest, WaitingJobsAreConsideredFifoBySubmitTime) {
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 0);
 }
 
+TEST(EngineTest, MaxJobsKeepsTheFirstUnfinishedJobsInPlay) {
+  // Three one-node jobs on three nodes, submitted at 0, 1 and 2; `a` is done
+  // at t = 100 (10 samples/s). With max_jobs = 2 only `a` and `b` are in
+  // play (BFTrainer's maxJ): `c` waits for `a` to finish although a node is
+  // free; without the limit it starts at once.
+  auto job = [](const std::string& name, int64_t submit, double work) {
+    MixJob j = Job(name, 1, 1, work);
+    j.submit_time = T(submit);
+    return j;
+  };
+  const std::vector<MixJob> jobs = {job("a", 0, 1000), job("b", 1, 1e9), job("c", 2, 1e9)};
+  constexpr char kThree[] = "0,n0,1\n0,n1,1\n0,n2,1\n1000,n0,1\n";
+  SimOptions o = Dp();
+  o.max_jobs = 2;
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kThree), jobs, o));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 a 0->1", "1 b 0->1", "100 c 0->1"));
+  EXPECT_EQ(r.jobs[0].finish, T(100));
+
+  o.max_jobs = 0;
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kThree), jobs, o));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 a 0->1", "1 b 0->1", "2 c 0->1"));
+}
+
+TEST(EngineTest, MaxJobsCountsPreemptedJobsAsInPlay) {
+  // `a` is preempted at t = 50 (its node is reclaimed) and waits; it stays
+  // in play, so with max_jobs = 1 `b` cannot take the other node.
+  MixJob a = Job("a", 1, 1, 1e9);
+  MixJob b = Job("b", 1, 1, 1e9);
+  b.submit_time = T(1);
+  SimOptions o = Dp();
+  o.max_jobs = 1;
+  ASSERT_OK_AND_ASSIGN(
+      SimResult r, Simulate(Trace("0,n0,1\n0,n1,0\n50,n0,0\n50,n1,1\n1000,n1,1\n"), {a, b}, o));
+  EXPECT_THAT(EventsOf(r, "preempt"), ElementsAre("50 a 0->0"));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 a 0->1", "50 a 0->1"));
+  EXPECT_EQ(r.jobs[1].first_start, absl::InfiniteFuture());
+}
+
+TEST(EngineTest, OnDecisionSeesEveryProblemAndAnswer) {
+  SimOptions o = Dp();
+  int calls = 0;
+  std::vector<size_t> jobs_seen;
+  o.on_decision = [&](const alloc::Problem& p, const alloc::Decision& d, absl::Duration took) {
+    ++calls;
+    jobs_seen.push_back(p.jobs.size());
+    EXPECT_EQ(d.policy, alloc::PolicyKind::kDp);
+    EXPECT_EQ(d.allocation.jobs.size(), p.jobs.size());
+    EXPECT_GE(took, absl::ZeroDuration());
+  };
+  MixJob later = Job("later", 1, 2, 1e9);
+  later.submit_time = T(50);
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9), later}, o));
+  EXPECT_EQ(calls, r.summary.decisions);
+  // t = 0: j alone; t = 50: later arrives; t = 100: n1 becomes idle.
+  EXPECT_THAT(jobs_seen, ElementsAre(1, 2, 2));
+}
+
 TEST(EngineTest, SkipSnapshotsAndAlignedSubmitTimes) {
   // Event times 0, 10, 20 (the trace ends at 1000); skipping one starts at 10.
   constexpr char kTrace[] = "0,n0,1\n10,n1,1\n20,n1,0\n1000,n0,1\n";
@@ -536,6 +593,9 @@ TEST(EngineTest, BadOptionsNameTheField) {
   o = Dp();
   o.learned_warmup = absl::Seconds(-1);
   fails_on(o, "learned_warmup");
+  o = Dp();
+  o.max_jobs = -1;
+  fails_on(o, "max_jobs");
   EXPECT_THAT(Simulate(IdleTrace{}, {}, Dp()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trace")));
   IdleTrace bad;

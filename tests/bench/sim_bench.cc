@@ -1,0 +1,593 @@
+// sim_bench: the trace-driven simulator on real data, every policy and curve
+// mode side by side in one run, next to the figures BFTrainer and MalleTrain
+// published.
+//
+// For every job mix in --jobs, every policy in --policies and every curve
+// mode in --curves it replays --trace with Simulate (libmalle/sim/engine.h,
+// the same alloc::Decide as the live allocator) and prints one row: samples
+// trained, efficiency (ours and the stricter "best dedicated size" reading),
+// utilisation, resizes, preemptions, job completion time, makespan, decision
+// latency and the wall time of the replay. Then:
+//   - the reference figures, cited: BFTrainer's "efficiencies of up to 93%
+//     compared with running the same training tasks on dedicated nodes"
+//     (Liu et al., arXiv:2106.12091) and MalleTrain's "improving training
+//     throughput by up to 22.3% without requiring users to provide job
+//     scalability information" (Ma et al., ICPE '24, doi:10.1145/3629526.3645035),
+//     with our ratios learned/linear and learned/oracle;
+//   - for MILP runs, an audit of every decision the MILP did not prove
+//     optimal (time limit or fallback): the same problem solved by the exact
+//     DP, and the objective gap;
+//   - the speed targets (full replay < 60 s with DP, < 5 min with MILP).
+//
+//   build/sim/tests/bench/sim_bench --jobs=.../jobs-hpo-shufflenet-10.csv --policies=dp,milp
+//
+// A program, not a test: exits 0, or 1 if a replay failed, 2 for bad flags.
+// Replays run one after another (one core each); wall times are of the
+// replay alone (loading and the audit excluded).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "libmalle/alloc/decide.h"
+#include "libmalle/sim/engine.h"
+#include "libmalle/sim/idle_trace.h"
+#include "libmalle/sim/job_mix.h"
+
+ABSL_FLAG(std::string, trace, MALLE_SHARED_DATA_DIR "/summit-idle-2021-02.csv.gz",
+          "idle-node trace (.csv or .csv.gz)");
+ABSL_FLAG(std::string, jobs,
+          MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv," MALLE_SHARED_DATA_DIR
+                                "/jobs-hpo-shufflenet-10.csv",
+          "job-mix CSVs, comma-separated; each is replayed under every policy and curve mode");
+ABSL_FLAG(std::string, policies, "milp,dp,greedy,equal_share,static",
+          "policies, comma-separated (milp, dp, greedy, equal_share, static)");
+ABSL_FLAG(std::string, curves, "oracle,learned,linear",
+          "curve modes, comma-separated (oracle, learned, linear)");
+ABSL_FLAG(std::string, curves_for, "milp,dp",
+          "policies that run every mode in --curves; the others run only the first one "
+          "('all' for every policy)");
+ABSL_FLAG(std::string, forecast, "none", "none, oracle or estimated");
+ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
+ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
+ABSL_FLAG(std::string, resize_cost, "bftrainer", "bftrainer or lost_work");
+ABSL_FLAG(double, t_fwd_s, 120, "forward window T_fwd, seconds");
+ABSL_FLAG(double, debounce_s, 0, "decision debounce, seconds");
+ABSL_FLAG(int, max_waiting, 64, "waiting jobs the policy considers (FIFO)");
+ABSL_FLAG(int, max_jobs, 0,
+          "jobs in play at once (BFTrainer's replayer's maxJ, 10 there); 0 = no limit");
+ABSL_FLAG(int, skip_snapshots, 999,
+          "distinct trace times skipped before the replay starts (BFTrainer: 999)");
+ABSL_FLAG(double, hours, 0, "replay only this many hours from the start (0 = the whole trace)");
+ABSL_FLAG(double, learned_warmup_s, 0, "learned curves: seconds at a size before it counts");
+ABSL_FLAG(double, milp_time_limit_s, 1, "CBC time limit per MILP decision, seconds");
+ABSL_FLAG(double, milp_relative_gap, 1e-9, "CBC relative gap");
+ABSL_FLAG(bool, milp_fork, true, "solve the MILP in a forked child (the live default)");
+ABSL_FLAG(bool, milp_dp_start, false,
+          "give CBC the DP's answer as its MIP start (single-pool problems)");
+ABSL_FLAG(bool, audit_all, false,
+          "audit every MILP decision against the DP, not only those not proven optimal");
+ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
+
+namespace {
+
+namespace alloc = malle::alloc;
+namespace sim = malle::sim;
+
+// Published figures (abstracts of the papers; see docs/benchmarks.md).
+constexpr double kBftrainerEfficiency = 0.93;  // "efficiencies of up to 93%"
+constexpr double kMalletrainGain = 0.223;      // "training throughput by up to 22.3%"
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct MilpAudit {
+  int decisions = 0;
+  int optimal = 0;        // proven optimal by CBC
+  int time_limit = 0;     // CBC's incumbent at the time limit
+  int fell_back = 0;      // answered by the DP fallback (crash, hang, no incumbent...)
+  int audited = 0;        // solved again by the DP
+  int worse_than_dp = 0;  // objective below the DP's by more than 1e-9 relative
+  double max_gap_bound = 0;  // (bound - objective) / objective over time-limit answers
+  double max_gap_dp = 0;     // (dp - milp) / |dp| over audited answers
+  double sum_gap_dp = 0;
+  double milp_ms = 0;        // sum of decision times
+  double audit_s = 0;        // wall time spent in the audit (not part of the replay)
+  std::vector<double> slow_ms;  // decisions slower than 100 ms
+  // Decisions by the number of jobs in the problem (bucket upper bounds):
+  // all of them, the slow ones, and the time they took.
+  std::map<int, int> all_by_jobs, slow_by_jobs;
+  std::map<int, double> ms_by_jobs;
+};
+
+// Upper bound of the bucket of a problem with `jobs` jobs.
+int JobBucket(int jobs) {
+  for (int b : {10, 30, 60, 90}) {
+    if (jobs <= b) return b;
+  }
+  return 1 << 30;
+}
+
+struct Row {
+  std::string mix;
+  std::string policy;
+  std::string curves;
+  sim::Summary s;
+  double eff_best = kNaN;  // samples / (node-hours x best per-node rate)
+  double replay_s = 0;     // replayed seconds (for throughput when a job did not finish)
+  double wall_s = 0;       // replay only
+  bool milp = false;
+  MilpAudit audit;
+};
+
+absl::StatusOr<std::vector<std::string>> SplitList(const std::string& flag,
+                                                   const std::string& text) {
+  std::vector<std::string> out = absl::StrSplit(text, ',', absl::SkipEmpty());
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty list"));
+  return out;
+}
+
+absl::StatusOr<sim::CurveMode> ParseCurves(const std::string& s) {
+  if (s == "oracle") return sim::CurveMode::kOracle;
+  if (s == "learned") return sim::CurveMode::kLearned;
+  if (s == "linear") return sim::CurveMode::kLinear;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--curves: unknown mode '", s, "'; expected oracle, learned or linear"));
+}
+
+absl::StatusOr<sim::SimOptions> BaseOptions() {
+  sim::SimOptions o;
+  const std::string forecast = absl::GetFlag(FLAGS_forecast);
+  if (forecast == "none") {
+    o.forecast = sim::ForecastMode::kNone;
+  } else if (forecast == "oracle") {
+    o.forecast = sim::ForecastMode::kOracle;
+  } else if (forecast == "estimated") {
+    o.forecast = sim::ForecastMode::kEstimated;
+  } else {
+    return absl::InvalidArgumentError("--forecast: expected none, oracle or estimated");
+  }
+  const std::string accounting = absl::GetFlag(FLAGS_accounting);
+  if (accounting == "bftrainer") {
+    o.accounting = sim::Accounting::kBftrainer;
+  } else if (accounting == "pause") {
+    o.accounting = sim::Accounting::kPause;
+  } else {
+    return absl::InvalidArgumentError("--accounting: expected bftrainer or pause");
+  }
+  const std::string objective = absl::GetFlag(FLAGS_objective);
+  if (objective == "throughput") {
+    o.objective = alloc::Objective::kThroughput;
+  } else if (objective == "speedup") {
+    o.objective = alloc::Objective::kSpeedup;
+  } else if (objective == "weighted") {
+    o.objective = alloc::Objective::kWeighted;
+  } else {
+    return absl::InvalidArgumentError("--objective: expected throughput, speedup or weighted");
+  }
+  const std::string cost = absl::GetFlag(FLAGS_resize_cost);
+  if (cost == "bftrainer") {
+    o.resize_cost = alloc::ResizeCostModel::kBftrainer;
+  } else if (cost == "lost_work") {
+    o.resize_cost = alloc::ResizeCostModel::kLostWork;
+  } else {
+    return absl::InvalidArgumentError("--resize_cost: expected bftrainer or lost_work");
+  }
+  const double t_fwd = absl::GetFlag(FLAGS_t_fwd_s);
+  const double debounce = absl::GetFlag(FLAGS_debounce_s);
+  const double limit = absl::GetFlag(FLAGS_milp_time_limit_s);
+  const double warmup = absl::GetFlag(FLAGS_learned_warmup_s);
+  if (!(t_fwd > 0) || !(debounce >= 0) || !(limit > 0) || !(warmup >= 0) ||
+      !(absl::GetFlag(FLAGS_hours) >= 0)) {
+    return absl::InvalidArgumentError(
+        "--t_fwd_s and --milp_time_limit_s must be > 0; --debounce_s, --learned_warmup_s and "
+        "--hours >= 0");
+  }
+  o.forward_window = absl::Seconds(t_fwd);
+  o.debounce = absl::Seconds(debounce);
+  o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  o.skip_snapshots = absl::GetFlag(FLAGS_skip_snapshots);
+  o.learned_warmup = absl::Seconds(warmup);
+  o.record_events = false;
+  o.decide.milp.time_limit = absl::Seconds(limit);
+  o.decide.milp.relative_gap = absl::GetFlag(FLAGS_milp_relative_gap);
+  o.decide.milp.isolation =
+      absl::GetFlag(FLAGS_milp_fork) ? alloc::SolveIsolation::kFork : alloc::SolveIsolation::kInProcess;
+  o.decide.milp.dp_start = absl::GetFlag(FLAGS_milp_dp_start);
+  return o;
+}
+
+// The replay start Simulate will use (the (skip + 1)-th distinct event time).
+absl::Time ReplayStart(const sim::IdleTrace& trace, int skip) {
+  absl::Time start = trace.events.front().time;
+  int skipped = 0;
+  for (size_t i = 1; i < trace.events.size() && skipped < skip; ++i) {
+    if (trace.events[i].time != trace.events[i - 1].time) {
+      ++skipped;
+      start = trace.events[i].time;
+    }
+  }
+  return start;
+}
+
+// Samples trained over what the same node-hours give each job at its most
+// efficient size (highest samples/s per node within [min, max]): the
+// strictest reading of "the same training tasks on dedicated nodes".
+double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
+  double best = 0;
+  for (size_t k = 0; k < mix.size(); ++k) {
+    double per_node = 0;
+    for (int n = mix[k].min_nodes; n <= mix[k].max_nodes; ++n) {
+      per_node = std::max(per_node, alloc::Interpolate(mix[k].throughput, n) / n);
+    }
+    best += r.jobs[k].node_seconds * per_node;
+  }
+  return best > 0 ? r.summary.samples_trained / best : kNaN;
+}
+
+std::string Pct(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.1f%%", 100 * v); }
+std::string Hours(double s) { return std::isnan(s) ? "-" : absl::StrFormat("%.2f", s / 3600); }
+std::string Ms(double ms) {
+  return ms < 10 ? absl::StrFormat("%.2f", ms) : absl::StrFormat("%.0f", ms);
+}
+
+// Aggregate training throughput: samples over the time from the first
+// arrival to the last finish (or to the end of the replay if a job did not
+// finish). With every job finished, samples are equal across policies and
+// this is their inverse makespan.
+double Throughput(const Row& r) {
+  const double span = std::isnan(r.s.makespan_s) ? r.replay_s : r.s.makespan_s;
+  return span > 0 ? r.s.samples_trained / span : kNaN;
+}
+
+std::string Ratio(double a, double b) {
+  if (std::isnan(a) || std::isnan(b) || b == 0) return "-";
+  return absl::StrFormat("%+.1f%%", 100 * (a / b - 1));
+}
+
+void PrintTable(const std::vector<Row>& rows) {
+  const std::string header = absl::StrFormat(
+      "%-17s %-11s %-7s | %9s %7s %8s %8s %9s | %7s %6s %6s | %6s %6s %8s | %7s %7s %7s | %8s",
+      "mix", "policy", "curves", "samples", "jobs", "eff", "eff_best", "used_nh", "util",
+      "resizes", "preempt", "JCT_mn", "JCT_md", "makespan", "dec_p50", "dec_p99", "dec_n",
+      "wall_s");
+  std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
+  for (const Row& r : rows) {
+    std::cout << absl::StrFormat(
+        "%-17s %-11s %-7s | %9.4g %7s %8s %8s %9.0f | %7s %6d %6d | %6s %6s %8s | %7s %7s %7d | "
+        "%8.1f\n",
+        r.mix, r.policy, r.curves, r.s.samples_trained,
+        absl::StrCat(r.s.jobs_finished, "/", r.s.jobs_submitted), Pct(r.s.efficiency),
+        Pct(r.eff_best), r.s.used_node_hours, Pct(r.s.utilisation), r.s.resizes,
+        r.s.preemptions, Hours(r.s.jct_mean_s), Hours(r.s.jct_median_s), Hours(r.s.makespan_s),
+        Ms(r.s.decision_p50_ms), Ms(r.s.decision_p99_ms), r.s.decisions, r.wall_s);
+  }
+  std::cout << "  samples: trained in the replay; jobs: finished/submitted; eff: samples / the same\n"
+               "  node counts without resize and preemption losses (docs/simulator.md); eff_best:\n"
+               "  samples / the same node-hours at each job's most efficient size; used_nh: node-\n"
+               "  hours held; util: used / idle node-hours offered; JCT mean/median and makespan in\n"
+               "  hours; dec: decision latency p50/p99 (ms) and count; wall_s: the replay alone.\n";
+}
+
+const Row* Find(const std::vector<Row>& rows, const std::string& mix, const std::string& policy,
+                const std::string& curves) {
+  for (const Row& r : rows) {
+    if (r.mix == mix && r.policy == policy && r.curves == curves) return &r;
+  }
+  return nullptr;
+}
+
+void PrintReferences(const std::vector<Row>& rows, const std::vector<std::string>& mixes) {
+  std::cout << "\nReference figures (from the papers' abstracts):\n"
+               "  BFTrainer (Liu et al., arXiv:2106.12091): \"efficiencies of up to 93% compared "
+               "with running\n"
+               "    the same training tasks on dedicated nodes\" (Summit logs, its MILP).\n"
+               "  MalleTrain (Ma et al., ICPE '24, doi:10.1145/3629526.3645035): \"improving "
+               "training throughput\n"
+               "    by up to 22.3% without requiring users to provide job scalability "
+               "information\".\n\n";
+  const std::string header = absl::StrFormat(
+      "%-17s %-11s | %8s %8s %9s | %13s %13s | %13s %13s", "mix", "policy", "eff", "eff_best",
+      "vs 93%", "tput lrn/lin", "tput lrn/orc", "JCT lrn/lin", "JCT lrn/orc");
+  std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
+  for (const std::string& mix : mixes) {
+    std::vector<std::string> policies;
+    for (const Row& r : rows) {
+      if (r.mix == mix && std::find(policies.begin(), policies.end(), r.policy) == policies.end())
+        policies.push_back(r.policy);
+    }
+    for (const std::string& p : policies) {
+      const Row* orc = Find(rows, mix, p, "oracle");
+      const Row* lrn = Find(rows, mix, p, "learned");
+      const Row* lin = Find(rows, mix, p, "linear");
+      const Row* any = orc ? orc : (lrn ? lrn : lin);
+      auto tput = [](const Row* r) { return r ? Throughput(*r) : kNaN; };
+      // JCT: lower is better; printed as the change of 1/JCT so that + is better.
+      auto inv_jct = [](const Row* r) { return r ? 1 / r->s.jct_mean_s : kNaN; };
+      std::cout << absl::StrFormat(
+          "%-17s %-11s | %8s %8s %+8.1fpp | %13s %13s | %13s %13s\n", mix, p,
+          Pct(any->s.efficiency), Pct(any->eff_best),
+          100 * (any->s.efficiency - kBftrainerEfficiency), Ratio(tput(lrn), tput(lin)),
+          Ratio(tput(lrn), tput(orc)), Ratio(inv_jct(lrn), inv_jct(lin)),
+          Ratio(inv_jct(lrn), inv_jct(orc)));
+    }
+  }
+  std::cout << absl::StrFormat(
+      "  eff columns: the oracle-curve run (first mode run otherwise); vs 93%%: eff minus "
+      "BFTrainer's\n"
+      "  %.0f%% in percentage points. tput: samples / (first arrival .. last finish); JCT: "
+      "1 / mean JCT;\n"
+      "  lrn/lin is our counterpart of MalleTrain's +%.1f%% (learned curves vs no "
+      "scalability\n"
+      "  information), lrn/orc what learning still costs against the true curves (0 = "
+      "nothing).\n",
+      100 * kBftrainerEfficiency, 100 * kMalletrainGain);
+}
+
+void PrintAudit(const std::vector<Row>& rows) {
+  bool any = false;
+  for (const Row& r : rows) any = any || r.milp;
+  if (!any) return;
+  std::cout << absl::StrFormat(
+      "\nMILP decisions (time limit %.3g s, %s, MIP start: %s):\n",
+      absl::GetFlag(FLAGS_milp_time_limit_s),
+      absl::GetFlag(FLAGS_milp_fork) ? "forked child" : "in process",
+      absl::GetFlag(FLAGS_milp_dp_start) ? "the DP's answer" : "the current allocation");
+  const std::string header = absl::StrFormat(
+      "%-17s %-7s | %7s %7s %6s %6s | %7s %9s %9s %9s %6s | %9s %6s %s", "mix", "curves",
+      "decs", "optimal", "limit", "fellbk", "audited", "gap_bound", "gap_dp_mx", "gap_dp_mn",
+      "<dp", "milp_s", ">100ms", "by jobs in the problem: decisions/>100ms/time");
+  std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
+  for (const Row& r : rows) {
+    if (!r.milp) continue;
+    const MilpAudit& a = r.audit;
+    std::vector<std::string> slow;
+    int lo = 1;
+    for (const auto& [hi, count] : a.all_by_jobs) {
+      const auto it = a.slow_by_jobs.find(hi);
+      slow.push_back(absl::StrFormat(
+          "%s:%d/%d/%.0fs", hi == (1 << 30) ? absl::StrCat(lo, "+") : absl::StrCat(lo, "-", hi),
+          count, it == a.slow_by_jobs.end() ? 0 : it->second, a.ms_by_jobs.at(hi) / 1000));
+      lo = hi + 1;
+    }
+    std::cout << absl::StrFormat(
+        "%-17s %-7s | %7d %7d %6d %6d | %7d %9.2e %9.2e %9.2e %6d | %9.1f %6d %s\n", r.mix,
+        r.curves, a.decisions, a.optimal, a.time_limit, a.fell_back, a.audited, a.max_gap_bound,
+        a.max_gap_dp, a.audited > 0 ? a.sum_gap_dp / a.audited : 0.0, a.worse_than_dp,
+        a.milp_ms / 1000, static_cast<int>(a.slow_ms.size()), absl::StrJoin(slow, " "));
+  }
+  std::cout << "  optimal: proven by CBC; limit: CBC's incumbent at the time limit; fellbk: "
+               "answered by the DP\n"
+               "  fallback; audited: decisions solved again by the exact DP (those not proven "
+               "optimal, or all\n"
+               "  with --audit_all); gap_bound: max (CBC bound - objective) / objective; "
+               "gap_dp: (DP - MILP) /\n"
+               "  DP objective, max and mean; <dp: answers worse than the DP's; milp_s: total "
+               "decision time;\n"
+               "  >100ms: decisions slower than that; then, per range of jobs in the problem: "
+               "decisions, those\n"
+               "  slower than 100 ms, and their total time.\n";
+}
+
+void WriteCsv(const std::string& path, const std::vector<Row>& rows) {
+  std::ofstream out(path);
+  out << "mix,curves,eff_best,replay_wall_s," << absl::StripSuffix(
+      sim::SummariesToCsv({}), "\n") << "\n";
+  for (const Row& r : rows) {
+    std::string line = sim::SummariesToCsv({r.s});
+    line = line.substr(line.find('\n') + 1);
+    out << r.mix << "," << r.curves << "," << absl::StrFormat("%.17g", r.eff_best) << ","
+        << absl::StrFormat("%.17g", r.wall_s) << "," << line;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "replays an idle-node trace with job mixes under every policy and curve mode; "
+      "prints one table");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Time program_start = absl::Now();
+
+  auto mix_paths = SplitList("jobs", absl::GetFlag(FLAGS_jobs));
+  auto policy_names = SplitList("policies", absl::GetFlag(FLAGS_policies));
+  auto curve_names = SplitList("curves", absl::GetFlag(FLAGS_curves));
+  auto curves_for = SplitList("curves_for", absl::GetFlag(FLAGS_curves_for));
+  for (const auto* l : {&mix_paths, &policy_names, &curve_names, &curves_for}) {
+    if (!l->ok()) {
+      std::cerr << l->status().message() << "\n";
+      return 2;
+    }
+  }
+  std::vector<alloc::PolicyKind> policies;
+  for (const std::string& p : *policy_names) {
+    auto k = alloc::ParsePolicyName(p);
+    if (!k.ok()) {
+      std::cerr << "--policies: " << k.status().message() << "\n";
+      return 2;
+    }
+    policies.push_back(*k);
+  }
+  std::vector<sim::CurveMode> curves;
+  for (const std::string& c : *curve_names) {
+    auto m = ParseCurves(c);
+    if (!m.ok()) {
+      std::cerr << m.status().message() << "\n";
+      return 2;
+    }
+    curves.push_back(*m);
+  }
+  auto base = BaseOptions();
+  if (!base.ok()) {
+    std::cerr << base.status().message() << "\n";
+    return 2;
+  }
+
+  const absl::Time t_load = absl::Now();
+  auto trace = sim::LoadIdleTrace(absl::GetFlag(FLAGS_trace));
+  if (!trace.ok()) {
+    std::cerr << "cannot load the trace: " << trace.status() << "\n";
+    return 1;
+  }
+  if (trace->events.empty()) {
+    std::cerr << "the trace has no events\n";
+    return 1;
+  }
+  std::vector<std::pair<std::string, sim::JobMix>> mixes;
+  for (const std::string& path : *mix_paths) {
+    auto mix = sim::LoadJobMix(path, {/*strict=*/true});
+    if (!mix.ok()) {
+      std::cerr << "cannot load the job mix: " << mix.status() << "\n";
+      return 1;
+    }
+    std::string name = path.substr(path.find_last_of('/') + 1);
+    name = std::string(absl::StripSuffix(absl::StripPrefix(name, "jobs-"), ".csv"));
+    mixes.emplace_back(name, *std::move(mix));
+  }
+  const absl::Time start = ReplayStart(*trace, base->skip_snapshots);
+  if (absl::GetFlag(FLAGS_hours) > 0) base->end = start + absl::Hours(absl::GetFlag(FLAGS_hours));
+  const absl::Time end = std::min(std::max(trace->end, trace->events.back().time), base->end);
+
+  std::cout << absl::StrFormat(
+      "sim_bench: trace %s (%d nodes, %d events; loaded with the mixes in %.1f s)\n"
+      "  replay %s .. %s (%.1f days, skip_snapshots %d), T_fwd %.0f s, debounce %.0f s, "
+      "forecast %s,\n"
+      "  accounting %s, objective %s, resize cost %s, max_waiting %d, max_jobs %d%s\n",
+      absl::GetFlag(FLAGS_trace), trace->nodes.size(), trace->events.size(),
+      absl::ToDoubleSeconds(absl::Now() - t_load), absl::FormatTime("%Y-%m-%d %H:%M", start,
+                                                                     absl::UTCTimeZone()),
+      absl::FormatTime("%Y-%m-%d %H:%M", end, absl::UTCTimeZone()),
+      absl::ToDoubleHours(end - start) / 24, base->skip_snapshots, absl::GetFlag(FLAGS_t_fwd_s),
+      absl::GetFlag(FLAGS_debounce_s), absl::GetFlag(FLAGS_forecast),
+      absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_objective),
+      absl::GetFlag(FLAGS_resize_cost), base->max_waiting, base->max_jobs,
+      base->max_jobs > 0 ? "" : " (no limit)");
+  for (const auto& [name, mix] : mixes) {
+    std::cout << absl::StrFormat("  mix %s: %d jobs\n", name, mix.jobs.size());
+  }
+  std::cout << std::flush;
+
+  const bool all_curves = *curves_for == std::vector<std::string>{"all"};
+  std::vector<Row> rows;
+  int failures = 0;
+  for (const auto& [mix_name, mix] : mixes) {
+    for (alloc::PolicyKind policy : policies) {
+      const std::string policy_name(alloc::PolicyName(policy));
+      const bool every_mode =
+          all_curves ||
+          std::find(curves_for->begin(), curves_for->end(), policy_name) != curves_for->end();
+      for (size_t c = 0; c < curves.size(); ++c) {
+        if (c > 0 && !every_mode) break;
+        Row row;
+        row.mix = mix_name;
+        row.policy = policy_name;
+        row.curves = (*curve_names)[c];
+        row.milp = policy == alloc::PolicyKind::kMilp;
+        sim::SimOptions o = *base;
+        o.decide.policy = policy;
+        o.curves = curves[c];
+        MilpAudit& audit = row.audit;
+        if (row.milp) {
+          const bool audit_all = absl::GetFlag(FLAGS_audit_all);
+          o.on_decision = [&audit, audit_all](const alloc::Problem& problem,
+                                              const alloc::Decision& d, absl::Duration took) {
+            const absl::Time t0 = absl::Now();
+            ++audit.decisions;
+            const double ms = absl::ToDoubleMilliseconds(took);
+            audit.milp_ms += ms;
+            const int bucket = JobBucket(static_cast<int>(problem.jobs.size()));
+            ++audit.all_by_jobs[bucket];
+            audit.ms_by_jobs[bucket] += ms;
+            if (ms > 100) {
+              audit.slow_ms.push_back(ms);
+              ++audit.slow_by_jobs[bucket];
+            }
+            const alloc::PolicyResult& pr = d.result;
+            if (pr.fell_back) {
+              ++audit.fell_back;
+            } else if (pr.optimal) {
+              ++audit.optimal;
+            } else {
+              ++audit.time_limit;
+              const double gap =
+                  (pr.best_bound - d.objective) / std::max(std::fabs(d.objective), 1e-12);
+              audit.max_gap_bound = std::max(audit.max_gap_bound, gap);
+            }
+            if (audit_all || !pr.optimal || pr.fell_back) {
+              alloc::DecideOptions dp;
+              dp.policy = alloc::PolicyKind::kDp;
+              auto exact = alloc::Decide(problem, dp);
+              if (exact.ok() && exact->result.optimal) {
+                ++audit.audited;
+                const double gap = (exact->objective - d.objective) /
+                                   std::max(std::fabs(exact->objective), 1e-12);
+                audit.max_gap_dp = std::max(audit.max_gap_dp, gap);
+                audit.sum_gap_dp += std::max(0.0, gap);
+                if (gap > 1e-9) ++audit.worse_than_dp;
+              }
+            }
+            audit.audit_s += absl::ToDoubleSeconds(absl::Now() - t0);
+          };
+        }
+        std::cerr << absl::StrFormat("[%6.0f s] %s %s %s ...", absl::ToDoubleSeconds(
+                                                                   absl::Now() - program_start),
+                                     row.mix, row.policy, row.curves)
+                  << std::flush;
+        absl::StatusOr<sim::SimResult> r = sim::Simulate(*trace, mix.jobs, o);
+        if (!r.ok()) {
+          std::cerr << " failed: " << r.status() << "\n";
+          ++failures;
+          continue;
+        }
+        row.s = r->summary;
+        row.wall_s = r->summary.wall_s - audit.audit_s;
+        row.eff_best = BestSizeEfficiency(mix.jobs, *r);
+        row.replay_s = absl::ToDoubleSeconds(end - start);
+        std::cerr << absl::StrFormat(" %.1f s, eff %.1f%%, %d/%d jobs\n", row.wall_s,
+                                     100 * row.s.efficiency, row.s.jobs_finished,
+                                     row.s.jobs_submitted);
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+
+  std::cout << "\n";
+  PrintTable(rows);
+  std::vector<std::string> mix_names;
+  for (const auto& m : mixes) mix_names.push_back(m.first);
+  PrintReferences(rows, mix_names);
+  PrintAudit(rows);
+
+  // Speed targets: the full replay (no --hours) of the 1,001-job mix.
+  std::cout << "\nSpeed targets (full 15-day Summit replay, 1,001-job mix, one core per replay):\n";
+  for (const Row& r : rows) {
+    if (r.s.jobs_submitted != 1001 || r.curves != (*curve_names)[0]) continue;
+    if (r.policy != "dp" && r.policy != "milp") continue;
+    const double target = r.policy == "dp" ? 60 : 300;
+    const bool full = absl::GetFlag(FLAGS_hours) == 0;
+    std::cout << absl::StrFormat("  %-4s < %3.0f s: %7.1f s  %s\n", r.policy, target, r.wall_s,
+                                 !full ? "(partial replay: not a measurement of the target)"
+                                 : r.wall_s < target ? "MET"
+                                                     : "MISSED");
+  }
+  std::cout << absl::StrFormat("\ntotal wall time %.1f s\n",
+                               absl::ToDoubleSeconds(absl::Now() - program_start));
+  if (!absl::GetFlag(FLAGS_csv).empty()) WriteCsv(absl::GetFlag(FLAGS_csv), rows);
+  return failures > 0 ? 1 : 0;
+}
