@@ -8,9 +8,9 @@
 // not steady state and are skipped (their resize pause is kept). The others go
 // into a bounded window per configuration (world size, local batch, global
 // batch, logical workers): memory and refit cost do not grow with the number
-// of steps. Report() aggregates each window by a robust mean (the mean of
-// the steps within 3 MADs of the median: a 5x slow step is dropped, clean
-// noise averages), fits the model
+// of steps. Report() aggregates each window by a robust mean (each phase
+// averaged over the steps whose wall time is within 3 MADs of the median: a
+// 5x slow step is dropped whole, clean noise averages), fits the model
 // (scaling_model.h), predicts the curve over [min_nodes, max_nodes] and
 // proposes a probe (probe.h).
 //

@@ -25,7 +25,7 @@
 // of the network term, and extrapolation multiplies that.
 //
 // Input is one Observation per distinct configuration, already aggregated
-// (the Advisor takes a robust mean, the mean within 3 MADs of the median, of
+// (the Advisor takes a robust mean, over the steps whose wall time is within 3 MADs of the median, of
 // a bounded window of steady-state steps per configuration; see advisor.h). Every linear fit is a
 // weighted least-squares fit (weight 1 / standard error^2) made robust by Huber IRLS across
 // configurations (started from a Theil-Sen line, with the residual scale
