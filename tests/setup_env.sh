@@ -22,6 +22,7 @@ MALLE_DEBIAN_PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   coinor-libcbc-dev libgloo-dev libssl-dev nlohmann-json3-dev zlib1g-dev
   python3-venv python3-dev
+  slurmctld slurmd slurm-client munge
 )
 
 malle_log() { printf '\n==> %s\n' "$*" >&2; }

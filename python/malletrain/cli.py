@@ -644,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate_parser(commands)
     _add_local_parser(commands)
     _add_control_parsers(commands)
+    __import__("malletrain.slurm").slurm.add_slurm_parser(commands)  # malletrain slurm ...
     return parser
 
 
