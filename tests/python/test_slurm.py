@@ -250,6 +250,25 @@ def test_forecast_reads_pending_jobs_and_reservations(slurm):
         subprocess.run(["scancel", job], env=slurm.env, capture_output=True, timeout=30)
 
 
+def test_agents_that_fail_at_once_are_resubmitted_with_backoff(slurm, tmp_path):
+    """An agent that cannot start (here: a program that exits 1 at once) must not flood the
+    queue: each early end doubles the delay before the next submission."""
+    cmds = SlurmCommands(env=slurm.env)
+    h = Harvester(HarvestOptions(store="127.0.0.1:9", secret="/nonexistent", slots=2,
+                                 partition="scavenger", per="cpu", log_dir=str(tmp_path),
+                                 poll=0.3, agent="/bin/false", job_name="malle-broken"), cmds)
+    h.start()
+    try:
+        time.sleep(10)
+    finally:
+        h.stop(timeout=20)
+    submitted = [e for e in h.events if "submitted agent job" in e]
+    ended = [e for e in h.events if re.search(r"ended \(last seen \w+, (ran \d+ s|never ran)", e)]
+    # Without the backoff: 2 jobs every ~0.5 s. With it: 2, then 2 after 4 s, then 16 s later.
+    assert 2 <= len(submitted) <= 6 and len(ended) >= 2, h.events
+    assert cmds.agent_jobs("malle-broken") == []
+
+
 STEPS = 200
 ARGS = ["--logical-workers", "3"]
 

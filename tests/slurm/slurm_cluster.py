@@ -1,9 +1,9 @@
 """A private, single-host Slurm for tests: munged, slurmctld and slurmd with a generated config.
 
-Everything lives in one scratch directory (config, munge key and socket, state, spool, logs, pid
-files); nothing under /etc is read or written (``SLURM_CONF`` points the commands at the
-generated config, ``AuthInfo=socket=`` points Slurm at the private munged, and munged is given
-its own ``--key-file``, ``--socket``, ``--pid-file``, ``--seed-file`` and ``--log-file``). The
+Everything lives in one scratch directory (config, munge key, state, spool, logs, pid files;
+the munge socket has a small directory of its own in /tmp); nothing under /etc is read or
+written (``SLURM_CONF`` points the commands at the generated config, ``AuthInfo=socket=``
+points Slurm at the private munged, and munged is given its own ``--key-file``, ``--socket``, ``--pid-file``, ``--seed-file`` and ``--log-file``). The
 daemons run in the foreground as children of this process and are stopped by their pids; the
 ports are free ones picked at start. It needs root (slurmd starts jobs as their users, munged
 authenticates them) and the Debian packages ``slurmctld slurmd slurm-client munge``, which
@@ -22,10 +22,14 @@ for jobs that end for any other reason), and a fresh submission gets a fresh for
 under the same name. REQUEUE would also work (the batch script names the node after the job id
 and its restart count), but adds Slurm's requeue delay before the job may start again.
 
-``SchedulerParameters=preempt_send_user_signal`` makes Slurm deliver the preemption notice as the
+``SlurmctldParameters=preempt_send_user_signal`` makes Slurm deliver the preemption notice as the
 job's own ``--signal`` (``B:TERM``: to the batch shell only, which the agent replaced with
-``exec``); without it, the SIGTERM goes to every process of the job, ranks included, and a rank
-dies at once instead of leaving at a step boundary. docs/slurm.md explains this.
+``exec``). Without it (checked with Slurm 22.05), the grace-time SIGTERM goes to the job's steps
+only, so a batch script without steps hears nothing until the grace time is over, when every
+process of the job, ranks included, gets SIGTERM and then SIGKILL; with ``srun`` steps every
+process of the step gets it at once. Either way a rank dies instead of leaving at a step
+boundary. (Slurm 22.05 reads the flag from SlurmctldParameters only; newer versions also accept
+``PreemptParameters=send_user_signal``.) docs/slurm.md explains this.
 
 The node declares more CPUs than the machine has (``SlurmdParameters=config_overrides``): one
 single-CPU scavenger slot per harvested "node", on a 2-core machine.
@@ -126,7 +130,7 @@ class PrivateSlurm:
         cpus: CPUs the node declares (scavenger slots when each agent takes one).
         grace_time: the scavenger partition's GraceTime, seconds.
         preempt_mode: ``CANCEL`` or ``REQUEUE`` for the scavenger partition.
-        send_user_signal: add ``preempt_send_user_signal`` to SchedulerParameters.
+        send_user_signal: ``SlurmctldParameters=preempt_send_user_signal``.
         kill_wait: KillWait, seconds between the final SIGTERM and SIGKILL.
     """
 
