@@ -55,6 +55,12 @@ absl::Status AllocatorStateOptions::Validate() const {
   };
   MALLE_RETURN_IF_ERROR(positive("forward_window", forward_window));
   MALLE_RETURN_IF_ERROR(positive("heartbeat_timeout", heartbeat_timeout));
+  MALLE_RETURN_IF_ERROR(positive("max_probe", max_probe));
+  if (probe_cooldown < absl::ZeroDuration() || probe_cooldown == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllocatorStateOptions.probe_cooldown must be finite and >= 0, got ",
+        absl::FormatDuration(probe_cooldown)));
+  }
   if (!(default_samples_per_s > 0) || !std::isfinite(default_samples_per_s)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AllocatorStateOptions.default_samples_per_s must be finite and > 0, got ",
@@ -339,6 +345,26 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           job->step = report->step;
           a.what = absl::StrCat("advisor report of ", m.job, " at step ", report->step,
                                 a.needs_decision ? " (curve changed)" : "");
+          // Probes. A request outside the job's range is the job's
+          // misunderstanding of it: dropped, and said so.
+          std::optional<advisor::ProbeRequest> request = report->probe;
+          if (request && (request->nodes < lo || request->nodes > hi)) {
+            absl::StrAppend(&a.what, "; probe at ", request->nodes, " nodes ignored: outside ", lo, "..", hi);
+            request.reset();
+          }
+          if (request && !job->probe && !job->probe_request) a.needs_decision = true;
+          job->probe_request = std::move(request);
+          if (job->probe) {
+            JobRecord::Probe& pr = *job->probe;
+            if (!pr.until_step && report->model.current_nodes >= pr.nodes) {
+              pr.until_step = report->step + pr.steps;  // counted from the first step at the size
+            }
+            if (pr.until_step && report->step >= *pr.until_step) {
+              absl::StrAppend(&a.what, "; probe at ", pr.nodes, " nodes done");
+              job->probe.reset();
+              a.needs_decision = true;
+            }
+          }
         } else if constexpr (std::is_same_v<T, JobComplete>) {
           MALLE_ASSIGN_OR_RETURN(JobRecord * job, LiveJob(m.job));
           job->steps = m.steps;
@@ -471,6 +497,8 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
     std::sort(nodes.begin(), nodes.end());
     wanted[ja.job_id] = std::move(nodes);
   }
+  const std::vector<std::string> probe_notes =
+      options_.honour_probes ? ApplyProbes(wanted, now) : std::vector<std::string>{};
   for (auto& [id, job] : jobs_) {
     auto w = wanted.find(id);
     std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;
@@ -495,7 +523,9 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
   plan.plan = next_plan_id();
   plan.decided_at = absl::FromUnixMicros(absl::ToUnixMicros(now));
   plan.policy = std::string(policy);
-  plan.reason = decision.result.reason.substr(0, kMaxTextBytes);
+  plan.reason = decision.result.reason;
+  for (const std::string& note : probe_notes) absl::StrAppend(&plan.reason, "; ", note);
+  plan.reason = plan.reason.substr(0, kMaxTextBytes);
   for (const auto& [name, n] : nodes_) {
     if (n.phase == NodePhase::kGone) continue;
     plan.assignments.push_back(Assignment{name, n.planned});
@@ -506,10 +536,66 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
     plan.launches.push_back(JobLaunch{id, job.RuntimeId(), job.bootstrap_node});
   }
   last_plan_ = plan;
-  last_decision_ = DecisionInfo{now, std::string(policy), decision.result.reason,
+  last_decision_ = DecisionInfo{now, std::string(policy), plan.reason,
                                 absl::ToDoubleMilliseconds(decision.result.solve_time),
                                 decision.objective};
   return plan;
+}
+
+std::vector<std::string> AllocatorState::ApplyProbes(
+    std::map<std::string, std::vector<std::string>>& wanted, absl::Time now) {
+  std::vector<std::string> notes;
+  std::set<std::string> taken;
+  for (const auto& [id, nodes] : wanted) taken.insert(nodes.begin(), nodes.end());
+  std::vector<std::string> spare;  // offered, not in the policy's answer; by name
+  for (const auto& [name, n] : nodes_) {
+    if (Offered(n, now) && !taken.count(name)) spare.push_back(name);
+  }
+  for (auto& [id, job] : jobs_) {
+    auto w = wanted.find(id);
+    const bool live = job.phase == JobPhase::kQueued || job.phase == JobPhase::kRunning;
+    if (!live || w == wanted.end() || w->second.empty()) {
+      job.probe.reset();  // the policy stopped it (or never started it): no probe
+      continue;
+    }
+    std::vector<std::string>& nodes = w->second;
+    if (job.probe && now - job.probe->granted_at > options_.max_probe) {
+      notes.push_back(absl::StrCat("probe of ", id, " at ", job.probe->nodes, " nodes ended after ",
+                                   absl::FormatDuration(options_.max_probe)));
+      job.probe.reset();
+    }
+    const int have = static_cast<int>(nodes.size());
+    if (!job.probe && job.probe_request && job.probe_request->nodes > have &&
+        job.probe_request->nodes - have <= static_cast<int>(spare.size()) &&
+        (!job.last_probe_at || now - *job.last_probe_at >= options_.probe_cooldown)) {
+      job.probe = JobRecord::Probe{job.probe_request->nodes, job.probe_request->steps, now,
+                                   std::nullopt, job.probe_request->reason};
+      job.last_probe_at = now;
+      job.probe_request.reset();
+      notes.push_back(absl::StrCat("probe granted: ", id, " at ", job.probe->nodes, " nodes for ",
+                                   job.probe->steps, " steps from spare nodes (", job.probe->reason, ")"));
+    } else if (job.probe && job.probe->nodes > have) {
+      notes.push_back(absl::StrCat("probe of ", id, " at ", job.probe->nodes, " nodes held"));
+    }
+    if (!job.probe || job.probe->nodes <= have) continue;
+    // Spare nodes the job already holds first (no resize), then the others.
+    int need = job.probe->nodes - have;
+    std::vector<std::string> order;
+    for (const std::string& s : spare) {
+      if (std::binary_search(job.nodes.begin(), job.nodes.end(), s)) order.push_back(s);
+    }
+    for (const std::string& s : spare) {
+      if (!std::binary_search(job.nodes.begin(), job.nodes.end(), s)) order.push_back(s);
+    }
+    for (const std::string& s : order) {
+      if (need == 0) break;
+      nodes.push_back(s);
+      spare.erase(std::find(spare.begin(), spare.end(), s));
+      --need;
+    }
+    std::sort(nodes.begin(), nodes.end());
+  }
+  return notes;
 }
 
 absl::Status AllocatorState::Restore(const AllocationPlan& plan) {

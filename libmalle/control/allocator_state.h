@@ -32,6 +32,12 @@
 //     size it can predict, extended linearly by the nearest per-node rate);
 //     before any report a job is assumed to scale like the prior in
 //     AllocatorStateOptions.
+//   - Probes: a report may ask to run a few steps at a larger size where its
+//     curve is uncertain (advisor::ProbeRequest). Adopt grants it only from
+//     nodes the policy left spare (never from another job), holds it until a
+//     report at the probe size shows the steps done (or max_probe passed),
+//     and grants a job at most one probe per probe_cooldown. A probe is an
+//     offer the job may ignore, and is not journaled: a restart ends it.
 //
 // Thread-safety: not synchronised; the owner serialises calls.
 #ifndef MALLE_CONTROL_ALLOCATOR_STATE_H_
@@ -46,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
+#include "libmalle/advisor/probe.h"
 #include "libmalle/alloc/problem.h"
 #include "libmalle/control/messages.h"
 
@@ -69,6 +76,10 @@ struct AllocatorStateOptions {
   absl::Duration default_shrink_pause = absl::Milliseconds(200);
   // Rank crashes (non-zero exit not caused by the agent) after which a job is failed.
   int max_rank_failures = 3;
+  // Probes (see the rules above): granted from spare nodes when true.
+  bool honour_probes = true;
+  absl::Duration max_probe = absl::Minutes(10);     // a probe ends after this at the latest
+  absl::Duration probe_cooldown = absl::Minutes(5);  // between two probes of one job
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
 };
@@ -106,6 +117,18 @@ struct JobRecord {
   alloc::Curve curve;
   std::optional<double> grow_pause_s, shrink_pause_s;
   int64_t step = 0;          // last reported step
+  // Probes: the latest report's request (within [min, max] nodes), the probe
+  // granted (if any) and when the last one was granted.
+  std::optional<advisor::ProbeRequest> probe_request;
+  struct Probe {
+    int nodes = 0;
+    int64_t steps = 0;
+    absl::Time granted_at;
+    std::optional<int64_t> until_step;  // set by the first report at the probe size
+    std::string reason;
+  };
+  std::optional<Probe> probe;
+  std::optional<absl::Time> last_probe_at;
   // From JobComplete.
   int64_t steps = 0, samples = 0;
   std::string message;
@@ -179,6 +202,10 @@ class AllocatorState {
   bool Offered(const NodeRecord& n, absl::Time now) const;
   void EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message);
   alloc::Curve CurveOf(const JobRecord& job) const;
+  // Adds spare nodes to `wanted` for granted and grantable probes; returns
+  // one note per probe granted or held, for the plan's reason.
+  std::vector<std::string> ApplyProbes(std::map<std::string, std::vector<std::string>>& wanted,
+                                       absl::Time now);
 
   AllocatorStateOptions options_;
   std::map<std::string, NodeRecord> nodes_;

@@ -304,6 +304,140 @@ TEST_F(AllocatorStateTest, StatusNamesEveryNodeAndJob) {
   EXPECT_EQ(s["last_decision"]["policy"], "dp");
 }
 
+// A report of job `job` at `step`, running on `current` nodes, with the
+// measured curve `points` (nodes -> samples/s) and an optional probe request.
+AdvisorReport ReportOf(const std::string& job, int64_t step, int current,
+                       std::vector<std::pair<int, double>> points,
+                       std::optional<advisor::ProbeRequest> probe = std::nullopt) {
+  advisor::AdvisorReport r;
+  r.job = job;
+  r.step = step;
+  for (const auto& [n, rate] : points) {
+    r.sizes_observed.push_back(n);
+    advisor::CurvePoint p;
+    p.nodes = n;
+    p.samples_per_s = rate;
+    p.lo = 0.9 * rate;
+    p.hi = 1.1 * rate;
+    p.efficiency = rate / (n * points[0].second);
+    r.curve.push_back(p);
+  }
+  r.model.fitted = true;
+  r.model.configurations = static_cast<int>(points.size());
+  r.model.current_nodes = current;
+  r.model.efficiency_reference_nodes = 1;
+  r.probe = std::move(probe);
+  return AdvisorReport{job, advisor::ReportToJson(r)};
+}
+
+advisor::ProbeRequest Probe(int nodes, int64_t steps) {
+  return advisor::ProbeRequest{nodes, steps, "uncertain at this size"};
+}
+
+// A job that measured itself slower on 2 nodes than on 1 runs on 1 node of
+// 2; its probe at 2 nodes is granted from the spare node, held across
+// decisions until a report at 2 nodes shows the steps done, then the policy
+// takes the node back. A second request within the cooldown is not granted.
+TEST_F(AllocatorStateTest, ProbesAreGrantedFromSpareNodesAndEndWhenDone) {
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("p", 1, 2).status());
+  DecideAndAdopt();
+  ASSERT_OK(state_.Apply(From("p.m0", ReportOf("p", 10, 2, {{1, 100}, {2, 60}})), kT0).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("p").nodes, SizeIs(1)) << "the policy keeps the better size";
+  const std::string home = Job("p").nodes[0];
+
+  ASSERT_OK_AND_ASSIGN(Applied a, state_.Apply(From("p.m0", ReportOf("p", 20, 1, {{1, 100}, {2, 60}},
+                                                                        Probe(2, 30))),
+                                                kT0 + absl::Seconds(1)));
+  EXPECT_TRUE(a.needs_decision);
+  AllocationPlan granted = DecideAndAdopt(kT0 + absl::Seconds(1));
+  EXPECT_THAT(Job("p").nodes, ElementsAre("n0", "n1"));
+  EXPECT_THAT(granted.reason, HasSubstr("probe granted: p at 2 nodes for 30 steps"));
+  ASSERT_TRUE(Job("p").probe.has_value());
+
+  // Another event: the policy alone would shrink p again; the probe holds.
+  AllocationPlan held = DecideAndAdopt(kT0 + absl::Seconds(2));
+  EXPECT_THAT(Job("p").nodes, SizeIs(2));
+  EXPECT_THAT(held.reason, HasSubstr("probe of p at 2 nodes held"));
+
+  // The steps count from the first report at 2 nodes (step 40): done at 70.
+  ASSERT_OK(state_.Apply(From("p.m0", ReportOf("p", 40, 2, {{1, 100}, {2, 60}})), kT0 + absl::Seconds(3))
+                .status());
+  ASSERT_OK_AND_ASSIGN(a, state_.Apply(From("p.m0", ReportOf("p", 69, 2, {{1, 100}, {2, 60}})),
+                                       kT0 + absl::Seconds(4)));
+  EXPECT_TRUE(Job("p").probe.has_value());
+  ASSERT_OK_AND_ASSIGN(a, state_.Apply(From("p.m0", ReportOf("p", 70, 2, {{1, 100}, {2, 61}})),
+                                       kT0 + absl::Seconds(5)));
+  EXPECT_TRUE(a.needs_decision);
+  EXPECT_THAT(a.what, HasSubstr("probe at 2 nodes done"));
+  EXPECT_FALSE(Job("p").probe.has_value());
+  DecideAndAdopt(kT0 + absl::Seconds(5));
+  EXPECT_THAT(Job("p").nodes, ElementsAre(home));
+
+  // Within probe_cooldown (5 min): asked again, not granted; after it, granted.
+  ASSERT_OK(state_.Apply(From("p.m0", ReportOf("p", 80, 1, {{1, 100}, {2, 61}}, Probe(2, 30))),
+                         kT0 + absl::Seconds(6))
+                .status());
+  AllocationPlan refused = DecideAndAdopt(kT0 + absl::Seconds(6));
+  EXPECT_THAT(Job("p").nodes, SizeIs(1));
+  EXPECT_THAT(refused.reason, ::testing::Not(HasSubstr("probe")));
+  state_.TouchAll(kT0 + absl::Minutes(6));  // the agents' heartbeats
+  DecideAndAdopt(kT0 + absl::Minutes(6));
+  EXPECT_THAT(Job("p").nodes, SizeIs(2));
+  // A probe that never reports back ends after max_probe (10 min).
+  state_.TouchAll(kT0 + absl::Minutes(17));
+  AllocationPlan ended = DecideAndAdopt(kT0 + absl::Minutes(17));
+  EXPECT_THAT(ended.reason, HasSubstr("probe of p at 2 nodes ended after 10m"));
+  EXPECT_THAT(Job("p").nodes, SizeIs(1));
+}
+
+TEST_F(AllocatorStateTest, ProbesNeverTakeNodesFromOtherJobsOrLeaveTheRange) {
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("p", 1, 2).status());
+  ASSERT_OK(Submit("q", 1, 1).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("p").nodes, SizeIs(1));
+  ASSERT_THAT(Job("q").nodes, SizeIs(1));
+  // No spare node: the request waits (the policy gave q the other node).
+  ASSERT_OK(state_.Apply(From("p.m0", ReportOf("p", 20, 1, {{1, 1}, {2, 1.2}}, Probe(2, 30))), kT0).status());
+  AllocationPlan plan = DecideAndAdopt();
+  EXPECT_THAT(Job("q").nodes, SizeIs(1));
+  EXPECT_THAT(Job("p").nodes, SizeIs(1));
+  EXPECT_THAT(plan.reason, ::testing::Not(HasSubstr("probe")));
+  // A request beyond max_nodes is dropped, and the log line says why.
+  ASSERT_OK_AND_ASSIGN(Applied a, state_.Apply(From("q.m0", ReportOf("q", 20, 1, {{1, 1}}, Probe(3, 30))),
+                                                kT0));
+  EXPECT_THAT(a.what, HasSubstr("probe at 3 nodes ignored: outside 1..1"));
+  EXPECT_FALSE(Job("q").probe_request.has_value());
+  // q ends: its node is spare, p's pending request is granted.
+  ASSERT_OK(state_.Apply(From("client", JobCancel{"q", "done"}), kT0).status());
+  plan = DecideAndAdopt(kT0 + absl::Seconds(1));
+  EXPECT_THAT(Job("p").nodes, SizeIs(2));
+  // With probes off, nothing is granted.
+  AllocatorStateOptions off;
+  off.honour_probes = false;
+  AllocatorState plain(off);
+  auto decide = [&plain](absl::Time now) {
+    alloc::DecideOptions o;
+    o.policy = alloc::PolicyKind::kDp;
+    absl::StatusOr<alloc::Decision> d = alloc::Decide(plain.BuildProblem(now), o);
+    EXPECT_OK(d.status());
+    return plain.Adopt(*d, now, "dp");
+  };
+  ASSERT_OK(plain.Apply(From("agent.n0", NodeRegister{"n0", "agent.n0"}), kT0).status());
+  ASSERT_OK(plain.Apply(From("agent.n1", NodeRegister{"n1", "agent.n1"}), kT0).status());
+  JobSubmit submit;
+  submit.job = "p";
+  submit.command = {"python", "train.py"};
+  submit.max_nodes = 2;
+  ASSERT_OK(plain.Apply(From("client", submit), kT0).status());
+  decide(kT0);
+  ASSERT_OK(plain.Apply(From("p.m0", ReportOf("p", 20, 1, {{1, 100}, {2, 60}}, Probe(2, 30))), kT0).status());
+  EXPECT_THAT(decide(kT0).reason, ::testing::Not(HasSubstr("probe")));
+  EXPECT_THAT(plain.jobs().at("p").nodes, SizeIs(1));
+}
+
 TEST(CurveTest, PriorIsConcaveAndReportsExtendByTheNearestRate) {
   alloc::Curve prior = PriorCurve(1, 8, 10, 0.1);
   EXPECT_DOUBLE_EQ(alloc::Interpolate(prior, 1), 10);
@@ -323,6 +457,12 @@ TEST(OptionsTest, BadOptionsNameTheField) {
   o = {};
   o.default_serial_fraction = 2;
   EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default_serial_fraction")));
+  o = {};
+  o.max_probe = absl::ZeroDuration();
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_probe")));
+  o = {};
+  o.probe_cooldown = -absl::Seconds(1);
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("probe_cooldown")));
   o = {};
   o.max_rank_failures = 0;
   EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rank_failures")));
