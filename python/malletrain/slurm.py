@@ -306,7 +306,11 @@ def parse_agent_jobs(text: str) -> List[AgentJob]:
         _job_id(job_id, lineno, what)
         if state not in KNOWN_STATES:
             raise MalleValueError(f"{what}: line {lineno}: state: unknown job state {state!r}")
-        out.append(AgentJob(job_id, state, reason, tuple(expand_hostlist(nodes)),
+        try:
+            hosts = tuple(expand_hostlist(nodes))
+        except MalleValueError as e:
+            raise MalleValueError(f"{what}: line {lineno}: nodes: {e}") from None
+        out.append(AgentJob(job_id, state, reason, hosts,
                             parse_slurm_time(start, what=f"{what}: line {lineno}: start time")))
     return out
 
@@ -373,16 +377,26 @@ def forecast_idle_until(partition: str, partitions: Iterable[Partition],
 
 
 def slots_to_submit(jobs: Sequence[AgentJob], slots: int, now: float, *,
-                    not_before: float = 0.0) -> Tuple[int, str]:
+                    not_before: float = 0.0, forecast: Optional[Forecast] = None,
+                    min_window: float = 0.0) -> Tuple[int, str]:
     """How many agent jobs to submit now so that ``slots`` are held or waited for, and why.
     Jobs that are still ending (COMPLETING) count: their slot is not free yet. ``not_before``
-    (a backoff after agents that ended early) defers every submission."""
+    (a backoff after agents that ended early) defers every submission, and so does a
+    ``forecast`` whose idle window is shorter than ``min_window`` seconds: the nodes are about
+    to be claimed (typically by the very job that preempted an agent, still pending until the
+    agent's slot is free), and an agent submitted now would be told its node is worthless.
+    Once that job has started, its claim leaves the forecast and the agent is submitted; Slurm
+    starts it when the nodes free up."""
     held = sum(1 for j in jobs if j.state in ACTIVE_STATES or j.state in ENDING_STATES)
     missing = max(0, slots - held)
     if missing == 0:
         return 0, f"{held} agent jobs for {slots} slots"
     if now < not_before:
         return 0, f"{missing} missing, backing off for {not_before - now:.0f} s more"
+    if forecast is not None and forecast.idle_until is not None and \
+            forecast.idle_until - now < min_window:
+        return 0, (f"{missing} missing, waiting: idle window {forecast.idle_until - now:.0f} s < "
+                   f"{min_window:g} s ({forecast.reason})")
     return missing, f"{held} agent jobs for {slots} slots: submitting {missing}"
 
 
@@ -489,6 +503,8 @@ class HarvestOptions:
         qos, account: passed to sbatch if given.
         sbatch_args: more sbatch arguments, as given.
         poll: seconds between two looks at the queue.
+        min_window: seconds; no agent is submitted while the forecast idle window is shorter
+            (see :func:`slots_to_submit`). Must be less than ``time_limit``.
         min_lifetime: an agent job that ends sooner than this after it started counts as a
             failure; consecutive failures back off the next submission (2 s doubling to 5 min).
         agent: the malle-agent program as seen on the compute nodes (default: this package's).
@@ -512,6 +528,7 @@ class HarvestOptions:
     account: Optional[str] = None
     sbatch_args: List[str] = field(default_factory=list)
     poll: float = 2.0
+    min_window: float = 60.0
     min_lifetime: float = 10.0
     agent: Optional[str] = None
     command_timeout: float = 30.0
@@ -542,6 +559,12 @@ class HarvestOptions:
                 raise MalleValueError(f"{name}: 1-64 of [A-Za-z0-9._-], got {v!r}")
         if not (math.isfinite(self.poll) and 0.1 <= self.poll <= 600):
             raise MalleValueError(f"poll: must be in [0.1, 600] s, got {self.poll!r}")
+        if not (math.isfinite(self.min_window) and self.min_window >= 0):
+            raise MalleValueError(f"min_window: must be >= 0 s, got {self.min_window!r}")
+        if self.time_limit is not None and self.min_window >= self.time_limit:
+            raise MalleValueError(f"min_window: {self.min_window:g} s must be less than "
+                                  f"time_limit ({self.time_limit:g} s), or no agent is ever "
+                                  f"submitted")
         if not 0 < self.speed <= 100:
             raise MalleValueError(f"speed: must be in (0, 100], got {self.speed!r}")
 
@@ -565,6 +588,7 @@ class Harvester:
         self._known: Dict[str, AgentJob] = {}
         self._failures = 0
         self._not_before = 0.0
+        self._waiting = False
         self._grace: Optional[float] = options.grace
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -641,14 +665,16 @@ class Harvester:
                 "# exec: the agent is the batch shell, so --signal=B:TERM reaches it alone.\n"
                 f"exec {' '.join(argv)}\n")
 
-    def submit_one(self, now: Optional[float] = None) -> Tuple[str, Forecast]:
-        """Submits one agent job with a fresh forecast; returns its id and the forecast. Raises
-        SlurmCommandError / MalleValueError. Blocks for at most a few command timeouts."""
+    def submit_one(self, now: Optional[float] = None,
+                   forecast: Optional[Forecast] = None) -> Tuple[str, Forecast]:
+        """Submits one agent job told ``forecast`` (default: a fresh one); returns its id and
+        the forecast. Raises SlurmCommandError / MalleValueError. Blocks for at most a few
+        command timeouts."""
         if self._grace is None or self._agent is None:
             self.check()
         now = time.time() if now is None else now
-        limit = self.options.time_limit
-        f = self.commands.forecast(self.options.partition, now, time_limit=limit)
+        f = forecast or self.commands.forecast(self.options.partition, now,
+                                               time_limit=self.options.time_limit)
         job_id = self.commands.sbatch(self.sbatch_args(), self.batch_script(f.idle_until))
         with self._lock:
             self.submitted[job_id] = now
@@ -688,12 +714,22 @@ class Harvester:
                            + ")")
             self._known = seen
             n, why = slots_to_submit(jobs, self.options.slots, now, not_before=self._not_before)
+        if n == 0:
+            return jobs
+        f = self.commands.forecast(self.options.partition, now, time_limit=self.options.time_limit)
+        n, why = slots_to_submit(jobs, self.options.slots, now, not_before=self._not_before,
+                                 forecast=f, min_window=self.options.min_window)
+        if n == 0:
+            if not self._waiting:
+                self._note(why)
+            self._waiting = True
+            return jobs
+        self._waiting = False
         for _ in range(n):
-            job_id, _f = self.submit_one(now)
+            job_id, _f = self.submit_one(now, f)
             with self._lock:
                 self._known[job_id] = AgentJob(job_id, "PENDING", "submitted", (), None)
-        if n:
-            log.info("slurm harvester: %s", why)
+        log.info("slurm harvester: %s", why)
         return jobs
 
     def run(self) -> None:
@@ -786,7 +822,7 @@ def _cmd_harvest(args: argparse.Namespace) -> int:
             grace=args.grace, time_limit=args.time_limit, job_name=args.job_name,
             node_prefix=args.node_prefix, group=args.group, log_dir=args.log_dir, qos=args.qos,
             account=args.account, sbatch_args=list(args.sbatch_arg or []), poll=args.poll,
-            agent=args.agent, command_timeout=args.command_timeout)
+            agent=args.agent, command_timeout=args.command_timeout, min_window=args.min_window)
         h = Harvester(options)
         p = h.check()
     except MalleValueError as e:
@@ -809,7 +845,11 @@ def _cmd_harvest(args: argparse.Namespace) -> int:
     done = threading.Event()
     for sig in (_signal.SIGINT, _signal.SIGTERM):
         _signal.signal(sig, lambda *_: done.set())
-    h.start()
+    try:
+        h.start()
+    except (SlurmCommandError, MalleValueError) as e:
+        print(f"malletrain slurm harvest: {e}", file=sys.stderr)
+        return 1
     printed = 0
     while not done.wait(0.5):
         for line in h.events[printed:]:
@@ -861,6 +901,8 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
                    help="time a preempted rank has to leave (default: the partition's GraceTime)")
     h.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
                    help="agent jobs' time limit (default: the partition's)")
+    h.add_argument("--min-window", type=float, default=60.0, metavar="SECONDS",
+                   help="submit no agent while the forecast idle window is shorter (default 60)")
     h.add_argument("--job-name", default="malle-agent")
     h.add_argument("--node-prefix", default="slurm")
     h.add_argument("--group", default="default", help="locality group of the agents")

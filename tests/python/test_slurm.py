@@ -13,6 +13,7 @@ impossible (not root: slurmd and munged need root).
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 from malletrain import launcher
 from malletrain.cluster import LocalCluster
 from malletrain.errors import MalleValueError
-from malletrain.slurm import (AgentJob, Harvester, HarvestOptions, Partition, PendingJob,
+from malletrain.slurm import (AgentJob, Forecast, Harvester, HarvestOptions, Partition, PendingJob,
                               Reservation, SlurmCommandError, SlurmCommands, expand_hostlist,
                               forecast_idle_until, parse_agent_jobs, parse_partitions,
                               parse_reservations, parse_slurm_time, parse_squeue_start,
@@ -142,6 +143,12 @@ def test_slots_to_submit():
     n, why = slots_to_submit([run], 3, T0, not_before=T0 + 8)
     assert n == 0 and "backing off for 8 s" in why
     assert slots_to_submit([], 2, T0 + 9, not_before=T0 + 8)[0] == 2
+    # The job that preempted an agent is still pending (its start: now): wait for it to start.
+    soon = Forecast(T0 + 3, "job 7 (main) is expected to start at ...")
+    n, why = slots_to_submit([run], 3, T0, forecast=soon, min_window=60)
+    assert n == 0 and "waiting: idle window 3 s < 60 s (job 7 (main)" in why
+    assert slots_to_submit([run], 3, T0, forecast=Forecast(T0 + 61, "x"), min_window=60)[0] == 2
+    assert slots_to_submit([run], 3, T0, forecast=Forecast(None, "x"), min_window=60)[0] == 2
 
 
 def test_options_are_validated():
@@ -150,7 +157,8 @@ def test_options_are_validated():
     for change, field in (({"store": "nohost"}, "store"), ({"slots": 0}, "slots"),
                           ({"per": "gpu"}, "per"), ({"grace": -1.0}, "grace"),
                           ({"job_name": "a b"}, "job_name"), ({"poll": 0.0}, "poll"),
-                          ({"secret": ""}, "secret")):
+                          ({"secret": ""}, "secret"),
+                          ({"time_limit": 30.0}, "min_window")):
         with pytest.raises(MalleValueError, match=f"^{field}:"):
             HarvestOptions(**{**good, **change}).validate()
 
@@ -269,7 +277,32 @@ def test_agents_that_fail_at_once_are_resubmitted_with_backoff(slurm, tmp_path):
     assert cmds.agent_jobs("malle-broken") == []
 
 
-STEPS = 200
+def test_cli(slurm, tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "malletrain.cli", "slurm", *args],
+                              env=slurm.env, capture_output=True, text=True, timeout=120)
+
+    r = cli("forecast", "--partition", "scavenger", "--time-limit", "600")
+    assert r.returncode == 0 and "idle until: 1" in r.stdout and "time limit (600 s)" in r.stdout, r
+    r = cli("forecast", "--partition", "nope")
+    assert r.returncode == 2 and "'nope' is not one of ['main', 'scavenger']" in r.stderr, r
+    base = ["harvest", "--store", "127.0.0.1:9", "--secret", "/nonexistent", "--slots", "2"]
+    r = cli(*base, "--partition", "main")
+    assert r.returncode == 2 and "partition main has GraceTime=0" in r.stderr, r
+    r = cli(*base, "--partition", "scavenger", "--grace", "60")
+    assert r.returncode == 2 and "longer than partition scavenger's GraceTime=15" in r.stderr, r
+    r = cli(*base[:-1], "0")
+    assert r.returncode == 2 and "slots: must be an integer in [1, 100000]" in r.stderr, r
+    r = cli(*base, "--partition", "scavenger", "--per", "cpu", "--once", "--job-name",
+            "malle-cli", "--agent", "/bin/true", "--log-dir", str(tmp_path))
+    assert r.returncode == 0, r
+    assert "harvesting 2 slots of partition scavenger (PriorityTier 1, GraceTime 15 s" in r.stdout
+    assert r.stdout.count("submitted agent job") == 2, r.stdout
+    cmds = SlurmCommands(env=slurm.env)
+    cmds.scancel([j.job_id for j in cmds.agent_jobs("malle-cli")])
+
+
+STEPS = 120
 ARGS = ["--logical-workers", "3"]
 
 
@@ -293,6 +326,8 @@ def dump(cluster, harvester, slurm, logs: pathlib.Path) -> str:
         if p.is_file():
             parts.append(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}")
     parts.append(slurm.logs())
+    parts.append(f"--- allocator status\n{json.dumps(cluster.status(), indent=1)}")
+    parts.append(f"--- digits report\n{cluster.report('digits')}")
     return "\n".join(parts)
 
 
@@ -331,14 +366,14 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
                              and agents(), timeout=60)
             for n in first:
                 assert abs(n["idle_until"] - later_start) < 1.5, (n, later_start)
-            c.submit("digits", train_cmd(out, 0.12), max_nodes=3, logical_workers=3)
+            c.submit("digits", train_cmd(out, 0.3), max_nodes=3, logical_workers=3)
             wait_for("digits on 3 harvested slots", lambda: progress(c, "digits.i1") >= 10
                      and len(nodes_running(c, "digits.i1")) == 3, timeout=150)
             before = nodes_running(c, "digits.i1")
 
             # The main partition wants one CPU: Slurm preempts one agent job.
             t_main = time.time()
-            main = sbatch(slurm, "-p", "main", "-n1", "-t", "1", "--wrap", "sleep 8")
+            main = sbatch(slurm, "-p", "main", "-n1", "-t", "1", "--wrap", "sleep 5")
             wait_for("the job shrinks to 2", lambda: len(nodes_running(c, "digits.i1")) == 2,
                      timeout=GRACE + 5)
             t_shrunk = time.time()
@@ -357,8 +392,8 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
             wait_for("the main job done", lambda: job_field(slurm, main, "JobState")
                      == "COMPLETED", timeout=60)
             # The replacement agent starts once main's CPU is free, and the job grows back.
-            wait_for("digits back on 3 slots", lambda: len(nodes_running(c, "digits.i1")) == 3
-                     or c.jobs()["digits"]["phase"] != "running", timeout=120)
+            wait_for("digits back on 3 slots", lambda: len(nodes_running(c, "digits.i1")) == 3,
+                     timeout=120)
             regrown = nodes_running(c, "digits.i1")
             final = c.wait(["digits"], timeout=300)
             status = c.status()
@@ -377,7 +412,12 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     assert main_start - t_main < GRACE, (t_main, main_start)
     assert len(gone) == 1 and "reclaimed" in gone[0]["why_gone"], gone
     assert len(regrown) == 3 and gone[0]["node"] not in regrown, regrown
-    assert set(regrown) - set(before), (before, regrown)  # a new agent took the slot back
+    new = set(regrown) - set(before)
+    assert len(new) == 1, (before, regrown)  # a new agent took the slot back
+    # ... told the same idle window as the first ones: not the start of the main job that was
+    # still pending when the preempted agent ended (the harvester waits for it to start).
+    new_node = next(n for n in status["nodes"] if n["node"] in new)
+    assert abs(new_node["idle_until"] - later_start) < 1.5, (new_node, later_start, h.events)
     sizes = sizes_seen(read_traces(out))
     i2 = sizes.index(2, sizes.index(3))
     assert 3 in sizes[i2:], sizes  # grew, shrank, grew back
