@@ -165,6 +165,7 @@ class _StepProfile:
         self.data_wait = 0.0
         self.last_hook: Optional[float] = None
         self.resize_pause = 0.0
+        self.boundary = 0.0  # the step boundary before this step, when it changed nothing
         self.after_resize = False
         self.after_failure = False
 
@@ -818,7 +819,16 @@ class ElasticJob:
             # sleep) and the step boundary belong to the step's time; a resize pause
             # is measured separately.
             total += max(0.0, prof.start - prof.prev_end - prof.resize_pause)
+        else:
+            total += prof.boundary
         compute = max(0.0, (t_opt - prof.start) - prof.data_wait - comm)
+        if self.size > 1:
+            # The step boundary is a collective (one small allreduce that waits for the
+            # slowest rank): exposed communication, which the network term models. Left in
+            # the untimed rest, it would land in the model's constant term and make the
+            # fit underestimate large sizes (docs/advisor.md). At size 1 it waits for no
+            # peer and stays in the rest.
+            comm += prof.boundary
         optimizer = max(0.0, now - t_reduced)
         bs = self._batch_size_for_position or 1
         workers = self.logical_workers if self.logical_workers is not None else self.size
@@ -1038,6 +1048,8 @@ class ElasticLoader:
                 prof.after_resize = True
                 prof.resize_pause = prof.start - t_boundary
                 prof.after_failure = job.history[-1].kind == "recovered"
+            else:
+                prof.boundary = prof.start - t_boundary
         assert self._it is not None
         t_data = time.perf_counter()
         batch = next(self._it)

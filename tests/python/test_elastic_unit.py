@@ -4,6 +4,7 @@ worker assignment, argument checks."""
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 import torch
@@ -245,3 +246,57 @@ def test_bucket_layout_is_fixed_at_wrap_time():
         assert model._ddp.reducer._rebuild_buckets() is False  # nothing left to rebuild
     job.close()
     assert job.step == 3
+
+
+class _RecordingAdvisor:
+    def __init__(self):
+        self.samples = []
+
+    def record(self, **sample):
+        self.samples.append(sample)
+
+
+def _advisor_sample(size, *, prev_gap=0.012, boundary=0.010):
+    """One step through ElasticJob._record_step on a stand-in job (no store, no peers):
+    2 ms data wait, 30 ms to the optimizer of which the last 5 ms waited for gradients,
+    a step boundary of ``boundary`` s that changed nothing."""
+    from types import SimpleNamespace
+
+    from malletrain.elastic import ElasticJob, _StepProfile
+
+    adv = _RecordingAdvisor()
+    job = SimpleNamespace(_advisor=adv, logical_workers=4, deterministic=False, size=size,
+                          rank=0, _batch_size_for_position=8, _step=7,
+                          _st=SimpleNamespace(workers=range(4 // size)), _outbox=None,
+                          _reporter=None)
+    prof = _StepProfile()
+    prof.steps_in_process = 5
+    prof.start = time.perf_counter() - 0.040
+    prof.prev_end = None if prev_gap is None else prof.start - prev_gap
+    prof.boundary = boundary
+    prof.data_wait = 0.002
+    prof.last_hook = prof.start + 0.025
+    t_opt = prof.start + 0.030
+    ElasticJob._record_step(job, prof, t_opt, t_opt)
+    (s,) = adv.samples
+    return s
+
+
+def test_the_step_boundary_is_communication_for_the_advisor():
+    # Size 2: the boundary is a collective that waits for the slowest peer, so it is
+    # exposed communication (the network term models it), not untimed rest.
+    s = _advisor_sample(2)
+    assert s["comm_s"] == pytest.approx(0.005 + 0.010, abs=1e-9)
+    assert s["compute_s"] == pytest.approx(0.030 - 0.002 - 0.005, abs=1e-9)
+    assert s["total_s"] >= 0.040 + 0.012
+    parts = s["data_wait_s"] + s["compute_s"] + s["comm_s"] + s["optimizer_s"]
+    assert parts <= s["total_s"]
+    # Size 1: no peer to wait for; the boundary stays in the rest of the step.
+    s1 = _advisor_sample(1)
+    assert s1["comm_s"] == pytest.approx(0.005, abs=1e-9)
+    assert s1["compute_s"] == pytest.approx(s["compute_s"], abs=1e-9)
+    # No previous step end (first step in this process, or after a redone step): the
+    # boundary is still part of the step's total.
+    s0 = _advisor_sample(2, prev_gap=None)
+    assert s0["comm_s"] == pytest.approx(0.015, abs=1e-9)
+    assert s0["total_s"] >= 0.040 + 0.010
