@@ -92,6 +92,11 @@ def main(argv=None) -> int:
                    help="seconds to sleep per micro-batch (stands in for a heavier model: it "
                    "is spread over the ranks like compute, so the job scales)")
     p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
+    p.add_argument("--report", default=None,
+                   help="rank 0 writes the advisor's scaling report (JSON) to this file at the end")
+    p.add_argument("--step-log", default=None,
+                   help="rank 0 appends one JSON line per committed step: step, size, time "
+                   "(monotonic seconds); for benchmarks that measure step times")
     args = p.parse_args(argv)
     if args.epochs is None and args.steps is None:
         args.epochs = 8.0
@@ -116,6 +121,7 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         trace = open(os.path.join(args.out, f"trace-{job.member_id}.jsonl"), "w",
                      buffering=1)  # line-buffered: a killed rank keeps its lines
+    step_log = open(args.step_log, "a", buffering=1) if args.step_log else None
     seen_events = 0
     t0 = time.time()
     last_loss = float("nan")
@@ -148,6 +154,9 @@ def main(argv=None) -> int:
                 trace.write(json.dumps({
                     "type": "commit", "step": step, "size": job.size,
                     "lr": opt.param_groups[0]["lr"], "digest": job.state_digest()}) + "\n")
+        if step_log is not None and job.rank == 0 and job.step > step:
+            step_log.write(json.dumps({"step": step, "size": job.size,
+                                       "t": time.monotonic()}) + "\n")
         last_loss = loss.item()
         if job.rank == 0 and job.step > step and job.step % 25 == 0:
             print(f"step {job.step:4d}  loss {last_loss:.4f}  ranks {job.size}", flush=True)
@@ -155,6 +164,8 @@ def main(argv=None) -> int:
             time.sleep(args.step_sleep)
     if trace is not None:
         trace.close()
+    if step_log is not None:
+        step_log.close()
 
     if job.left:
         print(f"[{job.member_id}] left the job at step {job.step}", flush=True)
@@ -171,6 +182,9 @@ def main(argv=None) -> int:
             torch.save(model.module.state_dict(), os.path.join(args.out, "final.pt"))
             with open(os.path.join(args.out, "result.json"), "w") as f:
                 json.dump({"steps": job.step, "accuracy": acc, "loss": last_loss}, f)
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump(job.scaling_report(), f, indent=2)
     job.close()
     return 0
 
