@@ -239,7 +239,7 @@ class PrivateSlurm:
         log = open(self.dir / "log" / f"{name}.stdout", "ab")
         self._logs.append(log)
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=self.env, cwd=self.dir)
+                             env=self.env, cwd=self.dir, preexec_fn=_die_with_parent)
         self.procs[name] = p
         return p
 
@@ -366,6 +366,15 @@ class PrivateSlurm:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies, so a test run
+    that is killed -9 (no finally) leaves no daemon behind."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def leftover_pids(slurm_conf: str) -> List[int]:
