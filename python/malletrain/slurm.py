@@ -69,6 +69,8 @@ ENDING_STATES = frozenset({"COMPLETING"})
 KNOWN_STATES = ACTIVE_STATES | ENDING_STATES | frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
     "PREEMPTED", "RESV_DEL_HOLD", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+# Pending reasons that only mean "waiting for free resources".
+_ROUTINE_PENDING = frozenset({"None", "Priority", "Resources", "submitted", "BeginTime"})
 _UNKNOWN_TIMES = frozenset({"", "N/A", "n/a", "Unknown", "UNKNOWN", "None", "(null)", "NONE"})
 _SEP = "|"
 
@@ -581,7 +583,9 @@ class Harvester:
         options.validate()
         self.options = options
         self.commands = commands or SlurmCommands(timeout=options.command_timeout)
-        self.events: List[str] = []           # what it did, with times (newest last)
+        self.events: List[str] = []           # what it did, with times (the last 1000)
+        self.event_count = 0                  # events ever noted (for events_since)
+        self._pending_why: Dict[str, str] = {}
         self.last_error: Optional[str] = None
         self.submitted: Dict[str, float] = {}  # job id -> when submitted (unix seconds)
         self._started: Dict[str, float] = {}   # job id -> first seen running
@@ -697,10 +701,17 @@ class Harvester:
                 if j.state == "RUNNING" and j.job_id not in self._started:
                     self._started[j.job_id] = now
                     self._note(f"agent job {j.job_id} running on {','.join(j.nodes)}")
+                # Waiting for resources is normal; any other reason (a reservation, a limit,
+                # a partition that is down) is worth telling the operator, once.
+                if j.state == "PENDING" and j.reason not in _ROUTINE_PENDING and \
+                        self._pending_why.get(j.job_id) != j.reason:
+                    self._note(f"agent job {j.job_id} pending: {j.reason}")
+                self._pending_why[j.job_id] = j.reason
             for job_id, old in list(self._known.items()):
                 if job_id in seen:
                     continue
                 started = self._started.pop(job_id, None)
+                self._pending_why.pop(job_id, None)
                 self.submitted.pop(job_id, None)
                 ran = now - started if started is not None else 0.0
                 if started is not None and ran >= self.options.min_lifetime:
@@ -796,7 +807,15 @@ class Harvester:
     def _note(self, what: str) -> None:
         line = f"{time.strftime('%H:%M:%S')}  {what}"
         self.events.append(line)
+        self.event_count += 1
+        del self.events[:-1000]
         log.info("slurm harvester: %s", what)
+
+    def events_since(self, count: int) -> Tuple[int, List[str]]:
+        """The events noted after the first ``count`` (as many as are kept) and the new count:
+        ``n, lines = h.events_since(n)`` follows them without reading one twice."""
+        events, total = list(self.events), self.event_count
+        return total, events[max(0, len(events) - (total - count)):]
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -852,11 +871,11 @@ def _cmd_harvest(args: argparse.Namespace) -> int:
         return 1
     printed = 0
     while not done.wait(0.5):
-        for line in h.events[printed:]:
+        printed, lines = h.events_since(printed)
+        for line in lines:
             print(line, flush=True)
-        printed = len(h.events)
     h.stop(cancel=not args.keep_jobs)
-    for line in h.events[printed:]:
+    for line in h.events_since(printed)[1]:
         print(line, flush=True)
     return 0
 

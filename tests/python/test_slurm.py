@@ -151,6 +151,18 @@ def test_slots_to_submit():
     assert slots_to_submit([run], 3, T0, forecast=Forecast(None, "x"), min_window=60)[0] == 2
 
 
+def test_events_are_kept_bounded_and_followed():
+    h = Harvester(HarvestOptions(store="127.0.0.1:5", secret="/s", slots=1))
+    n, lines = h.events_since(0)
+    assert (n, lines) == (0, [])
+    for i in range(1005):
+        h._note(f"e{i}")
+    assert len(h.events) == 1000 and h.events[-1].endswith("e1004")
+    n, lines = h.events_since(1003)
+    assert n == 1005 and [x.split()[-1] for x in lines] == ["e1003", "e1004"]
+    assert len(h.events_since(0)[1]) == 1000  # the older ones are gone
+
+
 def test_options_are_validated():
     good = dict(store="127.0.0.1:5", secret="/s", slots=2)
     HarvestOptions(**good).validate()
@@ -251,6 +263,17 @@ def test_forecast_reads_pending_jobs_and_reservations(slurm):
             f = cmds.forecast("scavenger")
             assert "reservation malle-maint" in f.reason and f.idle_until < begin, f
             assert abs(f.idle_until - (time.time() + 600)) < 30
+            # An agent without a time limit cannot start before the reservation: the harvester
+            # says why its agent waits (docs/slurm.md: give agents a time limit).
+            h = Harvester(HarvestOptions(store="127.0.0.1:9", secret="/nonexistent", slots=1,
+                                         partition="scavenger", per="cpu", agent="/bin/true",
+                                         job_name="malle-resv"), cmds)
+            try:
+                wait_for("the reason reported", lambda: h.poll_once() is not None and any(
+                    "pending: ReqNodeNotAvail, Reserved for maintenance" in e
+                    for e in h.events), timeout=30, poll=0.5)
+            finally:
+                h.stop(timeout=10)
         finally:
             subprocess.run(["scontrol", "delete", "reservationname=malle-maint"], env=slurm.env,
                            capture_output=True, timeout=30)
