@@ -3,9 +3,10 @@
 Everything lives in one scratch directory (config, munge key, state, spool, logs, pid files;
 the munge socket has a small directory of its own in /tmp); nothing under /etc is read or
 written (``SLURM_CONF`` points the commands at the generated config, ``AuthInfo=socket=``
-points Slurm at the private munged, and munged is given its own ``--key-file``, ``--socket``, ``--pid-file``, ``--seed-file`` and ``--log-file``). The
-daemons run in the foreground as children of this process and are stopped by their pids; the
-ports are free ones picked at start. It needs root (slurmd starts jobs as their users, munged
+points Slurm at the private munged, and munged is given its own ``--key-file``, ``--socket``,
+``--pid-file``, ``--seed-file`` and ``--log-file``). The daemons run in the foreground as
+children of this process (and die with it) and are stopped by their pids; the ports are free
+ones picked at start. It needs root (slurmd starts jobs as their users, munged
 authenticates them) and the Debian packages ``slurmctld slurmd slurm-client munge``, which
 :func:`ensure_installed` installs with apt-get when they are missing.
 
