@@ -627,6 +627,15 @@ class Harvester:
     def grace(self) -> Optional[float]:
         return self._grace
 
+    def set_slots(self, slots: int) -> None:
+        """Harvests ``slots`` from the next poll on. More: new agent jobs are submitted; fewer:
+        nothing is cancelled, agents that end are not replaced until the count is below. Raises
+        MalleValueError for a count out of range; does no I/O."""
+        if not isinstance(slots, int) or not 1 <= slots <= 100000:
+            raise MalleValueError(f"slots: must be an integer in [1, 100000], got {slots!r}")
+        with self._lock:
+            self.options.slots = slots
+
     # --- the batch job ----------------------------------------------------------------------
     def sbatch_args(self) -> List[str]:
         o = self.options

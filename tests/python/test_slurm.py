@@ -355,10 +355,10 @@ def dump(cluster, harvester, slurm, logs: pathlib.Path) -> str:
 
 
 def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_path):
-    """Three scavenger slots run agents; a digits job grows onto them; a job of the main
-    partition preempts one slot: the rank there leaves within the grace time, the main job
-    runs and ends, the harvester's replacement agent takes the slot back and the job grows
-    again; the model equals the fixed-size run, no step or sample lost."""
+    """Scavenger slots run agents; a digits job starts on one and grows onto two more; a job
+    of the main partition preempts one slot: the rank there leaves within the grace time, the
+    main job runs and ends, the harvester's replacement agent takes the slot back and the job
+    grows again; the model equals the fixed-size run, no step or sample lost."""
     fixed_out = tmp_path / "fixed"
     r = launcher.run_local(train_cmd(fixed_out, 0.0), nodes=3, job_id="fixed", timeout=300,
                            log_dir=str(tmp_path / "fixed-logs"))
@@ -374,7 +374,7 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     cmds = SlurmCommands(env=slurm.env)
     with LocalCluster(["unused"], policy="dp", heartbeat_timeout=5.0,
                       workdir=tmp_path / "cluster") as c:
-        h = Harvester(HarvestOptions(store=c.address, secret=str(c.secret_path), slots=3,
+        h = Harvester(HarvestOptions(store=c.address, secret=str(c.secret_path), slots=1,
                                      partition="scavenger", per="cpu", log_dir=str(logs),
                                      poll=0.5), cmds)
         try:
@@ -385,11 +385,15 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
                 return [n for n in c.status()["nodes"]
                         if n["node"].startswith("slurm-") and n["phase"] != "gone"]
 
+            wait_for("a harvested agent registered", lambda: len(agents()) == 1, timeout=60)
+            c.submit("digits", train_cmd(out, 0.3), max_nodes=3, logical_workers=3)
+            wait_for("digits training on 1 slot", lambda: progress(c, "digits.i1") >= 3,
+                     timeout=150)
+            h.set_slots(3)  # two more slots harvested: the job grows onto them
             first = wait_for("3 harvested agents registered", lambda: len(agents()) == 3
                              and agents(), timeout=60)
             for n in first:
                 assert abs(n["idle_until"] - later_start) < 1.5, (n, later_start)
-            c.submit("digits", train_cmd(out, 0.3), max_nodes=3, logical_workers=3)
             wait_for("digits on 3 harvested slots", lambda: progress(c, "digits.i1") >= 10
                      and len(nodes_running(c, "digits.i1")) == 3, timeout=150)
             before = nodes_running(c, "digits.i1")
@@ -442,6 +446,7 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     new_node = next(n for n in status["nodes"] if n["node"] in new)
     assert abs(new_node["idle_until"] - later_start) < 1.5, (new_node, later_start, h.events)
     sizes = sizes_seen(read_traces(out))
+    assert sizes[0] == 1, sizes
     i2 = sizes.index(2, sizes.index(3))
     assert 3 in sizes[i2:], sizes  # grew, shrank, grew back
     check_replicas_and_data(read_traces(out), steps=STEPS, workers=3)
