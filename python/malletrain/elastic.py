@@ -800,10 +800,11 @@ class ElasticJob:
         if prof.start is None:
             return
         now = time.perf_counter()
+        size = self.size  # a property of the C++ group: read once (this runs every step)
         if self._advisor is None:
             lw = self.logical_workers if self.logical_workers is not None else None
             lo = max(1, _env_int("MALLE_MIN_NODES", 1))
-            hi = _env_int("MALLE_MAX_NODES", lw if lw is not None else max(8, self.size))
+            hi = _env_int("MALLE_MAX_NODES", lw if lw is not None else max(8, size))
             if lw is not None:
                 hi = min(hi, lw)
             self._advisor = _C.Advisor(self.control_job or self.job_id, min(lo, hi), max(hi, 1))
@@ -822,7 +823,7 @@ class ElasticJob:
         else:
             total += prof.boundary
         compute = max(0.0, (t_opt - prof.start) - prof.data_wait - comm)
-        if self.size > 1:
+        if size > 1:
             # The step boundary is a collective (one small allreduce that waits for the
             # slowest rank): exposed communication, which the network term models. Left in
             # the untimed rest, it would land in the model's constant term and make the
@@ -831,15 +832,16 @@ class ElasticJob:
             comm += prof.boundary
         optimizer = max(0.0, now - t_reduced)
         bs = self._batch_size_for_position or 1
-        workers = self.logical_workers if self.logical_workers is not None else self.size
+        workers = self.logical_workers if self.logical_workers is not None else size
         try:
+            # Positional: pybind11's keyword matching costs more than the recording itself.
+            # Order: step, world_size, logical_workers, local_batch, global_batch, data_wait_s,
+            # compute_s, comm_s, optimizer_s, resize_pause_s, total_s, after_resize,
+            # after_failure, warmup.
             self._advisor.record(
-                step=self._step, world_size=self.size, logical_workers=workers,
-                local_batch=len(self._st.workers) * bs, global_batch=workers * bs,
-                data_wait_s=prof.data_wait, compute_s=compute, comm_s=comm,
-                optimizer_s=optimizer, resize_pause_s=prof.resize_pause, total_s=total,
-                after_resize=prof.after_resize, after_failure=prof.after_failure,
-                warmup=prof.steps_in_process < 1)
+                self._step, size, workers, len(self._st.workers) * bs, workers * bs,
+                prof.data_wait, compute, comm, optimizer, prof.resize_pause, total,
+                prof.after_resize, prof.after_failure, prof.steps_in_process < 1)
         except ValueError as e:  # a sample the advisor finds implausible is dropped, loudly
             log.debug("advisor sample of step %d not recorded: %s", self._step, e)
         prof.steps_in_process += 1

@@ -252,8 +252,13 @@ class _RecordingAdvisor:
     def __init__(self):
         self.samples = []
 
-    def record(self, **sample):
-        self.samples.append(sample)
+    FIELDS = ("step", "world_size", "logical_workers", "local_batch", "global_batch",
+              "data_wait_s", "compute_s", "comm_s", "optimizer_s", "resize_pause_s", "total_s",
+              "after_resize", "after_failure", "warmup")
+
+    def record(self, *args):  # _C.Advisor.record's positional order
+        assert len(args) == len(self.FIELDS), args
+        self.samples.append(dict(zip(self.FIELDS, args)))
 
 
 def _advisor_sample(size, *, prev_gap=0.012, boundary=0.010):
@@ -300,3 +305,15 @@ def test_the_step_boundary_is_communication_for_the_advisor():
     s0 = _advisor_sample(2, prev_gap=None)
     assert s0["comm_s"] == pytest.approx(0.015, abs=1e-9)
     assert s0["total_s"] >= 0.040 + 0.010
+
+
+def test_record_stand_in_has_the_bindings_argument_order():
+    """_record_step passes the sample positionally: the stand-in above must follow the
+    binding's order, or the boundary test would check the wrong fields."""
+    import re
+
+    from malletrain import _C
+
+    sig = _C.Advisor.record.__doc__.splitlines()[0]
+    names = re.findall(r"(\w+): ", sig)
+    assert tuple(n for n in names if n != "self") == _RecordingAdvisor.FIELDS
