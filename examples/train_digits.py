@@ -135,18 +135,21 @@ def main(argv=None) -> int:
                   f"{ev.phases['total'] * 1e3:.1f} ms (" +
                   ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ev.phases.items()
                             if k != "total") + ")", flush=True)
+        step = job.step
+        micro = job.micro_batch
+        if trace is not None:
+            # What this micro-batch trains, written before its backward: the gradients reach
+            # the other ranks during backward, so a rank killed right after it may already
+            # have contributed to a step the others commit.
+            trace.write(json.dumps({
+                "type": "micro", "step": step, "micro": micro, "worker": job.workers[micro],
+                "generation": job.generation, "size": job.size, "rank": job.rank,
+                "indices": idx.tolist()}) + "\n")
         opt.zero_grad()
         if args.compute_sleep:
             time.sleep(args.compute_sleep)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
-        step = job.step
-        micro = job.micro_batch
-        if trace is not None:  # what this micro-batch trained, before the step can commit
-            trace.write(json.dumps({
-                "type": "micro", "step": step, "micro": micro, "worker": job.workers[micro],
-                "generation": job.generation, "size": job.size, "rank": job.rank,
-                "indices": idx.tolist()}) + "\n")
         opt.step()
         if job.step > step:  # the step committed on this rank
             sched.step()
