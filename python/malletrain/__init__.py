@@ -39,6 +39,7 @@ from malletrain.errors import (
     MalleValueError,
     MembershipChangedError,
     RankFailureError,
+    SlurmCommandError,
     StatusCode,
     StoreError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "MalleValueError",
     "MembershipChangedError",
     "RankFailureError",
+    "SlurmCommandError",
     "StatusCode",
     "StoreError",
 ]

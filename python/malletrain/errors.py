@@ -28,6 +28,7 @@ All classes derive from :class:`MalleError`, itself a ``RuntimeError``, so
 from __future__ import annotations
 
 import enum
+from typing import Optional, Sequence
 
 __all__ = [
     "StatusCode",
@@ -37,6 +38,7 @@ __all__ = [
     "RankFailureError",
     "MembershipChangedError",
     "StoreError",
+    "SlurmCommandError",
 ]
 
 
@@ -103,6 +105,18 @@ class StoreError(MalleError, ConnectionError):
     """The control store could not be reached or returned an invalid answer."""
 
     code = StatusCode.UNAVAILABLE
+
+
+class SlurmCommandError(MalleError):
+    """A Slurm command failed, timed out or is not installed (the message says which, with its
+    output). ``command`` is the argv, ``returncode`` its exit status (None: it did not finish).
+    Raised by :mod:`malletrain.slurm`, never by the C++ side."""
+
+    def __init__(self, message: str, command: Sequence[str] = (),
+                 returncode: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.command = list(command)
+        self.returncode = returncode
 
 
 _CLASS_BY_CODE: dict[StatusCode, type[MalleError]] = {

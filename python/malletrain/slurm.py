@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from malletrain.errors import MalleError, MalleValueError
+from malletrain.errors import MalleValueError, SlurmCommandError
 
 log = logging.getLogger("malletrain.slurm")
 
@@ -72,17 +72,6 @@ KNOWN_STATES = ACTIVE_STATES | ENDING_STATES | frozenset({
 _ROUTINE_PENDING = frozenset({"None", "Priority", "Resources", "submitted", "BeginTime"})
 _UNKNOWN_TIMES = frozenset({"", "N/A", "n/a", "Unknown", "UNKNOWN", "None", "(null)", "NONE"})
 _SEP = "|"
-
-
-class SlurmCommandError(MalleError):
-    """A Slurm command failed, timed out or is not installed (the message says which, with its
-    output). ``command`` is the argv, ``returncode`` its exit status (None: it did not finish)."""
-
-    def __init__(self, message: str, command: Sequence[str] = (),
-                 returncode: Optional[int] = None) -> None:
-        super().__init__(message)
-        self.command = list(command)
-        self.returncode = returncode
 
 
 # --- parsing (pure) ---------------------------------------------------------------------------
