@@ -334,6 +334,10 @@ def test_cli_sigint_kills_every_rank_and_exits_130(tmp_path, capsys, monkeypatch
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # also on a timeout: never leave cli.main hanging
 
+    # Ctrl-C as in an interactive shell. A shell starts background commands (`cmd &`) with
+    # SIGINT ignored, and Python then leaves it ignored: pytest run that way would never see
+    # the interrupt.
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Thread(target=interrupt)
     timer.start()
     try:
@@ -341,6 +345,7 @@ def test_cli_sigint_kills_every_rank_and_exits_130(tmp_path, capsys, monkeypatch
                          sys.executable, "-c", PID_WRITER])
     finally:
         timer.join(timeout=30)
+        signal.signal(signal.SIGINT, saved)
     assert code == 130
     assert "interrupted; every process was killed" in capsys.readouterr().err
     assert len(ranks) == 2
