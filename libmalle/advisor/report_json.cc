@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "libmalle/advisor/step_sample.h"
+#include "libmalle/base/json_path.h"
 #include "libmalle/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -34,110 +35,12 @@ using OrderedJson = nlohmann::ordered_json;  // output keeps the documented key 
 
 constexpr int64_t kMaxStep = std::numeric_limits<int64_t>::max() / 2;
 
-// --- paths and messages --------------------------------------------------------------------------
+using json_path::Describe;
+using json_path::Element;
+using json_path::Member;
+using json_path::ParseStrictJson;
+using json_path::PathError;
 
-std::string Member(const std::string& path, absl::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
-}
-
-std::string Element(const std::string& path, size_t index) {
-  return absl::StrCat(path, "[", index, "]");
-}
-
-absl::Status PathError(const std::string& path, absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path.empty() ? "(top level)" : path, ": ", message));
-}
-
-std::string Describe(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::string: {
-      std::string text = value.dump();
-      if (text.size() > 42) text = absl::StrCat(text.substr(0, 38), "...\"");
-      return absl::StrCat("the string ", text);
-    }
-    default:
-      return value.dump();
-  }
-}
-
-// --- reading -------------------------------------------------------------------------------------
-
-// Finds the first key that appears twice in one object (nlohmann would keep
-// the last value silently).
-class DuplicateKeyFinder {
- public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        Enter();
-        frames_.emplace_back();
-        frames_.back().is_array = event == Json::parse_event_t::array_start;
-        break;
-      case Json::parse_event_t::key: {
-        Frame& top = frames_.back();
-        top.key = parsed.get<std::string>();
-        if (!top.keys.insert(top.key).second && duplicate_.empty()) duplicate_ = Path();
-        break;
-      }
-      case Json::parse_event_t::value:
-        Enter();
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-    }
-    return true;
-  }
-  const std::string& duplicate() const { return duplicate_; }
-
- private:
-  struct Frame {
-    bool is_array = false;
-    size_t index = 0;
-    std::string key;
-    std::set<std::string> keys;
-  };
-  void Enter() {
-    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().index;
-  }
-  std::string Path() const {
-    std::string path;
-    for (const Frame& f : frames_)
-      path = f.is_array ? Element(path, f.index - 1) : Member(path, f.key);
-    return path;
-  }
-  std::vector<Frame> frames_;
-  std::string duplicate_;
-};
-
-absl::StatusOr<Json> ParseDocument(absl::string_view text) {
-  DuplicateKeyFinder finder;
-  Json document;
-  try {
-    document = Json::parse(text.begin(), text.end(),
-                           [&finder](int depth, Json::parse_event_t event, Json& parsed) {
-                             return finder(depth, event, parsed);
-                           });
-  } catch (const Json::exception& e) {
-    absl::string_view what = e.what();
-    const size_t bracket = what.find("] ");
-    if (what.substr(0, 1) == "[" && bracket != absl::string_view::npos) {
-      what.remove_prefix(bracket + 2);
-    }
-    return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", what));
-  }
-  if (!finder.duplicate().empty()) {
-    return PathError(finder.duplicate(), "duplicate key (each key may appear once per object)");
-  }
-  return document;
-}
 
 // Checks that `value` is an object with exactly the keys `keys` (all required).
 absl::Status CheckObject(const Json& value, const std::string& path,
@@ -371,7 +274,7 @@ std::string ReportToJson(const AdvisorReport& r, int indent) {
 }
 
 absl::StatusOr<AdvisorReport> ParseReportJson(absl::string_view text) {
-  MALLE_ASSIGN_OR_RETURN(Json doc, ParseDocument(text));
+  MALLE_ASSIGN_OR_RETURN(Json doc, ParseStrictJson(text));
   const std::string top;
   MALLE_RETURN_IF_ERROR(CheckObject(doc, top,
                                     {"version", "job", "step", "sizes_observed", "curve",

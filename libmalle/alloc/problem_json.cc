@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libmalle/base/json_path.h"
 #include "libmalle/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -38,123 +39,12 @@ using OrderedJson = nlohmann::ordered_json;
 // above any real cluster, low enough that a typo cannot allocate gigabytes.
 constexpr int64_t kMaxCount = 1'000'000;
 
-// --- paths and messages --------------------------------------------------------------------------
+using json_path::Describe;
+using json_path::Element;
+using json_path::Member;
+using json_path::ParseStrictJson;
+using json_path::PathError;
 
-std::string Member(const std::string& path, absl::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
-}
-
-std::string Element(const std::string& path, size_t index) {
-  return absl::StrCat(path, "[", index, "]");
-}
-
-absl::Status PathError(const std::string& path, absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path.empty() ? "(top level)" : path, ": ", message));
-}
-
-// How a value appeared in the input, short enough for an error message.
-std::string Describe(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::string: {
-      std::string text = value.dump();
-      if (text.size() > 42) text = absl::StrCat(text.substr(0, 38), "...\"");
-      return absl::StrCat("the string ", text);
-    }
-    default:
-      return value.dump();  // null, true, false, a number
-  }
-}
-
-// --- reading -------------------------------------------------------------------------------------
-
-// Records the path of the first key that appears twice in one object.
-// nlohmann keeps the last value silently; this format refuses, so that a
-// pasted-together problem never loses a field without a word.
-class DuplicateKeyFinder {
- public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        EnterValue();
-        frames_.push_back(Frame{false});
-        break;
-      case Json::parse_event_t::array_start:
-        EnterValue();
-        frames_.push_back(Frame{true});
-        break;
-      case Json::parse_event_t::key: {
-        Frame& top = frames_.back();
-        top.key = parsed.get<std::string>();
-        if (!top.keys.insert(top.key).second && duplicate_.empty()) duplicate_ = Path();
-        break;
-      }
-      case Json::parse_event_t::value:
-        EnterValue();
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-    }
-    return true;
-  }
-
-  // Empty when every key was unique.
-  const std::string& duplicate() const { return duplicate_; }
-
- private:
-  struct Frame {
-    bool is_array = false;
-    size_t index = 0;  // arrays: elements seen so far
-    std::string key;   // objects: the key being read
-    std::set<std::string> keys;
-  };
-
-  void EnterValue() {
-    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().index;
-  }
-
-  std::string Path() const {
-    std::string path;
-    for (const Frame& frame : frames_) {
-      path = frame.is_array ? Element(path, frame.index - 1) : Member(path, frame.key);
-    }
-    return path;
-  }
-
-  std::vector<Frame> frames_;
-  std::string duplicate_;
-};
-
-absl::StatusOr<Json> ParseDocument(absl::string_view text) {
-  DuplicateKeyFinder finder;
-  Json document;
-  try {
-    document = Json::parse(text.begin(), text.end(),
-                           [&finder](int depth, Json::parse_event_t event, Json& parsed) {
-                             return finder(depth, event, parsed);
-                           });
-  } catch (const Json::exception& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 7: ..."
-    // or, for a number beyond double's range such as 1e999,
-    // "[json.exception.out_of_range.406] number overflow parsing '1e999'".
-    absl::string_view what = e.what();
-    const size_t bracket = what.find("] ");
-    if (what.substr(0, 1) == "[" && bracket != absl::string_view::npos) {
-      what.remove_prefix(bracket + 2);
-    }
-    return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", what));
-  }
-  if (!finder.duplicate().empty()) {
-    return PathError(finder.duplicate(), "duplicate key (each key may appear once per object)");
-  }
-  return document;
-}
 
 const Json* Find(const Json& object, absl::string_view key) {
   auto it = object.find(std::string(key));
@@ -565,7 +455,7 @@ absl::string_view ChangeName(int previous, int now) {
 }  // namespace
 
 absl::StatusOr<Problem> ParseProblemJson(absl::string_view text) {
-  MALLE_ASSIGN_OR_RETURN(Json document, ParseDocument(text));
+  MALLE_ASSIGN_OR_RETURN(Json document, ParseStrictJson(text));
   try {
     return ReadProblem(document);
   } catch (const Json::exception& e) {  // every access above is checked; this is a bug
@@ -664,7 +554,7 @@ std::string DecisionToJson(const Problem& problem, const Decision& decision, int
 absl::StatusOr<DecideOptions> ParseDecideOptionsJson(absl::string_view text) {
   // Nothing at all means "all defaults" (the CLI and the binding may pass "").
   if (text.find_first_not_of(" \t\r\n") == absl::string_view::npos) return DecideOptions{};
-  MALLE_ASSIGN_OR_RETURN(Json document, ParseDocument(text));
+  MALLE_ASSIGN_OR_RETURN(Json document, ParseStrictJson(text));
   try {
     return ReadDecideOptions(document);
   } catch (const Json::exception& e) {

@@ -1,0 +1,37 @@
+// Strict JSON documents with error paths, shared by the JSON formats of
+// libmalle (alloc/problem_json, advisor/report_json).
+//
+// ParseStrictJson parses a document and refuses duplicate keys (nlohmann
+// keeps the last value silently); errors are kInvalidArgument with a message
+// that names where in the document the problem is ("jobs[2].min_nodes: ...").
+// Member/Element build such paths, PathError makes the status, Describe says
+// how a value appeared in the input, short enough for a message.
+//
+// Thread-safety: pure functions.
+#ifndef MALLE_BASE_JSON_PATH_H_
+#define MALLE_BASE_JSON_PATH_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace malle::json_path {
+
+// "a.b" ("b" at the top level).
+std::string Member(const std::string& path, absl::string_view key);
+// "a[3]".
+std::string Element(const std::string& path, size_t index);
+// kInvalidArgument "<path>: <message>" ("(top level)" for an empty path).
+absl::Status PathError(const std::string& path, absl::string_view message);
+// "an object", "an array", a string quoted and cut at ~40 characters, or the value.
+std::string Describe(const nlohmann::json& value);
+// Parses `text`; "malformed JSON: ..." or "<path>: duplicate key ..." errors.
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text);
+
+}  // namespace malle::json_path
+
+#endif  // MALLE_BASE_JSON_PATH_H_
