@@ -280,17 +280,22 @@ TEST(AdvisorTest, LearnsFromARankThatIsNotTheBusiest) {
 TEST(AdvisorTest, RecordDoesNotWaitForReports) {
   std::unique_ptr<Advisor> advisor = Make(Options());
   std::atomic<bool> done{false};
+  std::atomic<bool> reporting{false};
   std::thread trainer([&] {
+    // Records only once reports are being made, so the two really overlap (2,000
+    // records take about a millisecond: they could all be over before the first report).
+    while (!reporting) std::this_thread::yield();
     SyntheticJob job(kComputeBound, kShape, /*seed=*/17);
     for (int n : {1, 2, 4, 8}) job.Run(advisor.get(), n, 500, Outliers{});
     done = true;
   });
   int reports = 0;
-  while (!done) {
+  do {
+    reporting = true;
     const AdvisorReport r = advisor->Report();
     EXPECT_THAT(ValidateReport(r), IsOk());
     ++reports;
-  }
+  } while (!done);
   trainer.join();
   EXPECT_GT(reports, 0);
   const AdvisorReport r = advisor->Report();
