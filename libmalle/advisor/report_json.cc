@@ -40,20 +40,13 @@ using json_path::Element;
 using json_path::Member;
 using json_path::ParseStrictJson;
 using json_path::PathError;
-
+using json_path::ReadBool;
+using json_path::ReadString;
 
 // Checks that `value` is an object with exactly the keys `keys` (all required).
 absl::Status CheckObject(const Json& value, const std::string& path,
                          std::initializer_list<absl::string_view> keys) {
-  if (!value.is_object()) {
-    return PathError(path, absl::StrCat("expected an object, got ", Describe(value)));
-  }
-  for (auto it = value.begin(); it != value.end(); ++it) {
-    if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
-      return PathError(Member(path, it.key()),
-                       absl::StrCat("unknown key; expected one of ", absl::StrJoin(keys, ", ")));
-    }
-  }
+  MALLE_RETURN_IF_ERROR(json_path::CheckKeys(value, path, keys));
   for (absl::string_view key : keys) {
     if (!value.contains(std::string(key)))
       return PathError(Member(path, key), "missing (required)");
@@ -62,20 +55,6 @@ absl::Status CheckObject(const Json& value, const std::string& path,
 }
 
 const Json& At(const Json& object, absl::string_view key) { return object.at(std::string(key)); }
-
-absl::StatusOr<std::string> ReadString(const Json& value, const std::string& path) {
-  if (!value.is_string()) {
-    return PathError(path, absl::StrCat("expected a string, got ", Describe(value)));
-  }
-  return value.get<std::string>();
-}
-
-absl::StatusOr<bool> ReadBool(const Json& value, const std::string& path) {
-  if (!value.is_boolean()) {
-    return PathError(path, absl::StrCat("expected true or false, got ", Describe(value)));
-  }
-  return value.get<bool>();
-}
 
 // A finite number >= lo.
 absl::StatusOr<double> ReadNumber(const Json& value, const std::string& path, double lo) {

@@ -39,11 +39,14 @@ using OrderedJson = nlohmann::ordered_json;
 // above any real cluster, low enough that a typo cannot allocate gigabytes.
 constexpr int64_t kMaxCount = 1'000'000;
 
+using json_path::CheckKeys;
 using json_path::Describe;
 using json_path::Element;
 using json_path::Member;
 using json_path::ParseStrictJson;
 using json_path::PathError;
+using json_path::ReadBool;
+using json_path::ReadString;
 
 
 const Json* Find(const Json& object, absl::string_view key) {
@@ -51,39 +54,11 @@ const Json* Find(const Json& object, absl::string_view key) {
   return it == object.end() ? nullptr : &*it;
 }
 
-absl::Status CheckObject(const Json& value, const std::string& path,
-                         std::initializer_list<absl::string_view> allowed) {
-  if (!value.is_object()) {
-    return PathError(path, absl::StrCat("expected an object, got ", Describe(value)));
-  }
-  for (auto it = value.begin(); it != value.end(); ++it) {
-    if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
-      return PathError(Member(path, it.key()),
-                       absl::StrCat("unknown key; expected one of ", absl::StrJoin(allowed, ", ")));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckArray(const Json& value, const std::string& path) {
   if (!value.is_array()) {
     return PathError(path, absl::StrCat("expected an array, got ", Describe(value)));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadString(const Json& value, const std::string& path) {
-  if (!value.is_string()) {
-    return PathError(path, absl::StrCat("expected a string, got ", Describe(value)));
-  }
-  return value.get<std::string>();
-}
-
-absl::StatusOr<bool> ReadBool(const Json& value, const std::string& path) {
-  if (!value.is_boolean()) {
-    return PathError(path, absl::StrCat("expected true or false, got ", Describe(value)));
-  }
-  return value.get<bool>();
 }
 
 // A finite number. (JSON has no NaN or Infinity literals and the parser
@@ -197,7 +172,7 @@ absl::StatusOr<Curve> ReadCurve(const Json& value, const std::string& path) {
 }
 
 absl::StatusOr<NodeClass> ReadClass(const Json& value, const std::string& path) {
-  MALLE_RETURN_IF_ERROR(CheckObject(value, path, {"id", "locality", "speed"}));
+  MALLE_RETURN_IF_ERROR(CheckKeys(value, path, {"id", "locality", "speed"}));
   NodeClass node_class;
   const Json* id = Find(value, "id");
   if (id == nullptr) return PathError(Member(path, "id"), "missing (required)");
@@ -213,7 +188,7 @@ absl::StatusOr<NodeClass> ReadClass(const Json& value, const std::string& path) 
 }
 
 absl::StatusOr<Node> ReadNode(const Json& value, const std::string& path) {
-  MALLE_RETURN_IF_ERROR(CheckObject(value, path, {"id", "class", "idle_window_s"}));
+  MALLE_RETURN_IF_ERROR(CheckKeys(value, path, {"id", "class", "idle_window_s"}));
   Node node;
   const Json* id = Find(value, "id");
   if (id == nullptr) return PathError(Member(path, "id"), "missing (required)");
@@ -229,7 +204,7 @@ absl::StatusOr<Node> ReadNode(const Json& value, const std::string& path) {
 }
 
 absl::StatusOr<BatchOption> ReadBatchOption(const Json& value, const std::string& path) {
-  MALLE_RETURN_IF_ERROR(CheckObject(value, path, {"name", "throughput"}));
+  MALLE_RETURN_IF_ERROR(CheckKeys(value, path, {"name", "throughput"}));
   BatchOption option;
   const Json* name = Find(value, "name");
   if (name == nullptr) return PathError(Member(path, "name"), "missing (required)");
@@ -242,7 +217,7 @@ absl::StatusOr<BatchOption> ReadBatchOption(const Json& value, const std::string
 
 absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
   MALLE_RETURN_IF_ERROR(
-      CheckObject(value, path,
+      CheckKeys(value, path,
                   {"id", "min_nodes", "max_nodes", "throughput", "batch_options",
                    "current_batch_option", "resize_up_s", "resize_down_s", "weight", "stop_penalty",
                    "nodes"}));
@@ -324,7 +299,7 @@ absl::Status ToJsonNames(const absl::Status& status) {
 
 absl::StatusOr<Problem> ReadProblem(const Json& document) {
   MALLE_RETURN_IF_ERROR(
-      CheckObject(document, "",
+      CheckKeys(document, "",
                   {"version", "forward_window_s", "objective", "resize_cost",
                    "cross_locality_factor", "classes", "nodes", "node_count", "jobs"}));
   const Json* version = Find(document, "version");
@@ -392,7 +367,7 @@ absl::StatusOr<Problem> ReadProblem(const Json& document) {
 }
 
 absl::StatusOr<DecideOptions> ReadDecideOptions(const Json& document) {
-  MALLE_RETURN_IF_ERROR(CheckObject(
+  MALLE_RETURN_IF_ERROR(CheckKeys(
       document, "", {"policy", "time_limit_s", "isolation", "relative_gap", "horizon_buckets"}));
   DecideOptions options;
   if (const Json* f = Find(document, "policy")) {

@@ -1,9 +1,11 @@
 #include "libmalle/base/json_path.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace malle::json_path {
 namespace {
@@ -124,6 +126,34 @@ absl::StatusOr<Json> ParseStrictJson(absl::string_view text) {
     return PathError(finder.duplicate(), "duplicate key (each key may appear once per object)");
   }
   return document;
+}
+
+absl::Status CheckKeys(const Json& value, const std::string& path,
+                       std::initializer_list<absl::string_view> allowed) {
+  if (!value.is_object()) {
+    return PathError(path, absl::StrCat("expected an object, got ", Describe(value)));
+  }
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+      return PathError(Member(path, it.key()),
+                       absl::StrCat("unknown key; expected one of ", absl::StrJoin(allowed, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadString(const Json& value, const std::string& path) {
+  if (!value.is_string()) {
+    return PathError(path, absl::StrCat("expected a string, got ", Describe(value)));
+  }
+  return value.get<std::string>();
+}
+
+absl::StatusOr<bool> ReadBool(const Json& value, const std::string& path) {
+  if (!value.is_boolean()) {
+    return PathError(path, absl::StrCat("expected true or false, got ", Describe(value)));
+  }
+  return value.get<bool>();
 }
 
 }  // namespace malle::json_path

@@ -12,6 +12,7 @@
 #define MALLE_BASE_JSON_PATH_H_
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,6 +32,14 @@ absl::Status PathError(const std::string& path, absl::string_view message);
 std::string Describe(const nlohmann::json& value);
 // Parses `text`; "malformed JSON: ..." or "<path>: duplicate key ..." errors.
 absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text);
+
+// `value` is an object whose keys are all in `allowed` (none is required):
+// "<path>: expected an object, got ..." or "<path>.<key>: unknown key; expected one of ...".
+absl::Status CheckKeys(const nlohmann::json& value, const std::string& path,
+                       std::initializer_list<absl::string_view> allowed);
+// A JSON string / true or false: "<path>: expected a string, got ..." otherwise.
+absl::StatusOr<std::string> ReadString(const nlohmann::json& value, const std::string& path);
+absl::StatusOr<bool> ReadBool(const nlohmann::json& value, const std::string& path);
 
 }  // namespace malle::json_path
 
