@@ -145,16 +145,6 @@ absl::StatusOr<Digits> LoadDigits(const std::string& path) {
                 y.index_select(0, test)};
 }
 
-const char* KindName(malle::comm::Transition::Kind k) {
-  switch (k) {
-    case malle::comm::Transition::Kind::kBootstrap: return "bootstrap";
-    case malle::comm::Transition::Kind::kJoined: return "joined";
-    case malle::comm::Transition::Kind::kPlanned: return "planned";
-    case malle::comm::Transition::Kind::kRecovered: return "recovered";
-    default: return "none";
-  }
-}
-
 absl::Status Run() {
   const std::string out_dir = absl::GetFlag(FLAGS_out);
   MALLE_ASSIGN_OR_RETURN(Digits data, LoadDigits(absl::GetFlag(FLAGS_data)));
@@ -194,8 +184,8 @@ absl::Status Run() {
       const elastic::ResizeEvent& e = trainer->history()[shown];
       std::cout << absl::StrFormat("[%s] generation %d: %s, size %d, rank %d, resumes at step %d, "
                                    "pause %.1f ms (state %.1f ms, %.2f MB)",
-                                   trainer->member_id(), e.generation, KindName(e.kind), e.size, e.rank,
-                                   e.resume_step, absl::ToDoubleMilliseconds(e.phases.total),
+                                   trainer->member_id(), e.generation,
+                                   malle::comm::TransitionKindName(e.kind), e.size, e.rank, e.resume_step, absl::ToDoubleMilliseconds(e.phases.total),
                                    absl::ToDoubleMilliseconds(e.phases.state), e.state_bytes / 1e6)
                 << std::endl;
     }
@@ -236,7 +226,7 @@ absl::Status Run() {
   if (!out_dir.empty()) {
     json history = json::array();
     for (const elastic::ResizeEvent& e : trainer->history()) {
-      history.push_back({{"kind", KindName(e.kind)}, {"generation", e.generation}, {"size", e.size},
+      history.push_back({{"kind", std::string(malle::comm::TransitionKindName(e.kind))}, {"generation", e.generation}, {"size", e.size},
                          {"pause_s", absl::ToDoubleSeconds(e.phases.total)}, {"state_bytes", e.state_bytes}});
     }
     json result = {{"steps", trainer->step()},   {"redone", trainer->redone_steps()},
