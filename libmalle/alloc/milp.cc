@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -56,6 +57,7 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/dp.h"
 #include "libmalle/alloc/internal/cbc_solver.h"
+#include "libmalle/base/check.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
 
@@ -70,11 +72,24 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Largest |objective coefficient| after scaling.
 constexpr double kObjectiveScaleTarget = 1e3;
 
+// A run of job options with consecutive node counts [first, last], one
+// pattern and batch option, whose values lie on one line (see
+// BuildSegmentFormulation).
+struct Piece {
+  int first = 0, last = 0;    // node counts
+  std::vector<int> options;   // option index for first, first + 1, ..., last
+  double value_first = 0.0;   // value at `first`
+  double slope = 0.0;         // value per node above `first`
+  int z = -1;                 // binary: the job's count lies in this piece
+  int d = -1;                 // integer in [0, last - first]: nodes above first (-1 if first == last)
+};
+
 struct Formulation {
   MipModel mip;
   double scale = 1.0;               // objective coefficient = value * scale
-  std::vector<std::vector<int>> y;  // y[j][o]: column of job j's option o
+  std::vector<std::vector<int>> y;  // y[j][o]: column of job j's option o (option formulation)
   std::vector<std::vector<int>> x;  // x[j][p]: column, or -1 (multi-pool only)
+  std::vector<std::vector<Piece>> pieces;  // per job (segment formulation; then y is empty)
 };
 
 // With one pool, an option that uses more nodes than another option of the
@@ -105,6 +120,28 @@ std::vector<bool> NeededOptions(const CountModel& model, const JobModel& job) {
     best_here = std::max(best_here, opt.value);
   }
   return needed;
+}
+
+// Jobs with equal keys (same options, values, patterns and current nodes)
+// are interchangeable in every solution.
+std::string IdenticalJobKey(const JobModel& job) {
+  std::string key;
+  auto put = [&key](const void* data, size_t size) {
+    key.append(static_cast<const char*>(data), size);
+  };
+  for (const Option& o : job.options) {
+    put(&o.nodes, sizeof(o.nodes));
+    put(&o.value, sizeof(o.value));
+    put(&o.batch_option, sizeof(o.batch_option));
+    const std::vector<int>& pools =
+        o.pattern >= 0 ? job.patterns[o.pattern].pools : std::vector<int>{};
+    const int size = static_cast<int>(pools.size());
+    put(&size, sizeof(size));
+    if (size > 0) put(pools.data(), pools.size() * sizeof(int));
+  }
+  put(job.current_per_pool.data(), job.current_per_pool.size() * sizeof(int));
+  put(&job.current_option, sizeof(job.current_option));
+  return key;
 }
 
 // `start`: the first incumbent (nullptr: the current allocation), or no
@@ -241,22 +278,7 @@ Formulation BuildFormulation(const CountModel& model, bool use_start, const Coun
     std::map<std::string, int> last_of_kind;
     for (int j = 0; j < num_jobs; ++j) {
       const JobModel& job = model.jobs[j];
-      std::string key;
-      auto put = [&key](const void* data, size_t size) {
-        key.append(static_cast<const char*>(data), size);
-      };
-      for (const Option& o : job.options) {
-        put(&o.nodes, sizeof(o.nodes));
-        put(&o.value, sizeof(o.value));
-        put(&o.batch_option, sizeof(o.batch_option));
-        const std::vector<int>& pools =
-            o.pattern >= 0 ? job.patterns[o.pattern].pools : std::vector<int>{};
-        const int size = static_cast<int>(pools.size());
-        put(&size, sizeof(size));
-        if (size > 0) put(pools.data(), pools.size() * sizeof(int));
-      }
-      put(job.current_per_pool.data(), job.current_per_pool.size() * sizeof(int));
-      put(&job.current_option, sizeof(job.current_option));
+      std::string key = IdenticalJobKey(job);
       kinds[key].push_back(j);
       auto [it, first] = last_of_kind.emplace(std::move(key), j);
       if (first) continue;
@@ -328,12 +350,338 @@ Formulation BuildFormulation(const CountModel& model, bool use_start, const Coun
   return f;
 }
 
+// Segment formulation (one pool). A job's options are grouped into pieces:
+// runs of consecutive node counts (same pattern and batch option) whose
+// values lie on one line; the current count is always a piece of its own
+// (it carries no resize cost, so its value is off the line), and so is 0.
+// Per piece s of job j a binary z[j,s] and, if it spans more than one count,
+// an integer d[j,s] in [0, last_s - first_s]:
+//   choice:    sum_s z[j,s] = 1                                   per job
+//   link:      d[j,s] - (last_s - first_s) z[j,s] <= 0            per piece
+//   capacity:  sum_{j,s} first_s z[j,s] + d[j,s] <= capacity
+//   objective: sum value(first_s) z[j,s] + slope_s d[j,s]
+// The job's count is first_s + d[j,s] of its chosen piece. This is the
+// multiple-choice knapsack with its linear runs merged: the LP bound is the
+// same (the concave envelope of each job's values), but once every job's
+// piece is fixed the LP is a continuous knapsack with unit weights, integer
+// piece lengths and an integer capacity, whose optimum is integral. Branching
+// only decides pieces, not counts, which is what removes the long proofs of
+// the option formulation (docs/allocator.md; docs/benchmarks.md has the
+// figures). Values are collinear within kCollinearTolerance times the
+// largest |value| of the model; the objective CBC sees differs from the true
+// one by at most that per job, and the answer's objective is recomputed from
+// the options.
+constexpr double kCollinearTolerance = 1e-10;
+
+std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
+  std::map<std::pair<int, int>, std::vector<int>> groups;  // (pattern, batch) -> options
+  std::vector<Piece> pieces;
+  for (size_t o = 0; o < job.options.size(); ++o) {
+    const Option& opt = job.options[o];
+    if (opt.nodes == 0) {
+      Piece zero;
+      zero.options = {static_cast<int>(o)};
+      zero.value_first = opt.value;
+      pieces.push_back(std::move(zero));
+      continue;
+    }
+    groups[{opt.pattern, opt.batch_option}].push_back(static_cast<int>(o));
+  }
+  for (auto& [key, opts] : groups) {
+    std::stable_sort(opts.begin(), opts.end(), [&job](int a, int b) {
+      return job.options[a].nodes < job.options[b].nodes;
+    });
+    auto nodes = [&job](int o) { return job.options[o].nodes; };
+    auto value = [&job](int o) { return job.options[o].value; };
+    size_t i = 0;
+    while (i < opts.size()) {
+      Piece piece;
+      piece.options = {opts[i]};
+      piece.first = piece.last = nodes(opts[i]);
+      piece.value_first = value(opts[i]);
+      size_t k = i + 1;
+      // Extend while the next count is adjacent, neither end is the current
+      // count, and every value of the run stays on the line through its ends.
+      while (k < opts.size() && nodes(opts[k]) == piece.last + 1 &&
+             nodes(opts[k]) != job.current_nodes && piece.first != job.current_nodes) {
+        const double slope = (value(opts[k]) - piece.value_first) / (nodes(opts[k]) - piece.first);
+        bool collinear = true;
+        for (size_t m = i + 1; m < k && collinear; ++m) {
+          const double line = piece.value_first + slope * (nodes(opts[m]) - piece.first);
+          collinear = std::fabs(line - value(opts[m])) <= tolerance;
+        }
+        if (!collinear) break;
+        piece.options.push_back(opts[k]);
+        piece.last = nodes(opts[k]);
+        piece.slope = slope;
+        ++k;
+      }
+      pieces.push_back(std::move(piece));
+      i = k;
+    }
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.first < b.first; });
+  return pieces;
+}
+
+Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
+                                    const CountSolution* start) {
+  Formulation f;
+  double largest = 0.0;
+  for (const JobModel& job : model.jobs) {
+    for (const Option& o : job.options) largest = std::max(largest, std::fabs(o.value));
+  }
+  if (largest > 0.0) f.scale = kObjectiveScaleTarget / largest;
+  const double tolerance = kCollinearTolerance * largest;
+
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  MipModel& mip = f.mip;
+  mip.maximize = true;
+  // Per job, the count as (column, coefficient) terms.
+  std::vector<std::vector<std::pair<int, double>>> count(num_jobs);
+  std::vector<int> cap_cols;
+  std::vector<double> cap_vals;
+  for (int j = 0; j < num_jobs; ++j) {
+    f.pieces.push_back(JobPieces(model.jobs[j], tolerance));
+    std::vector<int> choice;
+    for (Piece& piece : f.pieces.back()) {
+      piece.z = mip.AddCol(0, 1, piece.value_first * f.scale, /*integer=*/true);
+      choice.push_back(piece.z);
+      if (piece.first > 0) count[j].emplace_back(piece.z, piece.first);
+      if (piece.last > piece.first) {
+        piece.d = mip.AddCol(0, piece.last - piece.first, piece.slope * f.scale, /*integer=*/true);
+        count[j].emplace_back(piece.d, 1.0);
+        mip.AddRow({piece.d, piece.z}, {1.0, -static_cast<double>(piece.last - piece.first)},
+                   -kInf, 0);
+      }
+    }
+    mip.AddRow(choice, std::vector<double>(choice.size(), 1.0), 1, 1);
+    for (const auto& [col, coef] : count[j]) {
+      cap_cols.push_back(col);
+      cap_vals.push_back(coef);
+    }
+  }
+  mip.AddRow(cap_cols, cap_vals, -kInf, model.pools.empty() ? 0 : model.pools[0].capacity);
+
+  // Ordered jobs. With one pool, take two jobs a, b that can run at the same
+  // counts, and let v_a(n), v_b(n) be their best values at n nodes. If
+  // v_a - v_b does not decrease with n, giving a the larger of two counts is
+  // never worse: for n < m, v_a(m) + v_b(n) >= v_a(n) + v_b(m). So whenever
+  // such jobs hold counts in the wrong order, swapping them (same capacity)
+  // loses nothing, and some optimum has count(a) >= count(b). Jobs of one
+  // model that differ only in their resize pauses (the ImageNet mixes, HPO
+  // trials) are such pairs, and they are what makes branch-and-bound explore
+  // near-equal permutations; identical jobs are the case v_a = v_b. Chains:
+  // sort the jobs with one count set by v(max) - v(0), decreasing, and link
+  // consecutive jobs where the condition holds (it then holds along the
+  // chain, since differences add), so the chain's counts are non-increasing.
+  std::vector<std::vector<int>> chains;
+  std::vector<std::vector<int>> stay_chains;
+  {
+    std::map<std::vector<int>, std::vector<int>> by_counts;  // count set -> jobs
+    std::vector<std::map<int, double>> best(num_jobs);      // count -> best value
+    for (int j = 0; j < num_jobs; ++j) {
+      for (const Option& o : model.jobs[j].options) {
+        auto [it, fresh] = best[j].emplace(o.nodes, o.value);
+        if (!fresh) it->second = std::max(it->second, o.value);
+      }
+      std::vector<int> counts;
+      for (const auto& [n, v] : best[j]) counts.push_back(n);
+      by_counts[counts].push_back(j);
+    }
+    auto spread = [&best](int j) { return best[j].rbegin()->second - best[j].begin()->second; };
+    for (auto& [counts, group] : by_counts) {
+      if (group.size() < 2) continue;
+      std::stable_sort(group.begin(), group.end(),
+                       [&](int a, int b) { return spread(a) > spread(b); });
+      // First fit: each job joins the first chain whose last job it can follow.
+      std::vector<std::vector<int>> fitted;
+      for (int b : group) {
+        auto follows = [&](int a) {
+          double previous = -kInf;
+          for (auto ia = best[a].begin(), ib = best[b].begin(); ia != best[a].end(); ++ia, ++ib) {
+            const double diff = ia->second - ib->second;
+            if (diff < previous - tolerance) return false;
+            previous = std::max(previous, diff);
+          }
+          return true;
+        };
+        auto chain = std::find_if(fitted.begin(), fitted.end(),
+                                  [&](const std::vector<int>& c) { return follows(c.back()); });
+        if (chain == fitted.end()) {
+          fitted.push_back({b});
+        } else {
+          chain->push_back(b);
+        }
+      }
+      for (std::vector<int>& chain : fitted) {
+        if (chain.size() >= 2) chains.push_back(std::move(chain));
+      }
+    }
+    // Stay chains. For jobs a, b outside the count chains that both run now
+    // at their current option (value s_a, s_b), let w(y) be a job's best value
+    // at y nodes other than by staying. If a staying while b moves to y is
+    // never better than the swap (a moves to y, b stays): w_a(y) + s_b >=
+    // s_a + w_b(y) for every y, then some optimum has "a stays => b stays".
+    // Chained like the count chains (the differences add), sorted by what a
+    // job loses by moving, least first: the stayers of a chain are a suffix.
+    std::vector<bool> in_chain(num_jobs, false);
+    for (const std::vector<int>& chain : chains) {
+      for (int j : chain) in_chain[j] = true;
+    }
+    std::map<std::vector<int>, std::vector<int>> by_moves;  // move count set -> jobs
+    std::vector<std::map<int, double>> moves(num_jobs);      // count -> best value by moving
+    for (int j = 0; j < num_jobs; ++j) {
+      const JobModel& job = model.jobs[j];
+      if (in_chain[j] || job.current_option == 0) continue;
+      for (size_t o = 0; o < job.options.size(); ++o) {
+        if (static_cast<int>(o) == job.current_option) continue;
+        const Option& opt = job.options[o];
+        auto [it, fresh] = moves[j].emplace(opt.nodes, opt.value);
+        if (!fresh) it->second = std::max(it->second, opt.value);
+      }
+      std::vector<int> counts;
+      for (const auto& [n, v] : moves[j]) counts.push_back(n);
+      by_moves[counts].push_back(j);
+    }
+    auto stay_value = [&model](int j) {
+      return model.jobs[j].options[model.jobs[j].current_option].value;
+    };
+    for (auto& [counts, group] : by_moves) {
+      if (group.size() < 2) continue;
+      auto loss = [&](int j) {
+        double sum = 0;
+        for (const auto& [n, v] : moves[j]) sum += stay_value(j) - v;
+        return sum;
+      };
+      std::stable_sort(group.begin(), group.end(), [&](int a, int b) { return loss(a) < loss(b); });
+      std::vector<std::vector<int>> fitted;
+      for (int b : group) {
+        auto follows = [&](int a) {
+          for (auto ia = moves[a].begin(), ib = moves[b].begin(); ia != moves[a].end(); ++ia, ++ib) {
+            if (ia->second + stay_value(b) < stay_value(a) + ib->second - tolerance) return false;
+          }
+          return true;
+        };
+        auto chain = std::find_if(fitted.begin(), fitted.end(),
+                                  [&](const std::vector<int>& c) { return follows(c.back()); });
+        if (chain == fitted.end()) {
+          fitted.push_back({b});
+        } else {
+          chain->push_back(b);
+        }
+      }
+      for (std::vector<int>& chain : fitted) {
+        if (chain.size() >= 2) stay_chains.push_back(std::move(chain));
+      }
+    }
+    auto stay_column = [&f, &model](int j) {
+      for (const Piece& piece : f.pieces[j]) {
+        if (piece.options.size() == 1 && piece.options[0] == model.jobs[j].current_option) {
+          return piece.z;
+        }
+      }
+      return -1;
+    };
+    for (const std::vector<int>& chain : stay_chains) {
+      for (size_t k = 1; k < chain.size(); ++k) {
+        const int a = stay_column(chain[k - 1]), b = stay_column(chain[k]);
+        MALLE_CHECK(a >= 0 && b >= 0) << "the current option is a piece of its own";
+        mip.AddRow({b, a}, {1.0, -1.0}, 0, kInf);
+      }
+    }
+    for (const std::vector<int>& chain : chains) {
+      for (size_t k = 1; k < chain.size(); ++k) {
+        std::vector<int> cols;
+        std::vector<double> vals;
+        for (const auto& [col, coef] : count[chain[k - 1]]) {
+          cols.push_back(col);
+          vals.push_back(coef);
+        }
+        for (const auto& [col, coef] : count[chain[k]]) {
+          cols.push_back(col);
+          vals.push_back(-coef);
+        }
+        if (!cols.empty()) mip.AddRow(cols, vals, 0, kInf);
+      }
+    }
+  }
+
+  if (use_start) {
+    CountSolution first = start != nullptr ? *start : CurrentSolution(model);
+    // Along a chain the counts must not increase: hand the chain's counts out
+    // in decreasing order, each job at its best option for its count (by the
+    // argument above, worth at least as much).
+    for (const std::vector<int>& chain : chains) {
+      std::vector<int> counts;
+      for (int j : chain) counts.push_back(model.jobs[j].options[first.option[j]].nodes);
+      std::sort(counts.begin(), counts.end(), std::greater<int>());
+      for (size_t k = 0; k < chain.size(); ++k) {
+        const JobModel& job = model.jobs[chain[k]];
+        int chosen = -1;
+        for (size_t o = 0; o < job.options.size(); ++o) {
+          if (job.options[o].nodes != counts[k]) continue;
+          if (chosen < 0 || job.options[o].value > job.options[chosen].value) chosen = static_cast<int>(o);
+        }
+        first.option[chain[k]] = chosen;  // exists: the chain's jobs share their count set
+      }
+    }
+    // Along a stay chain the stayers must be a suffix: the movers' options
+    // (as counts) go to the chain's first jobs, in their order.
+    for (const std::vector<int>& chain : stay_chains) {
+      std::vector<int> moved;
+      for (int j : chain) {
+        if (first.option[j] != model.jobs[j].current_option) {
+          moved.push_back(model.jobs[j].options[first.option[j]].nodes);
+        }
+      }
+      for (size_t k = 0; k < chain.size(); ++k) {
+        const JobModel& job = model.jobs[chain[k]];
+        if (k >= moved.size()) {
+          first.option[chain[k]] = job.current_option;
+          continue;
+        }
+        int chosen = -1;
+        for (size_t o = 0; o < job.options.size(); ++o) {
+          if (static_cast<int>(o) == job.current_option || job.options[o].nodes != moved[k]) continue;
+          if (chosen < 0 || job.options[o].value > job.options[chosen].value) chosen = static_cast<int>(o);
+        }
+        first.option[chain[k]] = chosen;  // exists: the chain's jobs share their move count set
+      }
+    }
+    mip.start.assign(mip.num_cols(), 0.0);
+    for (int j = 0; j < num_jobs; ++j) {
+      for (const Piece& piece : f.pieces[j]) {
+        const auto at = std::find(piece.options.begin(), piece.options.end(), first.option[j]);
+        if (at == piece.options.end()) continue;
+        mip.start[piece.z] = 1.0;
+        if (piece.d >= 0) mip.start[piece.d] = static_cast<double>(at - piece.options.begin());
+        break;
+      }
+    }
+  }
+  return f;
+}
+
 // The count solution a column vector stands for (not yet checked).
 CountSolution Extract(const CountModel& model, const Formulation& f, const std::vector<double>& x) {
   CountSolution s;
   const size_t num_pools = model.pools.size();
   for (size_t j = 0; j < model.jobs.size(); ++j) {
     const JobModel& job = model.jobs[j];
+    if (!f.pieces.empty()) {
+      const Piece* chosen = &f.pieces[j][0];
+      for (const Piece& piece : f.pieces[j]) {
+        if (x[piece.z] > x[chosen->z]) chosen = &piece;
+      }
+      const long above = chosen->d >= 0 ? std::lround(x[chosen->d]) : 0;
+      const int o = chosen->options[std::clamp<long>(above, 0, chosen->options.size() - 1)];
+      s.option.push_back(o);
+      s.per_pool.push_back(std::vector<int>(num_pools, 0));
+      if (num_pools == 1) s.per_pool.back()[0] = job.options[o].nodes;
+      continue;
+    }
     int best = 0;  // option 0 (stop) always has a column
     for (size_t o = 1; o < job.options.size(); ++o) {
       if (f.y[j][o] >= 0 && x[f.y[j][o]] > x[f.y[j][best]]) best = static_cast<int>(o);
@@ -575,8 +923,10 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   std::optional<absl::StatusOr<PolicyResult>> dp;
   if (options.use_mip_start && options.dp_start) dp = SolveDp(model, options.fallback);
   const bool dp_started = dp.has_value() && dp->ok();
-  Formulation f = BuildFormulation(model, options.use_mip_start,
-                                   dp_started ? &(*dp)->solution : nullptr);
+  const CountSolution* first = dp_started ? &(*dp)->solution : nullptr;
+  Formulation f = options.segments && model.single_pool()
+                      ? BuildSegmentFormulation(model, options.use_mip_start, first)
+                      : BuildFormulation(model, options.use_mip_start, first);
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
@@ -606,6 +956,20 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     // Only possible when CBC rejected the start (it reports why in its
     // detail): the DP's answer is better, so it is the answer.
     cause = absl::StrCat("answer below the dp start (", solved->detail, ")");
+  }
+  if (cause.empty() && solved->status != MipResult::Status::kOptimal && model.single_pool() &&
+      !dp_started) {
+    // Stopped at the time limit with an unproven incumbent. On one pool the
+    // DP is exact and polynomial (tens to hundreds of ms): an incumbent
+    // below its answer is not worth returning (seen at 1,000 jobs, where the
+    // search can stop far from the optimum).
+    dp = SolveDp(model, options.fallback);
+    if (dp->ok() && (*dp)->solution.objective > result.solution.objective +
+                                                    1e-12 * std::max(1.0, std::fabs(result.solution.objective))) {
+      cause = absl::StrFormat("time limit %s reached with incumbent %.6g below the dp's %.6g",
+                              absl::FormatDuration(options.time_limit), result.solution.objective,
+                              (*dp)->solution.objective);
+    }
   }
   if (cause.empty()) {
     const MipResult& mr = *solved;

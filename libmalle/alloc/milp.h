@@ -57,6 +57,10 @@ struct MilpOptions {
   // (where the DP is exact) CBC can only confirm it. The DP's time is not
   // part of time_limit. Off by default: the MILP stays an independent check.
   bool dp_start = false;
+  // One pool: merge each job's options whose values lie on a line into
+  // pieces (one binary per piece, one integer count inside it; milp.cc has
+  // the formulation). False: one binary per option, as with several pools.
+  bool segments = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

@@ -359,6 +359,11 @@ absl::StatusOr<MipResult> Solve(const MipModel& m, const CbcSettings& settings) 
     }
   }
 
+  // Trust pseudo-costs from the first branching on a variable instead of
+  // strong-branching it 10 times first (CBC's default): measured on the
+  // allocation models (alloc_bench, 128-4734 nodes x 10-100 jobs), p99 fell
+  // 25-35 % with no change in the answers.
+  model.setNumberBeforeTrust(0);
   model.setUseElapsedTime(true);
   const double limit_s = absl::ToDoubleSeconds(settings.time_limit);
   // The B&B clock starts inside branchAndBound; what was spent building the

@@ -172,6 +172,75 @@ TEST(MilpTest, SinglePoolMatchesDpOnRandomProblems) {
   }
 }
 
+TEST(MilpTest, OptionFormulationMatchesDpOnRandomProblems) {
+  // One binary per option (segments = false): what several pools use, kept
+  // correct on one pool too.
+  std::mt19937 rng(20240602);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  options.segments = false;
+  for (int i = 0; i < 300; ++i) {
+    const Problem problem = RandomProblem(rng, {});
+    ExpectAgrees(problem, options, absl::StrCat("instance ", i));
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+// Many jobs of a few models that differ in their resize pauses and current
+// counts, as in the ImageNet mixes: what the count and stay chains of the
+// segment formulation order (milp.cc). Some jobs are exact copies, some run
+// at the same count as a sibling, some at none.
+Problem NearCopies(std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  Problem p;
+  p.forward_window = absl::Seconds(60 + rng() % 240);
+  p.objective = static_cast<Objective>(rng() % 3);
+  p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
+  const int num_nodes = 20 + static_cast<int>(rng() % 60);
+  for (int i = 0; i < num_nodes; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  int next_free = 0;
+  const int models = 1 + static_cast<int>(rng() % 3);
+  std::vector<JobSpec> base;
+  for (int m = 0; m < models; ++m) {
+    JobSpec job;
+    job.min_nodes = 1 + rng() % 2;
+    job.max_nodes = job.min_nodes + 4 + rng() % 12;
+    job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 100.0 * (0.5 + u(rng)));
+    base.push_back(job);
+  }
+  const int num_jobs = 4 + static_cast<int>(rng() % 10);
+  const int shared_count = 1 + static_cast<int>(rng() % 6);
+  for (int j = 0; j < num_jobs; ++j) {
+    JobSpec job = base[rng() % base.size()];
+    job.id = absl::StrCat("j", j);
+    job.resize_up_pause = absl::Milliseconds(10000 + rng() % 20000);
+    job.resize_down_pause = absl::Milliseconds(5000 + rng() % 15000);
+    if (rng() % 5 == 0 && j > 0) {
+      job.resize_up_pause = p.jobs.back().resize_up_pause;
+      job.resize_down_pause = p.jobs.back().resize_down_pause;
+    }
+    const int r = rng() % 4;
+    int want = r == 0 ? 0 : r == 1 ? shared_count : static_cast<int>(rng() % (job.max_nodes + 1));
+    want = std::min({want, job.max_nodes, num_nodes - next_free});
+    for (int k = 0; k < want; ++k) job.current_nodes.push_back(p.nodes[next_free++].id);
+    p.jobs.push_back(job);
+  }
+  return p;
+}
+
+TEST(MilpTest, SinglePoolMatchesDpOnNearCopies) {
+  std::mt19937 rng(20240603);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  for (int i = 0; i < 500; ++i) {
+    const Problem problem = NearCopies(rng);
+    ExpectAgrees(problem, options, absl::StrCat("instance ", i));
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 TEST(MilpTest, SinglePoolMatchesDpInForkedChild) {
   std::mt19937 rng(777);
   MilpOptions options;
