@@ -315,4 +315,22 @@ absl::Status Communicator::Barrier() {
 
 c10::intrusive_ptr<c10d::ProcessGroup> Communicator::process_group() const { return process_group_; }
 
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeLocalProcessGroup() {
+  std::shared_ptr<ControlStore> store = ControlStore::InMemory();
+  GroupSpec spec;
+  spec.store = store->c10d_store();
+  spec.rank = 0;
+  spec.size = 1;
+  MALLE_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend, MakeGlooBackend()->Create(spec));
+  try {
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(spec.store, 0, 1);
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    return pg;
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("a one-rank c10d ProcessGroup: ", FirstLine(e.what())));
+  }
+}
+
 }  // namespace malle::comm

@@ -161,6 +161,12 @@ class Communicator {
   c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
 };
 
+// A one-rank CPU (Gloo) process group over a process-local store: it never
+// talks to another process. For c10d components that must be bound to a group
+// for life although their traffic goes elsewhere (DDP's Reducer with a comm
+// hook). Errors: kInternal (c10d refused).
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeLocalProcessGroup();
+
 }  // namespace malle::comm
 
 #endif  // MALLE_COMM_COMMUNICATOR_H_

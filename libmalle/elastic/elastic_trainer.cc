@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
@@ -119,8 +120,13 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::CreateCommon(Ela
     StatePacker probe;
     MALLE_RETURN_IF_ERROR(PackOptimizer(optimizer, probe));  // kUnimplemented naming it
   }
-  return std::unique_ptr<ElasticTrainer>(
+  std::unique_ptr<ElasticTrainer> trainer(
       new ElasticTrainer(std::move(options), std::move(model), optimizer, std::move(sampler)));
+  if (!trainer->options_.deterministic && trainer->options_.use_reducer) {
+    MALLE_ASSIGN_OR_RETURN(trainer->reducer_,
+                           GradReducer::Create(trainer->TrainedParams(), trainer->options_.bucket_bytes));
+  }
+  return trainer;
 }
 
 absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(std::shared_ptr<comm::ControlStore> store,
@@ -438,6 +444,12 @@ void ElasticTrainer::BeginMicroBatch(size_t index) {
   MALLE_CHECK(in_step_ && index == begun_ && index == ended_ && index < workers_.size())
       << "BeginMicroBatch(" << index << "): micro-batches must run in plan order, each ended";
   ++begun_;
+  if (reducer_ != nullptr && index + 1 == workers_.size()) {
+    // The step's last micro-batch: its backward reduces the accumulated
+    // gradients over this generation (nothing to reduce over once failed).
+    arm_error_ = reducer_->Arm(failed_ ? nullptr : &group_->comm(),
+                               static_cast<double>(options_.logical_workers));
+  }
   const int worker = workers_[index];
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -470,6 +482,12 @@ absl::Status ElasticTrainer::EndMicroBatch() {
     return absl::FailedPreconditionError("EndMicroBatch: no BeginMicroBatch to end");
   }
   ++ended_;
+  if (reducer_ != nullptr && ended_ == workers_.size()) {
+    if (!arm_error_.ok()) return std::exchange(arm_error_, absl::OkStatus());
+    absl::Status sync;
+    MALLE_RETURN_IF_ERROR(reducer_->Finish(&sync));
+    if (!sync.ok()) MarkFailed(sync);
+  }
   if (!options_.deterministic) return absl::OkStatus();
   std::vector<at::Tensor> params = TrainedParams();
   int64_t numel = 0;
@@ -642,7 +660,8 @@ absl::StatusOr<bool> ElasticTrainer::FinishStep() {
                                                       " micro-batches of step ", step_, " ran"));
   }
   in_step_ = false;
-  bool ok = options_.deterministic ? ReduceRows() : ReduceBuckets();
+  // With the Reducer the gradients were reduced during the last backward.
+  bool ok = options_.deterministic ? ReduceRows() : reducer_ != nullptr ? !failed_ : ReduceBuckets();
   if (ok) ok = SyncBuffers();
   if (!ok) {
     ZeroGrads();

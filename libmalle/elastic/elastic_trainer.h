@@ -31,13 +31,15 @@
 // re-plans the logical workers. A failed state transfer (a peer died) is
 // recovered from at once by another boundary.
 //
-// Gradient synchronisation (FinishStep): this first C++ version does NOT use
-// c10d::Reducer's autograd hooks (the Python API does). After the last
-// micro-batch the gradients are packed into flat buckets of about
-// `bucket_bytes`; each bucket's allreduce is started (Communicator::
-// AllReduceAsync over the current generation) as soon as it is packed, so
-// packing overlaps communication, but communication does not overlap the
-// backward pass. Deterministic mode keeps a [L, P] buffer of per-worker
+// Gradient synchronisation: by default (use_reducer) the last micro-batch's
+// backward runs through LibTorch's DDP engine: c10d::Reducer's autograd hooks
+// fill buckets of about `bucket_bytes` as gradients become ready and an
+// elastic comm hook allreduces each one over the current generation
+// (GradReducer, grad_reducer.h), so communication overlaps backward, as in
+// the Python API. Earlier micro-batches only accumulate. With use_reducer =
+// false, FinishStep packs the gradients into flat buckets after the backward
+// and reduces them (Communicator::AllReduceAsync; packing overlaps
+// communication, backward does not). Deterministic mode keeps a [L, P] buffer of per-worker
 // gradients (rows of other ranks zero), allreduces it and sums the rows in
 // worker order on every rank: L times the gradient memory and traffic.
 // Device (CUDA) models are not supported yet: state sync and buckets are CPU.
@@ -62,6 +64,7 @@
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/elastic/grad_reducer.h"
 #include "libmalle/elastic/sampler.h"
 #include "libmalle/elastic/state_pack.h"
 
@@ -81,6 +84,13 @@ struct ElasticTrainerOptions {
   // traffic; needs the same intra-op thread count on every rank).
   bool deterministic = false;
   int64_t bucket_bytes = 25 << 20;  // gradient bucket size (not deterministic mode)
+  // Not deterministic mode: reduce gradients during the last micro-batch's
+  // backward with LibTorch's DDP engine (c10d::Reducer and an elastic comm
+  // hook; grad_reducer.h), overlapping communication with backward. False:
+  // pack and reduce flat buckets after the backward (no overlap). Every
+  // trained parameter must then get a gradient in each step's last
+  // micro-batch, as with DDP.
+  bool use_reducer = true;
   // Data: N samples, B per logical worker per step, and how long to train:
   // exactly one of `steps` (> 0) and `epochs` (> 0; whole steps that fit).
   int64_t num_samples = 0;
@@ -271,6 +281,8 @@ class ElasticTrainer {
   int64_t redone_steps_ = 0;
   std::vector<ResizeEvent> history_;
 
+  std::unique_ptr<GradReducer> reducer_;  // use_reducer and not deterministic
+  absl::Status arm_error_;                // GradReducer::Arm's, reported by EndMicroBatch
   at::Tensor rows_;                      // deterministic mode: [L, P]
   std::vector<at::Tensor> buffers0_;     // buffers at the start of the step
   std::vector<at::Tensor> buffers_w0_;   // buffers after logical worker 0's micro-batch

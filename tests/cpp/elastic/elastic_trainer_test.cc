@@ -35,8 +35,9 @@ comm::ElasticGroupOptions Group(const std::string& job, const std::string& membe
   return g;
 }
 
-ElasticTrainerOptions Options(bool deterministic) {
+ElasticTrainerOptions Options(bool deterministic, bool use_reducer = true) {
   ElasticTrainerOptions o;
+  o.use_reducer = use_reducer;
   o.logical_workers = 2;
   o.seed = 3;
   o.deterministic = deterministic;
@@ -58,7 +59,7 @@ struct Rank {
 // sync at bootstrap makes everyone start from rank 0's, and rank 0 is the
 // member that arrived first, so `*rank0_member` says which one that was.
 std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic, int init_seed = 100,
-                              int* rank0_member = nullptr) {
+                              int* rank0_member = nullptr, bool use_reducer = true) {
   at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const at::Tensor x = at::randn({40, 5}, data_gen, at::TensorOptions());
   const at::Tensor y = at::matmul(x, at::randn({5, 2}, data_gen, at::TensorOptions()));
@@ -73,7 +74,7 @@ std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic,
       me.b = at::randn({2}, init, at::TensorOptions()).set_requires_grad(true);
       me.adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{me.w, me.b},
                                                      torch::optim::AdamOptions(0.05));
-      auto trainer = ElasticTrainer::Create(store, Group(job, "m" + std::to_string(r), n), Options(deterministic),
+      auto trainer = ElasticTrainer::Create(store, Group(job, "m" + std::to_string(r), n), Options(deterministic, use_reducer),
                                             ModelState::FromTensors({me.w, me.b}), *me.adam);
       if (!trainer.ok()) {
         me.status = trainer.status();
@@ -127,6 +128,38 @@ TEST(ElasticTrainerTest, TwoRanksTrainLikeOneUpToRounding) {
   std::vector<at::Tensor> one = Train("one", 1, false, 100 + first);
   const double rel = (one[0] - two[0]).abs().max().item<double>() / one[0].abs().max().item<double>();
   EXPECT_LT(rel, 1e-5);
+}
+
+TEST(ElasticTrainerTest, ReducerAndFlatBucketsTrainAlike) {
+  // The two gradient paths (c10d::Reducer with the comm hook during backward;
+  // flat buckets after it): two ranks on flat buckets against one rank on the
+  // Reducer, from the same start.
+  int first = -1;
+  std::vector<at::Tensor> flat = Train("flat", 2, false, 100, &first, /*use_reducer=*/false);
+  ASSERT_GE(first, 0);
+  std::vector<at::Tensor> reducer = Train("reducer", 1, false, 100 + first, nullptr, /*use_reducer=*/true);
+  for (size_t i = 0; i < reducer.size(); ++i) {
+    const double rel = (reducer[i] - flat[i]).abs().max().item<double>() / flat[i].abs().max().item<double>();
+    EXPECT_LT(rel, 1e-5) << "tensor " << i;
+  }
+}
+
+TEST(ElasticTrainerTest, LastMicroBatchWithoutBackwardIsNamed) {
+  // With the Reducer, the step's last backward reduces; one that never ran
+  // (or missed a parameter) leaves buckets unreduced and says so.
+  at::Tensor w = at::randn({5, 2}).set_requires_grad(true);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
+  ElasticTrainerOptions o = Options(false);
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("nograd", "m0", 1),
+                                                            o, ModelState::FromTensors({w}), adam));
+  ASSERT_OK_AND_ASSIGN(std::optional<StepPlan> plan, trainer->NextStep());
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->workers.size(), 2u);
+  trainer->BeginMicroBatch(0);
+  ASSERT_OK(trainer->EndMicroBatch());
+  trainer->BeginMicroBatch(1);
+  EXPECT_THAT(trainer->EndMicroBatch(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("reduced 0 of 1 gradient buckets")));
 }
 
 TEST(ElasticTrainerTest, PlanAndMisuse) {

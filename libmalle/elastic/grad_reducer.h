@@ -1,0 +1,78 @@
+// GradReducer: LibTorch's DDP engine (c10d::Reducer) with an elastic comm hook.
+//
+// The Reducer installs autograd hooks on the parameters, copies gradients into
+// buckets as they become ready during backward and hands each full bucket to
+// a communication hook, so communication overlaps the rest of the backward
+// pass; at the end of backward it waits for every bucket and copies the
+// results back into the gradients. The Reducer is bound, for its whole life,
+// to a one-rank process group it never communicates through (as in
+// python/malletrain/elastic.py); the hook sends each bucket to whatever
+// generation's Communicator the step runs in, so membership changes never
+// reach the Reducer. A bucket whose collective fails (a peer died) is handed
+// back unreduced and the failure is reported by Finish(): the trainer then
+// discards the step.
+//
+//   MALLE_ASSIGN_OR_RETURN(auto reducer, GradReducer::Create(params, 25 << 20));
+//   // each step: micro-batches 0..k-2 accumulate locally; before the last one
+//   MALLE_RETURN_IF_ERROR(reducer->Arm(&comm, /*divisor=*/L));
+//   loss.backward();                      // buckets are reduced during backward
+//   absl::Status sync;
+//   MALLE_RETURN_IF_ERROR(reducer->Finish(&sync));  // sync: OK, or why to redo the step
+//
+// Buckets follow the reverse parameter order (the order in which gradients
+// usually become ready) and never change: every rank, including a joiner,
+// uses the same layout. Dense CPU parameters only; every parameter must
+// receive a gradient in an armed backward (as with DDP without
+// find_unused_parameters).
+//
+// Thread-safety: Arm/Finish on the training thread; the hook runs on the
+// autograd thread; a private waiter thread completes the buckets' futures.
+#ifndef MALLE_ELASTIC_GRAD_REDUCER_H_
+#define MALLE_ELASTIC_GRAD_REDUCER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "libmalle/comm/communicator.h"
+
+namespace malle::elastic {
+
+class GradReducer {
+ public:
+  // `params`: the trained parameters, in model order (the same on every
+  // rank). Errors: kInvalidArgument (no parameters, a sparse or non-CPU
+  // one), kInternal (c10d refused).
+  static absl::StatusOr<std::unique_ptr<GradReducer>> Create(std::vector<at::Tensor> params,
+                                                             int64_t bucket_bytes);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Makes the next backward pass reduce: each bucket is summed over `comm`'s
+  // ranks (nullptr: not at all, e.g. after a failure) and divided by
+  // `divisor`. Errors: kFailedPrecondition (the previous armed backward did
+  // not finish; c10d's message).
+  absl::Status Arm(comm::Communicator* comm, double divisor);
+  // After the armed backward; disarms. `*sync_error` receives OK when every
+  // bucket was reduced, else the first collective's error (the step must be
+  // redone). Errors: kFailedPrecondition (not armed, or the backward did not
+  // reach every parameter).
+  absl::Status Finish(absl::Status* sync_error);
+
+  int num_buckets() const;
+
+  struct State;  // grad_reducer.cc (public only for its comm hook class)
+
+ private:
+  explicit GradReducer(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace malle::elastic
+
+#endif  // MALLE_ELASTIC_GRAD_REDUCER_H_
