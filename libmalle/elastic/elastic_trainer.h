@@ -198,11 +198,15 @@ class ElasticTrainer {
   // values. Does not block. MALLE_CHECK: index in range, in order.
   void BeginMicroBatch(size_t index);
   // After its backward. Deterministic mode moves the gradients into the
-  // worker's row. Errors: kFailedPrecondition (no matching BeginMicroBatch).
+  // worker's row; with use_reducer the last micro-batch's backward has
+  // reduced the gradients and this collects the outcome. Errors:
+  // kFailedPrecondition (no matching BeginMicroBatch; with use_reducer, a
+  // last backward that did not reach every trained parameter).
   absl::Status EndMicroBatch();
 
   // After the last micro-batch: reduces gradients over the current generation
-  // (divided by L), syncs buffers, and if all of it succeeded steps the
+  // (divided by L; with use_reducer that already happened during the last
+  // backward), syncs buffers, and if all of it succeeded steps the
   // optimizer and commits the step: returns true. Returns false when the
   // synchronisation failed (a peer died or hung): the optimizer did not step
   // and the step is redone after the next NextStep()'s recovery.

@@ -37,7 +37,6 @@ struct GradReducer::State {
     comm::PendingCollective pending;
     at::Tensor buffer;
     c10::intrusive_ptr<c10::ivalue::Future> future;
-    double divisor = 1.0;
   };
 
   std::unique_ptr<c10d::Reducer> reducer;
@@ -62,10 +61,13 @@ struct GradReducer::State {
     absl::MutexLock lock(&mu);
     ++launched;
     if (comm != nullptr && error.ok()) {
+      // Divide before the sum, on this (the autograd) thread, as DDP's
+      // built-in allreduce does; the waiter thread only waits.
+      buffer.div_(divisor);
       std::vector<at::Tensor> tensors = {buffer};
       absl::StatusOr<comm::PendingCollective> pending = comm->AllReduceAsync(tensors);
       if (pending.ok()) {
-        queue.push_back({*std::move(pending), buffer, future, divisor});
+        queue.push_back({*std::move(pending), buffer, future});
         return future;
       }
       error = pending.status();
@@ -89,7 +91,6 @@ struct GradReducer::State {
         queue.pop_front();
       }
       absl::Status s = item.pending.Wait();
-      if (s.ok()) item.buffer.div_(item.divisor);
       {
         absl::MutexLock lock(&mu);
         if (!s.ok() && error.ok()) error = s;
