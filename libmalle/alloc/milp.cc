@@ -963,9 +963,11 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     // DP is exact and polynomial (tens to hundreds of ms): an incumbent
     // below its answer is not worth returning (seen at 1,000 jobs, where the
     // search can stop far from the optimum).
+    // Below by more than the solver's own tolerance (the relative gap, or the
+    // pieces' collinearity tolerance per job).
     dp = SolveDp(model, options.fallback);
-    if (dp->ok() && (*dp)->solution.objective > result.solution.objective +
-                                                    1e-12 * std::max(1.0, std::fabs(result.solution.objective))) {
+    const double slack = std::max(options.relative_gap, 1e-9) * std::max(1.0, std::fabs(result.solution.objective));
+    if (dp->ok() && (*dp)->solution.objective > result.solution.objective + slack) {
       cause = absl::StrFormat("time limit %s reached with incumbent %.6g below the dp's %.6g",
                               absl::FormatDuration(options.time_limit), result.solution.objective,
                               (*dp)->solution.objective);
