@@ -103,6 +103,22 @@ struct GradReducer::State {
 
 namespace {
 
+// A Reducer whose bucket layout is fixed at creation. A c10d::Reducer
+// otherwise records the order in which gradients become ready until its
+// buckets are rebuilt (DDP rebuilds once, after the first iteration); that
+// order may differ between ranks, which must share one layout, and without a
+// rebuild the record grows by one entry per parameter every step. So the
+// record is filled once, in reverse parameter order (DDP's initial order), and
+// the buckets are rebuilt from it at once.
+class FixedLayoutReducer : public c10d::Reducer {
+ public:
+  using c10d::Reducer::Reducer;
+  bool FixLayout(size_t num_params) {
+    for (size_t i = num_params; i-- > 0;) push_rebuilt_params(i);
+    return rebuild_buckets();
+  }
+};
+
 class ElasticCommHook : public c10d::CommHookInterface {
  public:
   explicit ElasticCommHook(GradReducer::State* state) : state_(state) {}
@@ -141,13 +157,18 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
     std::reverse(indices.begin(), indices.end());
     state->num_buckets = static_cast<int>(indices.size());
     std::unordered_map<size_t, std::string> names;
-    state->reducer = std::make_unique<c10d::Reducer>(
+    auto reducer = std::make_unique<FixedLayoutReducer>(
         params, std::move(indices), state->local_group, std::vector<bool>(params.size(), false),
         bucket_bytes, /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
         std::move(names), /*first_bucket_bytes_cap=*/bucket_bytes,
         /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
         std::vector<int64_t>(static_cast<size_t>(state->num_buckets), bucket_bytes));
-    state->reducer->register_comm_hook(std::make_unique<ElasticCommHook>(state.get()));
+    if (!reducer->FixLayout(params.size())) {
+      return absl::InternalError("GradReducer: c10d::Reducer refused to fix its bucket layout");
+    }
+    state->num_buckets = static_cast<int>(reducer->get_grad_buckets(/*return_zero_tensors=*/true).size());
+    reducer->register_comm_hook(std::make_unique<ElasticCommHook>(state.get()));
+    state->reducer = std::move(reducer);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("GradReducer: c10d::Reducer: ", FirstLine(e)));
   }

@@ -56,6 +56,7 @@ ABSL_FLAG(int, batch, 4, "samples per rank and step");
 ABSL_FLAG(int, blocks, 8, "measured blocks per mode (plus one warm-up block)");
 ABSL_FLAG(int, block, 5, "steps per block");
 ABSL_FLAG(int64_t, bucket_mb, 25, "bucket size, MiB (all modes)");
+ABSL_FLAG(std::string, only, "", "run only this mode (ddp, reducer or flat; for profiling), no table");
 
 namespace {
 
@@ -105,6 +106,11 @@ int Run() {
   const int64_t bucket_bytes = absl::GetFlag(FLAGS_bucket_mb) << 20;
   const int batch = absl::GetFlag(FLAGS_batch);
   at::set_num_threads(1);  // ranks are threads; one intra-op thread each
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "ddp" && only != "reducer" && only != "flat") {
+    std::fprintf(stderr, "--only: expected ddp, reducer or flat, got '%s'\n", only.c_str());
+    return 2;
+  }
 
   auto store = malle::comm::ControlStore::InMemory();
   absl::Barrier* start = new absl::Barrier(n);
@@ -174,6 +180,9 @@ int Run() {
       auto ddp_step = [&] {
         for (at::Tensor& p : ddp.params) p.mutable_grad() = at::Tensor();
         const auto f0 = Clock::now();
+        // As DDP's forward does: rebuild the buckets once, from the order the
+        // gradients became ready in the first iteration.
+        reducer.rebuild_buckets();
         at::Tensor loss = at::mse_loss(ddp.net->forward(x), y);
         reducer.prepare_for_backward({loss});
         loss.backward();
@@ -212,6 +221,7 @@ int Run() {
         if (r == 0) measuring_round = round;
         for (int j = 0; j < kModes; ++j) {
           const int mode = (round + j) % kModes;
+          if (!only.empty() && only != kModeNames[mode]) continue;
           for (int s = 0; s < block; ++s) {
             const auto t0 = Clock::now();
             const bool ok = mode == 0 ? ddp_step() : our_step(mode - 1);
@@ -234,6 +244,7 @@ int Run() {
     }
   }
 
+  if (!only.empty()) return 0;
   std::printf("elastic_step_bench: %d ranks (threads, 1 intra-op thread each), MLP %.1f M parameters, "
               "Adam, %d samples per rank, %d buckets of <= %ld MiB\n",
               n, num_params / 1e6, batch, num_buckets, static_cast<long>(absl::GetFlag(FLAGS_bucket_mb)));
