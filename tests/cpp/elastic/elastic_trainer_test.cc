@@ -10,12 +10,15 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mse_loss.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/mean.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 #include <torch/optim/adam.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libmalle/base/status_macros.h"
 #include "libmalle/base/testing/status_matchers.h"
 
 namespace malle::elastic {
@@ -160,6 +163,41 @@ TEST(ElasticTrainerTest, LastMicroBatchWithoutBackwardIsNamed) {
   trainer->BeginMicroBatch(1);
   EXPECT_THAT(trainer->EndMicroBatch(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("reduced 0 of 1 gradient buckets")));
+}
+
+TEST(ElasticTrainerTest, FailedReductionIsRedoneWithTheReducer) {
+  // A generation that fails while the last backward reduces (here: aborted
+  // just before it) leaves the step uncommitted; the next boundary recovers
+  // and the same step runs again.
+  at::Tensor w = at::randn({5, 2}).set_requires_grad(true);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
+  ElasticTrainerOptions o = Options(false);
+  o.logical_workers = 1;
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("abort", "m0", 1),
+                                                            o, ModelState::FromTensors({w}), adam));
+  const at::Tensor x = at::randn({40, 5});
+  auto run_step = [&](bool abort_first) -> absl::StatusOr<bool> {
+    MALLE_ASSIGN_OR_RETURN(std::optional<StepPlan> plan, trainer->NextStep());
+    if (!plan.has_value()) return absl::InternalError("no plan");
+    trainer->BeginMicroBatch(0);
+    if (abort_first) trainer->group()->comm().Abort(absl::UnavailableError("test: peer lost"));
+    at::Tensor rows = at::tensor(plan->workers[0].indices, at::kLong);
+    at::matmul(x.index_select(0, rows), w).pow(2).mean().backward();
+    MALLE_RETURN_IF_ERROR(trainer->EndMicroBatch());
+    return trainer->FinishStep();
+  };
+  ASSERT_OK_AND_ASSIGN(bool committed, run_step(false));
+  EXPECT_TRUE(committed);
+  const at::Tensor before = w.detach().clone();
+  ASSERT_OK_AND_ASSIGN(committed, run_step(true));
+  EXPECT_FALSE(committed);
+  EXPECT_TRUE(at::equal(w, before)) << "the optimizer stepped on a failed reduction";
+  EXPECT_EQ(trainer->step(), 1);
+  ASSERT_OK_AND_ASSIGN(committed, run_step(false));  // recovered: step 1 again
+  EXPECT_TRUE(committed);
+  EXPECT_EQ(trainer->step(), 2);
+  EXPECT_EQ(trainer->redone_steps(), 0);  // no committed step was lost
+  EXPECT_GE(trainer->generation(), 1);    // the abort was recovered from by a new generation
 }
 
 TEST(ElasticTrainerTest, PlanAndMisuse) {
