@@ -425,6 +425,49 @@ std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
   return pieces;
 }
 
+// A job's best value at each node count, leaving out option `skip` (-1: none).
+std::map<int, double> BestValueByCount(const JobModel& job, int skip) {
+  std::map<int, double> best;
+  for (size_t o = 0; o < job.options.size(); ++o) {
+    if (static_cast<int>(o) == skip) continue;
+    const Option& opt = job.options[o];
+    auto [it, fresh] = best.emplace(opt.nodes, opt.value);
+    if (!fresh) it->second = std::max(it->second, opt.value);
+  }
+  return best;
+}
+
+// The best option of `job` with `count` nodes other than `skip` (-1: none);
+// -1 if there is none.
+int BestOptionAt(const JobModel& job, int count, int skip) {
+  int chosen = -1;
+  for (size_t o = 0; o < job.options.size(); ++o) {
+    if (static_cast<int>(o) == skip || job.options[o].nodes != count) continue;
+    if (chosen < 0 || job.options[o].value > job.options[chosen].value) chosen = static_cast<int>(o);
+  }
+  return chosen;
+}
+
+// Splits `group` (taken in order) into chains by first fit: each job joins the
+// first chain whose last job `a` it may follow (`follows(a, job)`). Appends
+// the chains of two or more jobs to `out`.
+void FirstFitChains(const std::vector<int>& group, const std::function<bool(int, int)>& follows,
+                    std::vector<std::vector<int>>* out) {
+  std::vector<std::vector<int>> fitted;
+  for (int b : group) {
+    auto chain = std::find_if(fitted.begin(), fitted.end(),
+                              [&](const std::vector<int>& c) { return follows(c.back(), b); });
+    if (chain == fitted.end()) {
+      fitted.push_back({b});
+    } else {
+      chain->push_back(b);
+    }
+  }
+  for (std::vector<int>& chain : fitted) {
+    if (chain.size() >= 2) out->push_back(std::move(chain));
+  }
+}
+
 Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
                                     const CountSolution* start) {
   Formulation f;
@@ -482,10 +525,7 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
     std::map<std::vector<int>, std::vector<int>> by_counts;  // count set -> jobs
     std::vector<std::map<int, double>> best(num_jobs);      // count -> best value
     for (int j = 0; j < num_jobs; ++j) {
-      for (const Option& o : model.jobs[j].options) {
-        auto [it, fresh] = best[j].emplace(o.nodes, o.value);
-        if (!fresh) it->second = std::max(it->second, o.value);
-      }
+      best[j] = BestValueByCount(model.jobs[j], /*skip=*/-1);
       std::vector<int> counts;
       for (const auto& [n, v] : best[j]) counts.push_back(n);
       by_counts[counts].push_back(j);
@@ -495,29 +535,18 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
       if (group.size() < 2) continue;
       std::stable_sort(group.begin(), group.end(),
                        [&](int a, int b) { return spread(a) > spread(b); });
-      // First fit: each job joins the first chain whose last job it can follow.
-      std::vector<std::vector<int>> fitted;
-      for (int b : group) {
-        auto follows = [&](int a) {
-          double previous = -kInf;
-          for (auto ia = best[a].begin(), ib = best[b].begin(); ia != best[a].end(); ++ia, ++ib) {
-            const double diff = ia->second - ib->second;
-            if (diff < previous - tolerance) return false;
-            previous = std::max(previous, diff);
-          }
-          return true;
-        };
-        auto chain = std::find_if(fitted.begin(), fitted.end(),
-                                  [&](const std::vector<int>& c) { return follows(c.back()); });
-        if (chain == fitted.end()) {
-          fitted.push_back({b});
-        } else {
-          chain->push_back(b);
-        }
-      }
-      for (std::vector<int>& chain : fitted) {
-        if (chain.size() >= 2) chains.push_back(std::move(chain));
-      }
+      FirstFitChains(
+          group,
+          [&](int a, int b) {
+            double previous = -kInf;
+            for (auto ia = best[a].begin(), ib = best[b].begin(); ia != best[a].end(); ++ia, ++ib) {
+              const double diff = ia->second - ib->second;
+              if (diff < previous - tolerance) return false;
+              previous = std::max(previous, diff);
+            }
+            return true;
+          },
+          &chains);
     }
     // Stay chains. For jobs a, b outside the count chains that both run now
     // at their current option (value s_a, s_b), let w(y) be a job's best value
@@ -535,12 +564,7 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
     for (int j = 0; j < num_jobs; ++j) {
       const JobModel& job = model.jobs[j];
       if (in_chain[j] || job.current_option == 0) continue;
-      for (size_t o = 0; o < job.options.size(); ++o) {
-        if (static_cast<int>(o) == job.current_option) continue;
-        const Option& opt = job.options[o];
-        auto [it, fresh] = moves[j].emplace(opt.nodes, opt.value);
-        if (!fresh) it->second = std::max(it->second, opt.value);
-      }
+      moves[j] = BestValueByCount(job, job.current_option);
       std::vector<int> counts;
       for (const auto& [n, v] : moves[j]) counts.push_back(n);
       by_moves[counts].push_back(j);
@@ -556,25 +580,15 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
         return sum;
       };
       std::stable_sort(group.begin(), group.end(), [&](int a, int b) { return loss(a) < loss(b); });
-      std::vector<std::vector<int>> fitted;
-      for (int b : group) {
-        auto follows = [&](int a) {
-          for (auto ia = moves[a].begin(), ib = moves[b].begin(); ia != moves[a].end(); ++ia, ++ib) {
-            if (ia->second + stay_value(b) < stay_value(a) + ib->second - tolerance) return false;
-          }
-          return true;
-        };
-        auto chain = std::find_if(fitted.begin(), fitted.end(),
-                                  [&](const std::vector<int>& c) { return follows(c.back()); });
-        if (chain == fitted.end()) {
-          fitted.push_back({b});
-        } else {
-          chain->push_back(b);
-        }
-      }
-      for (std::vector<int>& chain : fitted) {
-        if (chain.size() >= 2) stay_chains.push_back(std::move(chain));
-      }
+      FirstFitChains(
+          group,
+          [&](int a, int b) {
+            for (auto ia = moves[a].begin(), ib = moves[b].begin(); ia != moves[a].end(); ++ia, ++ib) {
+              if (ia->second + stay_value(b) < stay_value(a) + ib->second - tolerance) return false;
+            }
+            return true;
+          },
+          &stay_chains);
     }
     auto stay_column = [&f, &model](int j) {
       for (const Piece& piece : f.pieces[j]) {
@@ -619,12 +633,8 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
       std::sort(counts.begin(), counts.end(), std::greater<int>());
       for (size_t k = 0; k < chain.size(); ++k) {
         const JobModel& job = model.jobs[chain[k]];
-        int chosen = -1;
-        for (size_t o = 0; o < job.options.size(); ++o) {
-          if (job.options[o].nodes != counts[k]) continue;
-          if (chosen < 0 || job.options[o].value > job.options[chosen].value) chosen = static_cast<int>(o);
-        }
-        first.option[chain[k]] = chosen;  // exists: the chain's jobs share their count set
+        // Exists: the chain's jobs share their count set.
+        first.option[chain[k]] = BestOptionAt(job, counts[k], /*skip=*/-1);
       }
     }
     // Along a stay chain the stayers must be a suffix: the movers' options
@@ -642,12 +652,8 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
           first.option[chain[k]] = job.current_option;
           continue;
         }
-        int chosen = -1;
-        for (size_t o = 0; o < job.options.size(); ++o) {
-          if (static_cast<int>(o) == job.current_option || job.options[o].nodes != moved[k]) continue;
-          if (chosen < 0 || job.options[o].value > job.options[chosen].value) chosen = static_cast<int>(o);
-        }
-        first.option[chain[k]] = chosen;  // exists: the chain's jobs share their move count set
+        // Exists: the chain's jobs share their move count set.
+        first.option[chain[k]] = BestOptionAt(job, moved[k], job.current_option);
       }
     }
     mip.start.assign(mip.num_cols(), 0.0);
