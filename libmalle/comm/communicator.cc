@@ -301,6 +301,46 @@ absl::Status Communicator::Broadcast(std::vector<at::Tensor>& tensors, int root)
   return pending.Wait();
 }
 
+// Point-to-point work of c10d's Gloo backend has no future (getFuture throws),
+// so these wait on the work itself, bounded by the op timeout. A peer that
+// dies resets its connection and fails the wait at once; an abort of the
+// generation is not seen until then.
+absl::Status Communicator::PointToPoint(absl::string_view op, at::Tensor tensor, int peer, int tag) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || tag < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": peer must be another rank in [0, ", size_,
+                                                   ") and tag >= 0, got peer ", peer, ", tag ", tag));
+  }
+  if (abort_->aborted()) return abort_->reason();
+  if (!tensor.defined()) return absl::InvalidArgumentError(absl::StrCat(op, ": tensor is undefined"));
+  c10d::Backend* backend = BackendFor(tensor);
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": tensors on ", tensor.device().str(),
+                                                   " need a data backend for that device"));
+  }
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  try {
+    c10::intrusive_ptr<c10d::Work> work =
+        op == "send" ? backend->send(tensors, peer, tag) : backend->recv(tensors, peer, tag);
+    if (!work->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.op_timeout)))) {
+      abort_->Abort(absl::UnavailableError(absl::StrCat(op, " failed in generation ", generation_)));
+      return abort_->reason();
+    }
+  } catch (const std::exception& e) {
+    abort_->Abort(absl::UnavailableError(
+        absl::StrCat(op, " failed in generation ", generation_, ": ", FirstLine(e.what()))));
+    return abort_->reason();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::Send(at::Tensor tensor, int peer, int tag) {
+  return PointToPoint("send", std::move(tensor), peer, tag);
+}
+
+absl::Status Communicator::Recv(at::Tensor tensor, int peer, int tag) {
+  return PointToPoint("recv", std::move(tensor), peer, tag);
+}
+
 absl::Status Communicator::Broadcast(at::Tensor tensor, int root) {
   std::vector<at::Tensor> tensors{std::move(tensor)};
   return Broadcast(tensors, root);

@@ -123,6 +123,13 @@ class Communicator {
   absl::Status AllReduce(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::kSum);
   absl::Status Broadcast(at::Tensor tensor, int root);
   absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root);
+  // Point-to-point: `tensor` to rank `peer` / from rank `peer` into `tensor`
+  // (same size on both sides), matched by `tag` (>= 0). Blocking; bounded by
+  // op_timeout, but an abort raised meanwhile is only seen when the peer's
+  // connection fails or the timeout passes. Errors as above, and
+  // kInvalidArgument for a peer outside [0, size) or equal to this rank.
+  absl::Status Send(at::Tensor tensor, int peer, int tag);
+  absl::Status Recv(at::Tensor tensor, int peer, int tag);
   absl::Status Barrier();
   // Starts an allreduce and returns at once.
   absl::StatusOr<PendingCollective> AllReduceAsync(std::vector<at::Tensor>& tensors,
@@ -144,6 +151,7 @@ class Communicator {
  private:
   Communicator(int rank, int size, int64_t generation, std::shared_ptr<AbortSignal> abort,
                CommunicatorOptions options);
+  absl::Status PointToPoint(absl::string_view op, at::Tensor tensor, int peer, int tag);
   absl::StatusOr<PendingCollective> Issue(absl::string_view op, const at::Tensor& sample,
                                           const std::function<c10::intrusive_ptr<c10d::Work>(
                                               c10d::Backend&)>& start);

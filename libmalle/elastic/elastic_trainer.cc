@@ -315,14 +315,40 @@ absl::StatusOr<std::string> ElasticTrainer::StateDigest() const {
   return std::string(hex);
 }
 
-absl::Status ElasticTrainer::SyncState(int source, int64_t* bytes) {
+namespace {
+
+// The ranks that need the job state from t.state_source_rank: every other
+// rank at a bootstrap; else the joiners and the ranks whose committed step
+// differs from the source's. Every member computes the same list from the
+// transition they share.
+std::vector<int> StateReceivers(const Transition& t) {
+  std::vector<int> out;
+  const int source = t.state_source_rank;
+  for (int r = 0; r < t.size; ++r) {
+    if (r == source) continue;
+    const bool joined = std::find(t.joined.begin(), t.joined.end(), t.members[r]) != t.joined.end();
+    if (t.kind == Transition::Kind::kBootstrap || joined || t.committed_by_rank[r] != t.committed_by_rank[source]) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status ElasticTrainer::SyncState(const Transition& t, int64_t* bytes) {
   comm::Communicator& comm = group_->comm();
+  const int source = t.state_source_rank;
+  const std::vector<int> receivers = StateReceivers(t);
+  *bytes = 0;
+  const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
+  if (receivers.empty() || (comm.rank() != source && !receives)) return absl::OkStatus();
   std::optional<PackedState> mine;
   if (comm.rank() == source) {
     MALLE_ASSIGN_OR_RETURN(PackedState packed, PackJobState());
     mine = std::move(packed);
   }
-  MALLE_ASSIGN_OR_RETURN(PackedState got, BroadcastState(comm, source, mine ? &*mine : nullptr));
+  MALLE_ASSIGN_OR_RETURN(PackedState got, TransferState(comm, source, receivers, mine ? &*mine : nullptr));
   *bytes = got.bytes();
   if (comm.rank() == source) return absl::OkStatus();
   return LoadJobState(std::move(got));
@@ -372,7 +398,7 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   for (int64_t c : t.committed_by_rank) need = need || c != t.committed_by_rank.front();
   const absl::Time s0 = absl::Now();
   int64_t moved = 0;
-  if (need) MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, &moved));
+  if (need) MALLE_RETURN_IF_ERROR(SyncState(t, &moved));
   const absl::Duration state_time = absl::Now() - s0;
   if (t.resume_step < step_) redone_steps_ += step_ - t.resume_step;
   step_ = t.resume_step;

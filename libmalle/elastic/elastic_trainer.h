@@ -26,8 +26,9 @@
 // Step boundary (NextStep): joins the job on first use (so a joiner builds its
 // model first and the running members only pause for agreement, group build
 // and state transfer), runs ElasticGroup::AtStepBoundary, and on a change
-// broadcasts the job state (parameters, buffers, optimizer state, tracked
-// extras) from the rank with the newest commit when anyone needs it, then
+// sends the job state (parameters, buffers, optimizer state, tracked extras)
+// from the rank with the newest commit to the members that need it (joiners,
+// laggards; a broadcast when that is everyone else, else point to point), then
 // re-plans the logical workers. A failed state transfer (a peer died) is
 // recovered from at once by another boundary.
 //
@@ -248,7 +249,7 @@ class ElasticTrainer {
   absl::Status EnsureJoined();
   absl::StatusOr<bool> Boundary();
   absl::Status OnChange(const comm::Transition& t, absl::Time start);
-  absl::Status SyncState(int source, int64_t* bytes);
+  absl::Status SyncState(const comm::Transition& t, int64_t* bytes);
   bool ReduceBuckets();
   bool ReduceRows();
   bool SyncBuffers();

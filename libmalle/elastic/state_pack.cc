@@ -1,5 +1,7 @@
 #include "libmalle/elastic/state_pack.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include <ATen/ops/cat.h>
@@ -202,8 +204,29 @@ absl::StatusOr<at::Tensor> StateUnpacker::Tensor() {
 }
 
 absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, PackedState* mine) {
+  std::vector<int> everyone;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r != root) everyone.push_back(r);
+  }
+  return TransferState(comm, root, everyone, mine);
+}
+
+absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
+                                          const std::vector<int>& receivers, PackedState* mine) {
   const bool is_root = comm.rank() == root;
-  MALLE_CHECK(is_root == (mine != nullptr)) << "BroadcastState: state given on a non-root rank or missing on the root";
+  MALLE_CHECK(is_root == (mine != nullptr)) << "TransferState: state given on a non-root rank or missing on the root";
+  const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
+  if (!is_root && !receives) return PackedState();
+  const bool broadcast = static_cast<int>(receivers.size()) == comm.size() - 1;
+  int tag = 0;
+  // One message: a broadcast, or the root's sends / a receiver's recv.
+  auto move = [&](at::Tensor tensor) -> absl::Status {
+    const int t = tag++;
+    if (broadcast) return comm.Broadcast(tensor, root);
+    if (!is_root) return comm.Recv(tensor, root, t);
+    for (int r : receivers) MALLE_RETURN_IF_ERROR(comm.Send(tensor, r, t));
+    return absl::OkStatus();
+  };
   at::Tensor header = at::zeros({4}, at::kLong);
   if (is_root) {
     int64_t* h = header.data_ptr<int64_t>();
@@ -211,14 +234,14 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
     h[1] = static_cast<int64_t>(mine->skeleton.size());
     h[2] = mine->bytes();
   }
-  MALLE_RETURN_IF_ERROR(comm.Broadcast(header, root));
+  MALLE_RETURN_IF_ERROR(move(header));
   const int64_t* h = header.data_ptr<int64_t>();
   if (h[0] != kHeaderMagic || h[1] < 8 || h[1] > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(absl::StrCat("state: bad state header from rank ", root));
   }
   at::Tensor raw = at::empty({h[1]}, at::kByte);
   if (is_root) std::memcpy(raw.data_ptr<uint8_t>(), mine->skeleton.data(), mine->skeleton.size());
-  MALLE_RETURN_IF_ERROR(comm.Broadcast(raw, root));
+  MALLE_RETURN_IF_ERROR(move(raw));
   PackedState out;
   if (is_root) {
     out = std::move(*mine);
@@ -231,8 +254,7 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
     if (!is_root) buffer = at::empty({numel}, at::TensorOptions().dtype(dtype));
     if (numel == 0) continue;
     // Bytes on the wire: every dtype (bool, bfloat16, ...) travels as uint8.
-    at::Tensor bytes = buffer.view(at::kByte);
-    MALLE_RETURN_IF_ERROR(comm.Broadcast(bytes, root));
+    MALLE_RETURN_IF_ERROR(move(buffer.view(at::kByte)));
   }
   return out;
 }

@@ -104,6 +104,14 @@ class StateUnpacker {
 // kDeadlineExceeded); kInvalidArgument for a corrupt header or skeleton.
 absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, PackedState* mine);
 
+// The same to `receivers` only (ranks other than `root`): broadcasts when
+// every other rank receives, else the root sends each message to each
+// receiver point to point (tags 0, 1, 2, ...), so ranks that already hold the
+// state take no part. Call on the root and on every receiver, with the same
+// `receivers`; on any other rank it returns an empty PackedState at once.
+absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
+                                          const std::vector<int>& receivers, PackedState* mine);
+
 }  // namespace malle::elastic
 
 #endif  // MALLE_ELASTIC_STATE_PACK_H_

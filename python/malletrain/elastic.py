@@ -531,29 +531,68 @@ class ElasticJob:
         self._position = int(job["position"])
         self._lr_factor = job["lr_factor"]
 
-    def _sync_state(self, source: int) -> int:
-        """Broadcasts the job state from rank ``source``; returns the bytes moved."""
+    @staticmethod
+    def _state_receivers(t: Any) -> List[int]:
+        """The ranks that need the job state from ``t.state_source_rank``.
+
+        Every other rank at a bootstrap; otherwise the joiners and the ranks whose
+        committed step differs from the source's. The same on every rank: it only
+        reads the transition, which every member of the generation shares.
+        """
+        source = t.state_source_rank
+        if t.kind == "bootstrap":
+            return [r for r in range(t.size) if r != source]
+        joined = set(t.joined)
+        committed = list(t.committed_by_rank)
+        return [r for r in range(t.size) if r != source
+                and (t.members[r] in joined or committed[r] != committed[source])]
+
+    def _sync_state(self, source: int, receivers: List[int]) -> int:
+        """Sends the job state from rank ``source`` to ``receivers``; returns the bytes moved.
+
+        One broadcast per message when every other rank receives; otherwise the
+        source sends to each receiver point to point, so the survivors that already
+        hold the state neither receive nor unpack it (a grow moves the state to the
+        joiner only).
+        """
         g = self._group
+        everyone = len(receivers) == g.size - 1
+        if not receivers or (g.rank != source and g.rank not in receivers):
+            return 0
+
+        def out(tensor: torch.Tensor, tag: int) -> None:
+            if everyone:
+                g.broadcast([tensor], source)
+            else:
+                for r in receivers:
+                    g.send(tensor, r, tag)
+
+        def into(tensor: torch.Tensor, tag: int) -> None:
+            if everyone:
+                g.broadcast([tensor], source)
+            else:
+                g.recv(tensor, source, tag)
+
         if g.rank == source:
             skeleton, buffers = _state.pack(self.job_state())
             header = torch.tensor([len(skeleton), _STATE_VERSION], dtype=torch.int64)
-            g.broadcast([header], source)
-            g.broadcast([torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)], source)
-            for n in sorted(buffers):  # one call per dtype (c10d's list form is per device)
-                g.broadcast([buffers[n].contiguous()], source)
+            out(header, 0)
+            out(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8), 1)
+            for i, n in enumerate(sorted(buffers)):  # one message per dtype
+                out(buffers[n].contiguous(), 2 + i)
             return len(skeleton) + sum(b.numel() * b.element_size() for b in buffers.values())
         header = torch.zeros(2, dtype=torch.int64)
-        g.broadcast([header], source)
+        into(header, 0)
         if os.environ.get("MALLE_FAULT_EXIT_IN_STATE_SYNC") == self.member_id:
             os._exit(137)  # fault injection for tests: die like kill -9 in the middle of a sync
         if int(header[1]) != _STATE_VERSION or int(header[0]) <= 0:
             raise MalleValueError(f"state: bad state header {header.tolist()} from rank {source}")
         raw = torch.empty(int(header[0]), dtype=torch.uint8)
-        g.broadcast([raw], source)
+        into(raw, 1)
         skeleton, sizes = _state.read_sizes(raw.numpy().tobytes())
         bufs = {n: torch.empty(sizes[n], dtype=_state._dtype(n)) for n in sorted(sizes)}
-        for n in sorted(bufs):
-            g.broadcast([bufs[n]], source)
+        for i, n in enumerate(sorted(bufs)):
+            into(bufs[n], 2 + i)
         self._load_state(_state.unpack(skeleton, bufs))
         return raw.numel() + sum(b.numel() * b.element_size() for b in bufs.values())
 
@@ -589,7 +628,7 @@ class ElasticJob:
         need = (t.kind in ("bootstrap", "joined") or len(t.joined) > 0
                 or len(set(committed)) > 1)
         s0 = time.perf_counter()
-        moved = self._sync_state(t.state_source_rank) if need else 0
+        moved = self._sync_state(t.state_source_rank, self._state_receivers(t)) if need else 0
         state_s = time.perf_counter() - s0
         if t.resume_step < self._step:
             self.redone_steps += self._step - t.resume_step

@@ -4,8 +4,10 @@ Per-tensor messages are what make state transfer slow in other systems (one
 round trip and one small send per tensor). Here the source rank walks the job
 state (a nested structure of dicts, lists, tuples, tensors and plain Python
 values), replaces every tensor by a reference, and concatenates the tensors of
-each dtype into one flat buffer. The transfer is then three broadcasts whatever
-the model: a fixed-size header, the pickled skeleton, and one buffer per dtype.
+each dtype into one flat buffer. The transfer is then three messages whatever
+the model: a fixed-size header, the pickled skeleton, and one buffer per dtype
+(broadcasts, or point-to-point sends to the ranks that need the state; see
+ElasticJob._sync_state).
 
 Receivers rebuild the structure with tensors that are views of the received
 buffers; the caller copies them into place.

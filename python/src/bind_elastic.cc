@@ -244,6 +244,24 @@ void BindElastic(py::module_& m) {
           },
           py::arg("tensors"), py::arg("root"), "In-place broadcast from rank `root`.")
       .def(
+          "send",
+          [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
+            comm::Communicator& c = CommOf(g);
+            py::gil_scoped_release release;
+            ThrowIfError(c.Send(std::move(tensor), peer, tag));
+          },
+          py::arg("tensor"), py::arg("peer"), py::arg("tag"),
+          "Sends `tensor` to rank `peer` (matched by `tag`); blocks until it is sent.")
+      .def(
+          "recv",
+          [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
+            comm::Communicator& c = CommOf(g);
+            py::gil_scoped_release release;
+            ThrowIfError(c.Recv(std::move(tensor), peer, tag));
+          },
+          py::arg("tensor"), py::arg("peer"), py::arg("tag"),
+          "Receives into `tensor` (its size must match) from rank `peer` (matched by `tag`).")
+      .def(
           "barrier",
           [](ElasticGroup& g) {
             comm::Communicator& c = CommOf(g);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <ATen/ops/full.h>
+#include <ATen/ops/sum.h>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -282,6 +283,40 @@ std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGro
 // go stale, and only then recovered again. The long grace and heartbeat
 // timeouts make that visible as time; the close now reports the member dead,
 // so the survivors do not even wait for the grace.
+TEST(ElasticGroupTest, SendAndRecvPointToPointAndBadPeersAreNamed) {
+  auto store = ControlStore::InMemory();
+  auto groups = BootstrapThreads(store, Options("p2p", "", 3), 3);
+  for (const auto& g : groups) ASSERT_NE(g, nullptr);
+  // Rank of each group (the bootstrap order decides it).
+  std::vector<Communicator*> by_rank(3);
+  for (const auto& g : groups) by_rank[g->rank()] = &g->comm();
+  // Rank 0 sends two tagged tensors to rank 2; rank 1 takes no part.
+  at::Tensor got_a = at::full({4}, 0.0f), got_b = at::full({2}, 0.0f);
+  absl::Status sent_a, sent_b, recv_a, recv_b;
+  std::thread sender([&] {
+    sent_a = by_rank[0]->Send(at::full({4}, 7.0f), 2, /*tag=*/5);
+    sent_b = by_rank[0]->Send(at::full({2}, 9.0f), 2, /*tag=*/6);
+  });
+  std::thread receiver([&] {
+    recv_a = by_rank[2]->Recv(got_a, 0, 5);
+    recv_b = by_rank[2]->Recv(got_b, 0, 6);
+  });
+  sender.join();
+  receiver.join();
+  EXPECT_THAT(sent_a, IsOk());
+  EXPECT_THAT(sent_b, IsOk());
+  EXPECT_THAT(recv_a, IsOk());
+  EXPECT_THAT(recv_b, IsOk());
+  EXPECT_EQ(got_a.sum().item<float>(), 28.0f);
+  EXPECT_EQ(got_b.sum().item<float>(), 18.0f);
+  EXPECT_THAT(by_rank[1]->Send(at::full({1}, 1.0f), 1, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another rank")));
+  EXPECT_THAT(by_rank[1]->Recv(at::full({1}, 1.0f), 3, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got peer 3")));
+  EXPECT_THAT(by_rank[1]->Send(at::full({1}, 1.0f), 0, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tag -1")));
+}
+
 TEST(ElasticGroupTest, MemberThatClosesItsGroupIsNotInTheNextGeneration) {
   auto store = ControlStore::InMemory();
   ElasticGroupOptions o = Options("closing", "", 3);
