@@ -660,12 +660,22 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
     absl::Status failure = built.status();
     if (built.ok()) {
       comm_ = *std::move(built);
-      // Everyone learns everyone's newest committed step in one collective.
-      at::Tensor committed = at::zeros({t.size}, at::kLong);
-      committed.data_ptr<int64_t>()[t.rank] = committed_.load() + 1;
-      failure = comm_->AllReduce(committed, ReduceOp::kSum);
+      // Everyone learns everyone's newest committed step, and who is new in
+      // this generation, in one collective: a joiner has no previous
+      // membership to compare with, so it learns the joiners from the others.
+      at::Tensor exchange = at::zeros({2 * t.size}, at::kLong);
+      int64_t* slots = exchange.data_ptr<int64_t>();
+      slots[t.rank] = committed_.load() + 1;
+      slots[t.size + t.rank] = previous.empty() ? 1 : 0;
+      failure = comm_->AllReduce(exchange, ReduceOp::kSum);
       if (failure.ok()) {
-        for (int r = 0; r < t.size; ++r) t.committed_by_rank.push_back(committed.data_ptr<int64_t>()[r] - 1);
+        for (int r = 0; r < t.size; ++r) t.committed_by_rank.push_back(slots[r] - 1);
+        if (kind != Transition::Kind::kBootstrap) {
+          t.joined.clear();
+          for (int r = 0; r < t.size; ++r) {
+            if (slots[t.size + r] != 0) t.joined.push_back(t.members[r]);
+          }
+        }
         ResumePoint resume = ChooseResumePoint(t.committed_by_rank);
         t.resume_step = resume.resume_step;
         t.state_source_rank = resume.source_rank;

@@ -99,7 +99,9 @@ struct Transition {
   int rank = -1;
   int size = 0;
   std::vector<std::string> members;
-  std::vector<std::string> joined;   // members new in this generation
+  // Members new in this generation, the same list on every member (a joiner
+  // learns it in the generation's first collective); empty at a bootstrap.
+  std::vector<std::string> joined;
   std::vector<std::string> removed;  // members gone since the last generation
   // Training resumes at this step: the first one no member has committed.
   int64_t resume_step = 0;

@@ -336,13 +336,11 @@ std::vector<int> StateReceivers(const Transition& t) {
 
 }  // namespace
 
-absl::Status ElasticTrainer::SyncState(const Transition& t, int64_t* bytes) {
+absl::Status ElasticTrainer::SyncState(int source, const std::vector<int>& receivers, int64_t* bytes) {
   comm::Communicator& comm = group_->comm();
-  const int source = t.state_source_rank;
-  const std::vector<int> receivers = StateReceivers(t);
   *bytes = 0;
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
-  if (receivers.empty() || (comm.rank() != source && !receives)) return absl::OkStatus();
+  if (comm.rank() != source && !receives) return absl::OkStatus();
   std::optional<PackedState> mine;
   if (comm.rank() == source) {
     MALLE_ASSIGN_OR_RETURN(PackedState packed, PackJobState());
@@ -394,11 +392,12 @@ absl::StatusOr<bool> ElasticTrainer::Boundary() {
 }
 
 absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
-  bool need = t.kind == Transition::Kind::kBootstrap || t.kind == Transition::Kind::kJoined || !t.joined.empty();
-  for (int64_t c : t.committed_by_rank) need = need || c != t.committed_by_rank.front();
+  // Nobody receives after a planned shrink or a recovery in which every
+  // survivor committed the same step: no transfer at all.
+  const std::vector<int> receivers = StateReceivers(t);
   const absl::Time s0 = absl::Now();
   int64_t moved = 0;
-  if (need) MALLE_RETURN_IF_ERROR(SyncState(t, &moved));
+  if (!receivers.empty()) MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, &moved));
   const absl::Duration state_time = absl::Now() - s0;
   if (t.resume_step < step_) redone_steps_ += step_ - t.resume_step;
   step_ = t.resume_step;

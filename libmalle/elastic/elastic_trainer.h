@@ -249,7 +249,7 @@ class ElasticTrainer {
   absl::Status EnsureJoined();
   absl::StatusOr<bool> Boundary();
   absl::Status OnChange(const comm::Transition& t, absl::Time start);
-  absl::Status SyncState(const comm::Transition& t, int64_t* bytes);
+  absl::Status SyncState(int source, const std::vector<int>& receivers, int64_t* bytes);
   bool ReduceBuckets();
   bool ReduceRows();
   bool SyncBuffers();

@@ -624,11 +624,10 @@ class ElasticJob:
                 log.warning("state sync in generation %d failed (%s); recovering", t.generation, e)
 
     def _on_change(self, t: Any, t0: float) -> None:
-        committed = list(t.committed_by_rank)
-        need = (t.kind in ("bootstrap", "joined") or len(t.joined) > 0
-                or len(set(committed)) > 1)
         s0 = time.perf_counter()
-        moved = self._sync_state(t.state_source_rank, self._state_receivers(t)) if need else 0
+        # Nobody receives after a planned shrink or a recovery in which every survivor
+        # committed the same step: then no transfer at all.
+        moved = self._sync_state(t.state_source_rank, self._state_receivers(t))
         state_s = time.perf_counter() - s0
         if t.resume_step < self._step:
             self.redone_steps += self._step - t.resume_step

@@ -221,6 +221,11 @@ TEST(ElasticGroupTest, ThreadsGoThroughPlannedLeaveAndJoin) {
   EXPECT_EQ(seen[3].members.back(), "t3");  // joiners are appended
   EXPECT_EQ(seen[3].resume_step, 1);         // survivors committed step 0
   EXPECT_EQ(seen[3].committed_by_rank[seen[3].rank], -1);
+  // Every member, the joiner included, names the same joiners (a joiner has
+  // no previous membership of its own to compare with).
+  EXPECT_THAT(seen[3].joined, ElementsAre("t3"));
+  EXPECT_THAT(seen[0].joined, ElementsAre("t3"));
+  EXPECT_THAT(seen[2].joined, ElementsAre("t3"));
   EXPECT_NE(seen[3].state_source_rank, seen[3].rank);
 }
 
