@@ -86,7 +86,7 @@ __all__ = [
 
 log = logging.getLogger("malletrain")
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: segments (flat buffers sent as they are) instead of one buffer per dtype
 
 
 def progress_key(job_id: str) -> str:
@@ -108,6 +108,7 @@ class ResizeEvent:
     state_bytes: int          # bytes of job state received or sent (0: no transfer needed)
     phases: Dict[str, float]  # seconds: detect, agree, build, sync (membership), state, total
     reason: str = ""
+    state_in_place: int = 0   # of state_bytes, received straight into this rank's own buffers
 
 
 @dataclass
@@ -190,6 +191,12 @@ class _Reporter:
         self._thread.join(timeout=5)
 
 
+def _device_of(device_type: str) -> torch.device:
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
 def _dummy_process_group() -> "dist.ProcessGroup":
     # DDP's Reducer is bound to this one-rank group for its whole life; it never
     # communicates through it (the comm hook does, over the current generation).
@@ -213,6 +220,9 @@ class ElasticModel(torch.nn.Module):
         self.module = module
         self._job = job
         self._ddp: Optional[DistributedDataParallel] = None
+        # Parameters and buffers live in one flat buffer per dtype and device, which
+        # a state sync sends as it is (malletrain/state.py).
+        _state.flatten_module(module)
         if not job.deterministic:
             self._ddp = DistributedDataParallel(
                 module, process_group=_dummy_process_group(), broadcast_buffers=False,
@@ -445,6 +455,8 @@ class ElasticJob:
                     raise MalleValueError(
                         "wrap_optimizer: the optimizer has a parameter that is not in the model")
         self._optimizer = ElasticOptimizer(self, optimizer)
+        _state.flatten_optimizer(optimizer)  # a state loaded before wrapping, if any
+        self._opt_state_count = len(optimizer.state)
         return self._optimizer
 
     def track(self, name: str, obj: Any) -> None:
@@ -522,8 +534,12 @@ class ElasticJob:
                 f"seed={job['seed']}; this rank has {self.logical_workers}, {self.seed}")
         with torch.no_grad():
             for k, t in mine.items():
-                t.copy_(theirs[k])
+                if t.data_ptr() != theirs[k].data_ptr():  # not received in place
+                    t.copy_(theirs[k])
         self._optimizer.optimizer.load_state_dict(st["optimizer"])
+        # The loaded state is views of the received segments; keep it flat.
+        _state.flatten_optimizer(self._optimizer.optimizer)
+        self._opt_state_count = len(self._optimizer.optimizer.state)
         for k, obj in self._extras.items():
             if k not in st["extras"]:
                 raise MalleValueError(f"state: tracked object {k!r} is missing at the source")
@@ -547,15 +563,18 @@ class ElasticJob:
         return [r for r in range(t.size) if r != source
                 and (t.members[r] in joined or committed[r] != committed[source])]
 
-    def _sync_state(self, source: int, receivers: List[int]) -> int:
+    def _sync_state(self, source: int, receivers: List[int], *, in_place: bool = False) -> int:
         """Sends the job state from rank ``source`` to ``receivers``; returns the bytes moved.
 
         One broadcast per message when every other rank receives; otherwise the
         source sends to each receiver point to point, so the survivors that already
         hold the state neither receive nor unpack it (a grow moves the state to the
-        joiner only).
+        joiner only). The source sends its flat buffers as they are (no copy); a
+        receiver with ``in_place`` (it holds no committed state: a joiner) receives
+        the segments that match its own buffers straight into them.
         """
         g = self._group
+        self._last_in_place = 0
         everyone = len(receivers) == g.size - 1
         if not receivers or (g.rank != source and g.rank not in receivers):
             return 0
@@ -573,14 +592,15 @@ class ElasticJob:
             else:
                 g.recv(tensor, source, tag)
 
+        min_direct = _env_int("MALLE_STATE_DIRECT_MIN_BYTES", _state.DIRECT_MIN_BYTES)
         if g.rank == source:
-            skeleton, buffers = _state.pack(self.job_state())
+            skeleton, segments = _state.pack(self.job_state(), direct_min_bytes=min_direct)
             header = torch.tensor([len(skeleton), _STATE_VERSION], dtype=torch.int64)
             out(header, 0)
             out(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8), 1)
-            for i, n in enumerate(sorted(buffers)):  # one message per dtype
-                out(buffers[n].contiguous(), 2 + i)
-            return len(skeleton) + sum(b.numel() * b.element_size() for b in buffers.values())
+            for i, seg in enumerate(segments):  # one message per flat segment
+                out(seg, 2 + i)
+            return len(skeleton) + sum(s.numel() * s.element_size() for s in segments)
         header = torch.zeros(2, dtype=torch.int64)
         into(header, 0)
         if os.environ.get("MALLE_FAULT_EXIT_IN_STATE_SYNC") == self.member_id:
@@ -589,12 +609,20 @@ class ElasticJob:
             raise MalleValueError(f"state: bad state header {header.tolist()} from rank {source}")
         raw = torch.empty(int(header[0]), dtype=torch.uint8)
         into(raw, 1)
-        skeleton, sizes = _state.read_sizes(raw.numpy().tobytes())
-        bufs = {n: torch.empty(sizes[n], dtype=_state._dtype(n)) for n in sorted(sizes)}
-        for i, n in enumerate(sorted(bufs)):
-            into(bufs[n], 2 + i)
+        skeleton, specs = _state.read_skeleton(raw.numpy().tobytes())
+        targets: List[Optional[torch.Tensor]] = [None] * len(specs)
+        if in_place:
+            targets = _state.in_place_targets(self.job_state(), skeleton, specs,
+                                              direct_min_bytes=min_direct)
+        bufs = [t if t is not None else
+                torch.empty(s.numel, dtype=_state._dtype(s.dtype), device=_device_of(s.device_type))
+                for s, t in zip(specs, targets)]
+        for i, b in enumerate(bufs):
+            into(b, 2 + i)
         self._load_state(_state.unpack(skeleton, bufs))
-        return raw.numel() + sum(b.numel() * b.element_size() for b in bufs.values())
+        self._last_in_place = sum(b.numel() * b.element_size()
+                                  for b, t in zip(bufs, targets) if t is not None)
+        return raw.numel() + sum(b.numel() * b.element_size() for b in bufs)
 
     # --- step boundary ----------------------------------------------------------
     def _boundary(self) -> bool:
@@ -627,7 +655,8 @@ class ElasticJob:
         s0 = time.perf_counter()
         # Nobody receives after a planned shrink or a recovery in which every survivor
         # committed the same step: then no transfer at all.
-        moved = self._sync_state(t.state_source_rank, self._state_receivers(t))
+        moved = self._sync_state(t.state_source_rank, self._state_receivers(t),
+                                 in_place=list(t.committed_by_rank)[t.rank] < 0)
         state_s = time.perf_counter() - s0
         if t.resume_step < self._step:
             self.redone_steps += self._step - t.resume_step
@@ -647,7 +676,7 @@ class ElasticJob:
         ev = ResizeEvent(kind=t.kind, generation=t.generation, size=t.size, rank=t.rank,
                          resume_step=t.resume_step, joined=list(t.joined),
                          removed=list(t.removed), state_bytes=moved, phases=phases,
-                         reason=t.reason)
+                         reason=t.reason, state_in_place=self._last_in_place)
         self.history.append(ev)
         log.info("generation %d: %s, size %d, rank %d, resume at step %d, state %d B in %.3f s",
                  t.generation, t.kind, t.size, t.rank, t.resume_step, moved, state_s)
@@ -818,6 +847,11 @@ class ElasticJob:
             self._profile.prev_end = None  # the redone step's time is not a step time
             return None  # not committed: the next boundary recovers and redoes the step
         self._optimizer.optimizer.step()
+        if len(self._optimizer.optimizer.state) != self._opt_state_count:
+            # New state tensors (Adam's moments after its first step): into one flat
+            # buffer, so a state sync sends them without packing.
+            _state.flatten_optimizer(self._optimizer.optimizer)
+            self._opt_state_count = len(self._optimizer.optimizer.state)
         self._group.commit(self._step)
         self._record_step(prof, t_opt, t_reduced)
         self._step += 1
@@ -831,6 +865,8 @@ class ElasticJob:
         return None
 
     _batch_size_for_position = 0
+    _opt_state_count = 0
+    _last_in_place = 0
 
     # --- profiling advisor ------------------------------------------------------------
     def _record_step(self, prof: "_StepProfile", t_opt: float, t_reduced: float) -> None:

@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -56,13 +57,35 @@ def fixed(tmp_path_factory):
 RESIZE = "step=8 leave 2, step=14 join 1, step=20 join 1"
 
 
+# The digits model's state is small (69 KB of parameters): with the default threshold
+# (1 MiB) every tensor is packed by copying. These runs lower it, so the state is sent from
+# the flat buffers as they are and the joiners receive the model in place; the other runs
+# keep the default and test the packed path.
+DIRECT = {"MALLE_STATE_DIRECT_MIN_BYTES": "4096"}
+
+
+def in_place_bytes(tmp: pathlib.Path, name: str) -> dict:
+    """member -> bytes of state it received in place, from the example's resize lines."""
+    found = {}
+    for p in sorted((tmp / f"{name}-logs").glob("*.log")):
+        got = [int(m.group(2)) for m in
+               re.finditer(r"state (\d+) B \((\d+) B in place\)", p.read_text())]
+        found[p.stem] = sum(got)
+    return found
+
+
 def test_resize_4_2_3_4_matches_the_fixed_run(tmp_path, fixed):
-    out, res = run_job(tmp_path, "resize", 4, RESIZE, step_sleep=0.25)
+    out, res = run_job(tmp_path, "resize", 4, RESIZE, step_sleep=0.25,
+                       env=dict(os.environ, **DIRECT))
     assert res.ok, logs(tmp_path, "resize")
     rows = read_traces(out)
     assert sizes_seen(rows) == [4, 2, 3, 4]
     assert rel_diff(final_params(out), fixed[0]) < 1e-5
     check_replicas_and_data(rows)
+    # Both joiners received the model straight into their parameters.
+    placed = in_place_bytes(tmp_path, "resize")
+    joiners = [m for m in placed if m not in ("node0", "node1", "node2", "node3")]
+    assert len(joiners) == 2 and all(placed[m] >= 17_000 * 4 for m in joiners), placed
 
 
 def test_deterministic_mode_is_bitwise_equal_across_schedules(tmp_path, fixed):
@@ -76,7 +99,7 @@ def test_deterministic_mode_is_bitwise_equal_across_schedules(tmp_path, fixed):
 
 def test_kill9_of_members_and_of_a_joiner_in_state_sync(tmp_path, fixed):
     # node4 (the first joiner) dies in the middle of receiving state; node5 joins later.
-    env = dict(os.environ, MALLE_FAULT_EXIT_IN_STATE_SYNC="node4")
+    env = dict(os.environ, MALLE_FAULT_EXIT_IN_STATE_SYNC="node4", **DIRECT)
     schedule = "step=6 kill 1, step=12 join 1, step=16 join 1, step=30 kill 1"
     out, res = run_job(tmp_path, "kills", 4, schedule, env=env, step_sleep=0.15)
     assert res.exit_codes["node4"] == 137, logs(tmp_path, "kills")  # died in the sync

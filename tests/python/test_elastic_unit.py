@@ -85,26 +85,71 @@ def test_mix_seed_is_stable_and_spreads():
     assert all(0 <= x < 2**63 for x in seeds)
 
 
-def test_pack_groups_tensors_by_dtype_and_round_trips():
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+def test_pack_sends_flat_buffers_as_they_are_and_round_trips():
+    model = torch.nn.Sequential(torch.nn.Linear(600, 500), torch.nn.BatchNorm1d(500))
+    assert mstate.flatten_module(model)
+    assert not mstate.flatten_module(model)  # already flat
     opt = torch.optim.Adam(model.parameters())
-    model(torch.randn(5, 3)).sum().backward()
+    model(torch.randn(5, 600)).sum().backward()
     opt.step()
-    st = {"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": {"k": [1, "x"]}}
-    skeleton, buffers = mstate.pack(st)
-    # float32 (params, BN stats, Adam moments and steps) and int64 (num_batches_tracked).
-    assert sorted(buffers) == ["float32", "int64"]
-    tree, sizes = mstate.read_sizes(skeleton)
-    assert sizes == {k: v.numel() for k, v in buffers.items()}
-    received = {k: v.clone() for k, v in buffers.items()}
+    assert mstate.flatten_optimizer(opt)
+    model(torch.randn(5, 600)).sum().backward()
+    opt.step()  # Adam updates its flat state in place
+    assert not mstate.flatten_optimizer(opt)
+    st = {"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": {"k": [1, "x"]},
+          "small": torch.arange(3)}
+    skeleton, segments = mstate.pack(st)
+    tree, specs = mstate.read_skeleton(skeleton)
+    # The model's float32 buffer and the optimizer's are sent without a copy; the int64
+    # tensors (num_batches_tracked, the small extra) are packed into one segment.
+    assert [(s.dtype, s.direct) for s in specs] == [("float32", True), ("float32", True),
+                                                      ("int64", False)]
+    weight = model[0].weight
+    assert segments[0].untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert [s.numel for s in specs] == [t.numel() for t in segments]
+    received = [t.clone() for t in segments]
     back = mstate.unpack(tree, received)
     assert mstate.digest(back) == mstate.digest(st)
-    model2 = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model2 = torch.nn.Sequential(torch.nn.Linear(600, 500), torch.nn.BatchNorm1d(500))
     model2.load_state_dict(back["model"])
     opt2 = torch.optim.Adam(model2.parameters())
     opt2.load_state_dict(back["optimizer"])
     assert mstate.digest(opt2.state_dict()) == mstate.digest(opt.state_dict())
     assert back["extra"] == {"k": [1, "x"]}
+    assert torch.equal(back["small"], torch.arange(3))
+
+
+def test_unflattened_state_still_round_trips_with_few_messages():
+    big = [torch.randn(300, 1000) for _ in range(3)]   # 1.2 MB each: sent one by one
+    small = [torch.randn(10) for _ in range(50)]       # packed into one segment
+    st = {"big": big, "small": small, "view": big[0][0]}
+    skeleton, segments = mstate.pack(st)
+    tree, specs = mstate.read_skeleton(skeleton)
+    assert len(specs) == 4 and sum(s.direct for s in specs) == 3
+    back = mstate.unpack(tree, [t.clone() for t in segments])
+    assert mstate.digest(back) == mstate.digest(st)
+
+
+def test_a_joiner_receives_matching_segments_in_place():
+    def build():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(600, 500), torch.nn.Linear(500, 10))
+        mstate.flatten_module(m)
+        return m
+    src, joiner = build(), build()
+    with torch.no_grad():
+        src[0].weight.add_(1.0)
+    skeleton, segments = mstate.pack({"model": dict(src.named_parameters())})
+    tree, specs = mstate.read_skeleton(skeleton)
+    targets = mstate.in_place_targets({"model": dict(joiner.named_parameters())}, tree, specs)
+    assert len(targets) == 1 and targets[0] is not None
+    targets[0].copy_(segments[0])  # what the receive does
+    assert torch.equal(joiner[0].weight, src[0].weight)
+    # A different model (other shapes) matches nothing: it is received into fresh memory.
+    other = torch.nn.Sequential(torch.nn.Linear(500, 600), torch.nn.Linear(600, 10))
+    mstate.flatten_module(other)
+    assert mstate.in_place_targets({"model": dict(other.named_parameters())}, tree,
+                                   specs) == [None]
 
 
 def test_digest_sees_one_changed_bit():
@@ -116,10 +161,12 @@ def test_digest_sees_one_changed_bit():
 
 def test_corrupt_state_message_is_reported():
     with pytest.raises(ValueError, match="corrupt state message"):
-        mstate.read_sizes(b"not a pickle")
-    tree, _ = mstate.read_sizes(mstate.pack({"w": torch.ones(4)})[0])
+        mstate.read_skeleton(b"not a pickle")
+    tree, _ = mstate.read_skeleton(mstate.pack({"w": torch.ones(4)})[0])
     with pytest.raises(ValueError, match="outside the received buffers"):
-        mstate.unpack(tree, {"float32": torch.ones(2)})
+        mstate.unpack(tree, [torch.ones(2)])
+    with pytest.raises(ValueError, match="names no received segment"):
+        mstate.unpack(tree, [])
 
 
 def test_init_rejects_bad_arguments(monkeypatch):
