@@ -102,6 +102,11 @@ absl::Status ElasticGroupOptions::Validate() const {
   MALLE_RETURN_IF_ERROR(RequirePositive("heartbeat_interval", heartbeat_interval));
   MALLE_RETURN_IF_ERROR(RequirePositive("heartbeat_timeout", heartbeat_timeout));
   MALLE_RETURN_IF_ERROR(RequirePositive("recovery_grace", recovery_grace));
+  if (max_recoveries_without_commit < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticGroupOptions.max_recoveries_without_commit must be >= 1, got ",
+        max_recoveries_without_commit));
+  }
   if (heartbeat_timeout < 3 * heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ElasticGroupOptions.heartbeat_timeout (", absl::FormatDuration(heartbeat_timeout),
@@ -450,6 +455,20 @@ void ElasticGroup::Commit(int64_t step) {
   int64_t current = committed_.load();
   while (step > current && !committed_.compare_exchange_weak(current, step)) {
   }
+  recoveries_since_commit_ = 0;
+}
+
+absl::Status ElasticGroup::CountRecovery(const absl::Status& why) {
+  last_recovery_cause_ = std::string(why.message());
+  if (recoveries_since_commit_ >= options_.max_recoveries_without_commit) {
+    return absl::AbortedError(absl::StrCat(
+        "member ", member_id(), " of job '", job_id(), "' gives up: ", recoveries_since_commit_,
+        " recoveries in a row without a committed step (max_recoveries_without_commit); the "
+        "last failure: ", last_recovery_cause_,
+        ". A failure that repeats at every attempt is not a lost member: see the log"));
+  }
+  ++recoveries_since_commit_;
+  return absl::OkStatus();
 }
 
 absl::Status ElasticGroup::CheckIn(ControlStore& store, int64_t generation, bool ensure_visible) {
@@ -560,6 +579,7 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
   const absl::Duration detect =
       comm_->aborted() ? std::max(absl::ZeroDuration(), start - comm_->abort_signal()->aborted_at())
                        : absl::ZeroDuration();
+  MALLE_RETURN_IF_ERROR(CountRecovery(failure));
   MALLE_ASSIGN_OR_RETURN(GenerationRecord next, Recover(record_, failure));
   return Enter(std::move(next), Transition::Kind::kRecovered, start, detect);
 }
@@ -698,6 +718,7 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
     }
     // The new generation failed before it started: recover from it.
     record_ = record;
+    MALLE_RETURN_IF_ERROR(CountRecovery(failure));
     MALLE_ASSIGN_OR_RETURN(GenerationRecord next, Recover(record, failure));
     record = std::move(next);
     kind = Transition::Kind::kRecovered;

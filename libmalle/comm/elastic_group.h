@@ -78,6 +78,11 @@ struct ElasticGroupOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   // After a failure, how long survivors wait for each other to check in.
   absl::Duration recovery_grace = absl::Milliseconds(500);
+  // A member gives up (AtStepBoundary returns kAborted) when it is about to
+  // recover for the this-many-plus-first time in a row without committing a
+  // step in between: a failure that repeats at every attempt (a bug, a
+  // misconfigured backend) would otherwise make the job recover forever.
+  int max_recoveries_without_commit = 16;
   base::Clock* clock = nullptr;  // null = real time
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
@@ -208,6 +213,8 @@ class ElasticGroup {
                                    absl::Duration detect);
   // After a failure of `failed`: check in, wait for the others, agree.
   absl::StatusOr<GenerationRecord> Recover(const GenerationRecord& failed, absl::Status why);
+  // Before each recovery: kAborted once max_recoveries_without_commit is used up.
+  absl::Status CountRecovery(const absl::Status& why);
   absl::StatusOr<int64_t> LeaderPropose();
   absl::Status Enqueue(const ChangeRequest& request);
   // At most once per generation (an atomic guards it; closing the group
@@ -229,6 +236,8 @@ class ElasticGroup {
   std::unique_ptr<Communicator> comm_;
   Transition transition_;
   std::atomic<int64_t> committed_{-1};
+  int recoveries_since_commit_ = 0;       // training thread only (Commit, AtStepBoundary)
+  std::string last_recovery_cause_;
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
   std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
   std::unique_ptr<Watchdog> watchdog_;

@@ -230,6 +230,7 @@ class ElasticGroup:
         heartbeat_interval: float = 0.1,
         heartbeat_timeout: float = 2.0,
         recovery_grace: float = 0.5,
+        max_recoveries_without_commit: int = 16,
     ) -> ElasticGroup:
         """Registers in the job and blocks until this process is a member of a built
         generation. Raises MalleValueError, MalleTimeoutError, StoreError, ..."""

@@ -307,7 +307,8 @@ class ElasticJob:
                  member_id: Optional[str] = None, bootstrap_size: Optional[int] = None,
                  heartbeat_timeout: float = 2.0, recovery_grace: float = 0.5,
                  rendezvous_timeout: float = 60.0, op_timeout: float = 60.0,
-                 bucket_cap_mb: float = 25.0, print_scaling: bool = False) -> None:
+                 bucket_cap_mb: float = 25.0, print_scaling: bool = False,
+                 max_recoveries_without_commit: int = 16) -> None:
         if logical_workers is not None:
             if not isinstance(logical_workers, int) or logical_workers < 1:
                 raise MalleValueError(
@@ -356,7 +357,8 @@ class ElasticJob:
         self._join_args = dict(member_id=member, bootstrap_size=boot, max_size=max_size,
                                rendezvous_timeout=rendezvous_timeout, op_timeout=op_timeout,
                                heartbeat_timeout=heartbeat_timeout,
-                               recovery_grace=recovery_grace)
+                               recovery_grace=recovery_grace,
+                               max_recoveries_without_commit=max_recoveries_without_commit)
         self._group: Any = None
         self._pending: Any = None  # the join's transition, handled at the first boundary
         self._model: Optional[ElasticModel] = None
@@ -1168,9 +1170,12 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             (default from ``MALLE_STORE``, ``MALLE_JOB_ID``, ``MALLE_MEMBER_ID``,
             ``MALLE_BOOTSTRAP_SIZE``, which ``malletrain local`` sets), and the timeouts
             ``heartbeat_timeout``, ``recovery_grace``, ``rendezvous_timeout``,
-            ``op_timeout`` (seconds), ``bucket_cap_mb``, and ``print_scaling`` (rank 0
+            ``op_timeout`` (seconds), ``bucket_cap_mb``, ``print_scaling`` (rank 0
             prints the profiling advisor's scalability table when the job completes; also
-            ``MALLE_PRINT_SCALING=1``).
+            ``MALLE_PRINT_SCALING=1``), and ``max_recoveries_without_commit`` (default 16:
+            a rank raises :class:`RankFailureError` rather than recover again after that
+            many recoveries in a row without a committed step, e.g. when the same failure
+            repeats at every attempt).
 
     Raises:
         MalleValueError: bad arguments (e.g. fewer logical workers than the starting size).

@@ -166,7 +166,7 @@ void BindElastic(py::module_& m) {
           [](std::shared_ptr<ControlStore> store, const std::string& job_id,
              const std::string& member_id, int bootstrap_size, int max_size,
              double rendezvous_timeout, double op_timeout, double heartbeat_interval,
-             double heartbeat_timeout, double recovery_grace) {
+             double heartbeat_timeout, double recovery_grace, int max_recoveries_without_commit) {
             ElasticGroupOptions o;
             o.job_id = job_id;
             o.member_id = member_id;
@@ -177,6 +177,7 @@ void BindElastic(py::module_& m) {
             o.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
             o.heartbeat_timeout = Seconds(heartbeat_timeout, "heartbeat_timeout");
             o.recovery_grace = Seconds(recovery_grace, "recovery_grace");
+            o.max_recoveries_without_commit = max_recoveries_without_commit;
             py::gil_scoped_release release;
             return ValueOrThrow(ElasticGroup::Join(std::move(store), std::move(o)));
           },
@@ -184,7 +185,7 @@ void BindElastic(py::module_& m) {
           py::arg("bootstrap_size") = 0, py::arg("max_size") = 1024,
           py::arg("rendezvous_timeout") = 60.0, py::arg("op_timeout") = 60.0,
           py::arg("heartbeat_interval") = 0.1, py::arg("heartbeat_timeout") = 2.0,
-          py::arg("recovery_grace") = 0.5,
+          py::arg("recovery_grace") = 0.5, py::arg("max_recoveries_without_commit") = 16,
           "Registers in the job and blocks until this process is a member of a built "
           "generation.")
       .def_property_readonly("rank", &ElasticGroup::rank)

@@ -191,6 +191,14 @@ def test_fewer_logical_workers_than_the_starting_size_is_an_error():
         malletrain.init(logical_workers=2, store=f"127.0.0.1:{store.port}", bootstrap_size=4)
 
 
+def test_max_recoveries_without_commit_is_validated_at_join():
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}", bootstrap_size=1,
+                          job_id="cap", max_recoveries_without_commit=0)
+    with pytest.raises(MalleValueError, match="max_recoveries_without_commit must be >= 1"):
+        job.join()
+
+
 def test_loader_rejects_a_dataset_smaller_than_the_global_batch():
     store = malletrain._C.ControlStore.serve()
     job = malletrain.init(logical_workers=4, store=f"127.0.0.1:{store.port}", bootstrap_size=1,

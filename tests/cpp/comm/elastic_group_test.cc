@@ -22,6 +22,7 @@ namespace {
 using ::malle::testing::IsOk;
 using ::malle::testing::IsOkAndHolds;
 using ::malle::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
@@ -66,6 +67,7 @@ TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
       {[](auto& o) { o.heartbeat_interval = absl::InfiniteDuration(); }, "heartbeat_interval"},
       {[](auto& o) { o.heartbeat_timeout = absl::Milliseconds(150); }, "heartbeat_timeout"},
       {[](auto& o) { o.recovery_grace = absl::ZeroDuration(); }, "recovery_grace"},
+      {[](auto& o) { o.max_recoveries_without_commit = 0; }, "max_recoveries_without_commit"},
   };
   for (const Case& c : cases) {
     ElasticGroupOptions o = Options("job", "m0", 1);
@@ -365,6 +367,36 @@ TEST(ElasticGroupTest, MemberThatCheckedInAndThenClosedIsNotInTheNextGeneration)
     EXPECT_EQ(after[i].sum, 3.0f) << i;
     EXPECT_LT(after[i].took, absl::Seconds(4)) << i;
   }
+}
+
+
+// A failure that comes back at every attempt (here: every generation is
+// aborted as soon as it is built) must not make the job recover forever: the
+// member gives up with kAborted after max_recoveries_without_commit recoveries
+// in a row, naming the failure. A committed step starts the count again.
+TEST(ElasticGroupTest, RepeatedFailureWithoutACommitGivesUp) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions o = Options("gives-up", "solo", 1);
+  o.max_recoveries_without_commit = 3;
+  o.recovery_grace = absl::Milliseconds(50);
+  ASSERT_OK_AND_ASSIGN(auto group, ElasticGroup::Join(store, o));
+  auto fail_and_recover = [&]() -> absl::StatusOr<Transition> {
+    group->comm().Abort(absl::UnavailableError("injected: allreduce failed"));
+    return group->AtStepBoundary();
+  };
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transition t, fail_and_recover());
+    EXPECT_EQ(t.kind, Transition::Kind::kRecovered);
+  }
+  group->Commit(0);  // progress: the count starts again
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transition t, fail_and_recover());
+    EXPECT_EQ(t.kind, Transition::Kind::kRecovered) << i;
+  }
+  EXPECT_THAT(fail_and_recover(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("3 recoveries in a row without a committed step"),
+                             HasSubstr("injected: allreduce failed"))));
 }
 
 }  // namespace
