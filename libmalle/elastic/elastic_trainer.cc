@@ -53,6 +53,10 @@ absl::Status ElasticTrainerOptions::Validate() const {
   if (logical_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("logical_workers: must be >= 1, got ", logical_workers));
   }
+  if (state_direct_min_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_direct_min_bytes: must be >= 0, got ", state_direct_min_bytes));
+  }
   if (bucket_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: must be positive, got ", bucket_bytes));
   }
@@ -120,8 +124,18 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::CreateCommon(Ela
     StatePacker probe;
     MALLE_RETURN_IF_ERROR(PackOptimizer(optimizer, probe));  // kUnimplemented naming it
   }
+  // Parameters and buffers live in one buffer per dtype (the same TensorImpls,
+  // new storage), which a state sync sends as it is. Before the Reducer, which
+  // must see the final storage.
+  {
+    std::vector<at::Tensor> all;
+    for (const auto& [name, t] : model.parameters) all.push_back(t);
+    for (const auto& [name, t] : model.buffers) all.push_back(t);
+    FlattenTensors(all);
+  }
   std::unique_ptr<ElasticTrainer> trainer(
       new ElasticTrainer(std::move(options), std::move(model), optimizer, std::move(sampler)));
+  MALLE_RETURN_IF_ERROR(trainer->FlattenOptimizerState());  // a state loaded before, if any
   if (!trainer->options_.deterministic && trainer->options_.use_reducer) {
     MALLE_ASSIGN_OR_RETURN(trainer->reducer_,
                            GradReducer::Create(trainer->TrainedParams(), trainer->options_.bucket_bytes));
@@ -190,7 +204,7 @@ absl::Status ElasticTrainer::RequestLeave() {
 // --- state ------------------------------------------------------------------
 
 absl::StatusOr<PackedState> ElasticTrainer::PackJobState() const {
-  StatePacker out;
+  StatePacker out(options_.state_direct_min_bytes);
   out.PutInt(kStateVersion);
   out.PutInt(options_.logical_workers);
   out.PutInt(static_cast<int64_t>(options_.seed));
@@ -217,6 +231,18 @@ absl::StatusOr<PackedState> ElasticTrainer::PackJobState() const {
 }
 
 absl::Status ElasticTrainer::LoadJobState(PackedState state) {
+  // A direct segment is a view of someone's own tensors. Ours (received in
+  // place): keep it. Another trainer's (its PackJobState handed over in this
+  // process): copy it, or the optimizers would share their state.
+  std::set<const void*> own;
+  for (const auto* list : {&model_.parameters, &model_.buffers}) {
+    for (const auto& [name, t] : *list) {
+      if (t.defined()) own.insert(t.storage().data());
+    }
+  }
+  for (size_t i = 0; i < state.buffers.size() && i < state.direct.size(); ++i) {
+    if (state.direct[i] && !own.count(state.buffers[i].storage().data())) state.buffers[i] = state.buffers[i].clone();
+  }
   MALLE_ASSIGN_OR_RETURN(StateUnpacker in, StateUnpacker::Open(std::move(state)));
   MALLE_ASSIGN_OR_RETURN(int64_t version, in.Int());
   if (version != kStateVersion) {
@@ -288,14 +314,19 @@ absl::Status ElasticTrainer::LoadJobState(PackedState state) {
   MALLE_RETURN_IF_ERROR(UnpackOptimizer(in, optimizer_));
   if (!in.done()) return absl::InvalidArgumentError("state: trailing bytes after the job state");
   for (int k = 0; k < 2; ++k) {
-    for (size_t i = 0; i < mine[k]->size(); ++i) (*mine[k])[i].second.detach().copy_(theirs[k][i].second);
+    for (size_t i = 0; i < mine[k]->size(); ++i) {
+      const at::Tensor& t = (*mine[k])[i].second;
+      const at::Tensor& src = theirs[k][i].second;
+      if (t.data_ptr() != src.data_ptr()) t.detach().copy_(src);  // else received in place
+    }
   }
+  optimizer_state_count_ = optimizer_.state().size();  // views of the received segments
   for (const Extra& e : extras_) MALLE_RETURN_IF_ERROR(e.load(extras[e.name]));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ElasticTrainer::StateDigest() const {
-  StatePacker out;
+  StatePacker out(kNeverDirect);  // a layout that depends only on the values
   for (const auto* list : {&model_.parameters, &model_.buffers}) {
     for (const auto& [name, t] : *list) {
       out.PutString(name);
@@ -306,7 +337,7 @@ absl::StatusOr<std::string> ElasticTrainer::StateDigest() const {
   PackedState packed = std::move(out).Finish();
   uint64_t h = 0xcbf29ce484222325ULL;
   h = Fnv1a(h, packed.skeleton.data(), packed.skeleton.size());
-  for (const auto& [dtype, buffer] : packed.buffers) {
+  for (const at::Tensor& buffer : packed.buffers) {
     at::Tensor b = buffer.contiguous();
     h = Fnv1a(h, b.data_ptr(), b.numel() * b.element_size());
   }
@@ -336,20 +367,40 @@ std::vector<int> StateReceivers(const Transition& t) {
 
 }  // namespace
 
-absl::Status ElasticTrainer::SyncState(int source, const std::vector<int>& receivers, int64_t* bytes) {
+absl::Status ElasticTrainer::SyncState(int source, const std::vector<int>& receivers, bool in_place,
+                                       int64_t* bytes, int64_t* in_place_bytes) {
   comm::Communicator& comm = group_->comm();
   *bytes = 0;
+  *in_place_bytes = 0;
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
   if (comm.rank() != source && !receives) return absl::OkStatus();
-  std::optional<PackedState> mine;
+  std::optional<PackedState> mine, own;
   if (comm.rank() == source) {
     MALLE_ASSIGN_OR_RETURN(PackedState packed, PackJobState());
     mine = std::move(packed);
+  } else if (in_place) {
+    MALLE_ASSIGN_OR_RETURN(PackedState packed, PackJobState());  // direct segments: no copy
+    own = std::move(packed);
   }
-  MALLE_ASSIGN_OR_RETURN(PackedState got, TransferState(comm, source, receivers, mine ? &*mine : nullptr));
+  MALLE_ASSIGN_OR_RETURN(PackedState got, TransferState(comm, source, receivers, mine ? &*mine : nullptr,
+                                                        own ? &*own : nullptr));
   *bytes = got.bytes();
   if (comm.rank() == source) return absl::OkStatus();
+  for (size_t i = 0; i < got.buffers.size(); ++i) {
+    if (got.direct[i]) *in_place_bytes += got.buffers[i].numel() * static_cast<int64_t>(got.buffers[i].element_size());
+  }
   return LoadJobState(std::move(got));
+}
+
+absl::Status ElasticTrainer::FlattenOptimizerState() {
+  optimizer_state_count_ = optimizer_.state().size();
+  if (optimizer_.state().empty()) return absl::OkStatus();
+  // Packed by copying, one buffer per dtype holding only the optimizer's
+  // tensors; UnpackOptimizer keeps views of it.
+  StatePacker out(kNeverDirect);
+  MALLE_RETURN_IF_ERROR(PackOptimizer(optimizer_, out));
+  MALLE_ASSIGN_OR_RETURN(StateUnpacker in, StateUnpacker::Open(std::move(out).Finish()));
+  return UnpackOptimizer(in, optimizer_);
 }
 
 // --- step boundary ----------------------------------------------------------
@@ -397,7 +448,11 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   const std::vector<int> receivers = StateReceivers(t);
   const absl::Time s0 = absl::Now();
   int64_t moved = 0;
-  if (!receivers.empty()) MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, &moved));
+  int64_t in_place = 0;
+  if (!receivers.empty()) {
+    MALLE_RETURN_IF_ERROR(
+        SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &moved, &in_place));
+  }
   const absl::Duration state_time = absl::Now() - s0;
   if (t.resume_step < step_) redone_steps_ += step_ - t.resume_step;
   step_ = t.resume_step;
@@ -411,6 +466,7 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   ev.joined = t.joined;
   ev.removed = t.removed;
   ev.state_bytes = moved;
+  ev.state_in_place = in_place;
   ev.phases = {t.phases.detect, t.phases.agree, t.phases.build, t.phases.sync, state_time,
                t.phases.total + state_time};
   ev.reason = t.reason;
@@ -693,6 +749,12 @@ absl::StatusOr<bool> ElasticTrainer::FinishStep() {
     return false;  // not committed: the next boundary recovers and redoes the step
   }
   optimizer_.step();
+  if (optimizer_.state().size() != optimizer_state_count_) {
+    // New state tensors (Adam's moments after its first step): one buffer per
+    // dtype, so a state sync sends them without packing.
+    absl::Status flat = FlattenOptimizerState();
+    if (!flat.ok()) MALLE_LOG(WARNING) << "optimizer state not flattened: " << flat;  // only slower syncs
+  }
   group_->Commit(step_);
   ++step_;
   if (options_.publish_progress && store_ != nullptr && group_->rank() == 0) {

@@ -102,6 +102,11 @@ struct ElasticTrainerOptions {
   // Rank 0 writes the number of committed steps to "malle/job/<id>/progress"
   // (ProgressKey) after each commit; the local launcher's step triggers read it.
   bool publish_progress = true;
+  // State sync: tensors sharing a storage are sent from it, without a copy,
+  // when they reference at least this many bytes of it (state_pack.h). The
+  // trainer keeps parameters, buffers and optimizer state in one buffer per
+  // dtype, so a model with Adam is two or three messages.
+  int64_t state_direct_min_bytes = kDirectMinBytes;
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
 };
@@ -149,6 +154,7 @@ struct ResizeEvent {
   std::vector<std::string> joined;
   std::vector<std::string> removed;
   int64_t state_bytes = 0;  // job state received or sent (0: no transfer needed)
+  int64_t state_in_place = 0;  // of which received straight into this rank's own tensors
   struct Phases {
     absl::Duration detect, agree, build, sync;  // from the membership protocol
     absl::Duration state;                       // state transfer
@@ -249,7 +255,13 @@ class ElasticTrainer {
   absl::Status EnsureJoined();
   absl::StatusOr<bool> Boundary();
   absl::Status OnChange(const comm::Transition& t, absl::Time start);
-  absl::Status SyncState(int source, const std::vector<int>& receivers, int64_t* bytes);
+  // `in_place`: this rank holds no committed state (a joiner); it may receive
+  // into its own tensors (`*in_place_bytes`).
+  absl::Status SyncState(int source, const std::vector<int>& receivers, bool in_place, int64_t* bytes,
+                         int64_t* in_place_bytes);
+  // Moves the optimizer's state tensors into one buffer per dtype (after its
+  // first step creates them), so a state sync sends them without packing.
+  absl::Status FlattenOptimizerState();
   bool ReduceBuckets();
   bool ReduceRows();
   bool SyncBuffers();
@@ -284,6 +296,7 @@ class ElasticTrainer {
   bool finished_ = false;  // the final boundary ran
   bool left_ = false;
   int64_t redone_steps_ = 0;
+  size_t optimizer_state_count_ = 0;  // optimizer_.state().size() when last flattened
   std::vector<ResizeEvent> history_;
 
   std::unique_ptr<GradReducer> reducer_;  // use_reducer and not deterministic

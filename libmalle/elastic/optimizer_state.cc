@@ -43,7 +43,10 @@ struct Codec {
   size_t num_tensors;
 };
 
-at::Tensor Own(const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); }
+// The optimizer keeps views of the unpacked segments (no copy): they stay
+// alive with it, and its state is then one buffer per dtype, which the next
+// state sync sends as it is.
+at::Tensor Own(const at::Tensor& t) { return t; }
 
 template <typename Options, typename State>
 struct AdamLike {

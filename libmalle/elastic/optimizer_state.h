@@ -36,7 +36,7 @@ absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker
 
 // Reads what PackOptimizer wrote and, only if all of it matches `optimizer`
 // (kind, groups, parameter shapes and dtypes), replaces its options and state
-// (tensors are copied: the optimizer owns them afterwards).
+// (tensors are views of the unpacker's segments, which they keep alive).
 // Errors: kInvalidArgument ("optimizer mismatch: ..." or a corrupt message),
 // kUnimplemented (unsupported optimizer).
 absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimizer);

@@ -1,10 +1,12 @@
 #include "libmalle/elastic/state_pack.h"
 
 #include <algorithm>
-
 #include <cstring>
+#include <limits>
+#include <map>
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -17,8 +19,9 @@
 namespace malle::elastic {
 namespace {
 
-constexpr char kMagic[4] = {'M', 'S', 'K', '1'};
-constexpr int64_t kHeaderMagic = 0x4d414c4c45535431;  // "MALLEST1"
+constexpr char kMagic[4] = {'M', 'S', 'K', '2'};
+constexpr int64_t kHeaderMagic = 0x4d414c4c45535432;  // "MALLEST2"
+constexpr size_t kSpecBytes = 9;                       // i8 dtype + i64 numel
 
 template <typename T>
 void Append(std::string& out, T value) {
@@ -29,11 +32,67 @@ bool KnownDtype(int code) {
   return code >= 0 && code < static_cast<int>(at::ScalarType::NumOptions);
 }
 
+absl::Status Corrupt(const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("state: corrupt state message (", why, ")"));
+}
+
+// One tensor record's place: which record it is, its shape and offset.
+struct TensorPlace {
+  int64_t record;
+  std::vector<int64_t> shape;
+  int64_t offset;
+  bool operator==(const TensorPlace& o) const {
+    return record == o.record && shape == o.shape && offset == o.offset;
+  }
+};
+
+// Per segment, the places of the tensors that refer to it, in record order.
+absl::StatusOr<std::vector<std::vector<TensorPlace>>> Layouts(absl::string_view skeleton, size_t segments) {
+  std::vector<std::vector<TensorPlace>> out(segments);
+  size_t pos = 8 + segments * kSpecBytes;
+  auto take = [&](void* dst, size_t n) -> absl::Status {
+    if (skeleton.size() - pos < n) return Corrupt("truncated record");
+    std::memcpy(dst, skeleton.data() + pos, n);
+    pos += n;
+    return absl::OkStatus();
+  };
+  for (int64_t record = 0; pos < skeleton.size(); ++record) {
+    const char tag = skeleton[pos++];
+    if (tag == 'i' || tag == 'd') {
+      if (skeleton.size() - pos < 8) return Corrupt("truncated record");
+      pos += 8;
+    } else if (tag == 's') {
+      int64_t n;
+      MALLE_RETURN_IF_ERROR(take(&n, 8));
+      if (n < 0 || static_cast<uint64_t>(n) > skeleton.size() - pos) return Corrupt("string overruns");
+      pos += n;
+    } else if (tag == 't') {
+      int8_t defined, code;
+      int32_t ndim;
+      MALLE_RETURN_IF_ERROR(take(&defined, 1));
+      if (!defined) continue;
+      MALLE_RETURN_IF_ERROR(take(&code, 1));
+      MALLE_RETURN_IF_ERROR(take(&ndim, 4));
+      if (ndim < 0 || ndim > 64) return Corrupt("tensor rank");
+      TensorPlace place{record, std::vector<int64_t>(ndim), 0};
+      for (int64_t& d : place.shape) MALLE_RETURN_IF_ERROR(take(&d, 8));
+      uint32_t segment;
+      MALLE_RETURN_IF_ERROR(take(&segment, 4));
+      MALLE_RETURN_IF_ERROR(take(&place.offset, 8));
+      if (segment >= segments) return Corrupt(absl::StrCat("tensor in segment ", segment));
+      out[segment].push_back(std::move(place));
+    } else {
+      return Corrupt(absl::StrCat("record tag '", std::string(1, tag), "'"));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t PackedState::bytes() const {
   int64_t n = static_cast<int64_t>(skeleton.size());
-  for (const auto& [dtype, buffer] : buffers) n += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  for (const at::Tensor& buffer : buffers) n += buffer.numel() * static_cast<int64_t>(buffer.element_size());
   return n;
 }
 
@@ -61,74 +120,177 @@ void StatePacker::PutTensor(const at::Tensor& tensor) {
   }
   MALLE_CHECK(tensor.layout() == at::kStrided) << "job state: only dense tensors";
   Append(body_, static_cast<int8_t>(1));
-  const at::ScalarType dtype = tensor.scalar_type();
-  Append(body_, static_cast<int8_t>(dtype));
+  Append(body_, static_cast<int8_t>(tensor.scalar_type()));
   Append(body_, static_cast<int32_t>(tensor.dim()));
   for (int64_t d : tensor.sizes()) Append(body_, d);
-  int64_t& offset = sizes_[dtype];
-  Append(body_, offset);
-  offset += tensor.numel();
-  tensors_[dtype].push_back(tensor.detach().reshape({-1}));
+  tensors_.push_back({body_.size(), tensor.detach()});
+  Append(body_, uint32_t{0});  // segment and offset: decided in Finish()
+  Append(body_, int64_t{0});
 }
 
 PackedState StatePacker::Finish() && {
   PackedState out;
+  std::vector<SegmentSpec> specs;
+  std::vector<std::pair<uint32_t, int64_t>> place(tensors_.size());  // (segment, offset)
+  std::vector<bool> placed(tensors_.size(), false);
+  // Direct segments: the tensors of one storage, sent from it.
+  std::vector<const void*> order;
+  std::map<const void*, std::vector<size_t>> by_storage;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const at::Tensor& t = tensors_[i].tensor;
+    if (t.numel() == 0) continue;
+    const void* key = t.storage().data();
+    if (!by_storage.count(key)) order.push_back(key);
+    by_storage[key].push_back(i);
+  }
+  for (const void* key : order) {
+    const std::vector<size_t>& idx = by_storage[key];
+    const at::Tensor& first = tensors_[idx.front()].tensor;
+    int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0, used = 0;
+    bool ok = true;
+    for (size_t i : idx) {
+      const at::Tensor& t = tensors_[i].tensor;
+      ok = ok && t.scalar_type() == first.scalar_type() && t.is_contiguous();
+      lo = std::min(lo, t.storage_offset());
+      hi = std::max(hi, t.storage_offset() + t.numel());
+      used += t.numel();
+    }
+    const int64_t bytes = (hi - lo) * static_cast<int64_t>(first.element_size());
+    if (!ok || bytes < direct_min_bytes_ || static_cast<double>(hi - lo) > 1.25 * static_cast<double>(used)) continue;
+    const uint32_t segment = static_cast<uint32_t>(specs.size());
+    specs.push_back({first.scalar_type(), hi - lo});
+    out.buffers.push_back(first.as_strided({hi - lo}, {1}, lo));
+    out.direct.push_back(true);
+    for (size_t i : idx) {
+      place[i] = {segment, tensors_[i].tensor.storage_offset() - lo};
+      placed[i] = true;
+    }
+  }
+  // Packed segments: everything else, one per dtype, by copying.
+  std::map<at::ScalarType, uint32_t> packed;
+  std::vector<std::vector<at::Tensor>> parts(specs.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (placed[i]) continue;
+    const at::Tensor& t = tensors_[i].tensor;
+    auto it = packed.find(t.scalar_type());
+    if (it == packed.end()) {
+      it = packed.emplace(t.scalar_type(), static_cast<uint32_t>(specs.size())).first;
+      specs.push_back({t.scalar_type(), 0});
+      parts.emplace_back();
+      out.buffers.emplace_back();
+      out.direct.push_back(false);
+    }
+    place[i] = {it->second, specs[it->second].numel};
+    specs[it->second].numel += t.numel();
+    parts[it->second].push_back(t.reshape({-1}));
+  }
+  for (const auto& [dtype, segment] : packed) {
+    auto& list = parts[segment];
+    out.buffers[segment] = list.size() == 1 ? list.front().clone() : at::cat(list);
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    std::memcpy(&body_[tensors_[i].pos], &place[i].first, 4);
+    std::memcpy(&body_[tensors_[i].pos + 4], &place[i].second, 8);
+  }
   out.skeleton.append(kMagic, 4);
-  Append(out.skeleton, static_cast<uint32_t>(sizes_.size()));
-  for (const auto& [dtype, numel] : sizes_) {
-    Append(out.skeleton, static_cast<int8_t>(dtype));
-    Append(out.skeleton, numel);
+  Append(out.skeleton, static_cast<uint32_t>(specs.size()));
+  for (const SegmentSpec& spec : specs) {
+    Append(out.skeleton, static_cast<int8_t>(spec.dtype));
+    Append(out.skeleton, spec.numel);
   }
   out.skeleton += body_;
-  for (auto& [dtype, list] : tensors_) {
-    out.buffers[dtype] = list.size() == 1 ? list.front().clone() : at::cat(list);
-  }
   body_.clear();
   tensors_.clear();
-  sizes_.clear();
   return out;
 }
 
-absl::StatusOr<std::map<at::ScalarType, int64_t>> BufferSizes(absl::string_view skeleton) {
-  auto corrupt = [](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("state: corrupt state message (", why, ")"));
-  };
-  if (skeleton.size() < 8 || std::memcmp(skeleton.data(), kMagic, 4) != 0) return corrupt("bad magic");
+absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton) {
+  if (skeleton.size() < 8 || std::memcmp(skeleton.data(), kMagic, 4) != 0) return Corrupt("bad magic");
   uint32_t count;
   std::memcpy(&count, skeleton.data() + 4, 4);
-  if (count > static_cast<uint32_t>(at::ScalarType::NumOptions) || skeleton.size() < 8 + count * 9ULL) {
-    return corrupt(absl::StrCat("buffer count ", count));
+  if (count > (1u << 20) || skeleton.size() < 8 + count * uint64_t{kSpecBytes}) {
+    return Corrupt(absl::StrCat("segment count ", count));
   }
-  std::map<at::ScalarType, int64_t> sizes;
+  std::vector<SegmentSpec> specs;
   for (uint32_t i = 0; i < count; ++i) {
     int8_t code;
     int64_t numel;
-    std::memcpy(&code, skeleton.data() + 8 + i * 9, 1);
-    std::memcpy(&numel, skeleton.data() + 8 + i * 9 + 1, 8);
-    if (!KnownDtype(code) || numel < 0 || sizes.count(static_cast<at::ScalarType>(code))) {
-      return corrupt(absl::StrCat("buffer ", i, ": dtype ", static_cast<int>(code), ", numel ", numel));
+    std::memcpy(&code, skeleton.data() + 8 + i * kSpecBytes, 1);
+    std::memcpy(&numel, skeleton.data() + 8 + i * kSpecBytes + 1, 8);
+    if (!KnownDtype(code) || numel < 0) {
+      return Corrupt(absl::StrCat("segment ", i, ": dtype ", static_cast<int>(code), ", numel ", numel));
     }
-    sizes[static_cast<at::ScalarType>(code)] = numel;
+    specs.push_back({static_cast<at::ScalarType>(code), numel});
   }
-  return sizes;
+  return specs;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, absl::string_view skeleton) {
+  MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> theirs, SegmentSpecs(skeleton));
+  MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> mine, SegmentSpecs(own.skeleton));
+  MALLE_ASSIGN_OR_RETURN(auto their_layouts, Layouts(skeleton, theirs.size()));
+  MALLE_ASSIGN_OR_RETURN(auto my_layouts, Layouts(own.skeleton, mine.size()));
+  std::vector<at::Tensor> out(theirs.size());
+  std::vector<bool> used(mine.size(), false);
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    for (size_t j = 0; j < mine.size() && j < own.buffers.size(); ++j) {
+      if (used[j] || j >= own.direct.size() || !own.direct[j] || mine[j].dtype != theirs[i].dtype ||
+          mine[j].numel != theirs[i].numel || my_layouts[j] != their_layouts[i]) {
+        continue;
+      }
+      out[i] = own.buffers[j];
+      used[j] = true;
+      break;
+    }
+  }
+  return out;
+}
+
+bool FlattenTensors(const std::vector<at::Tensor>& tensors) {
+  std::map<at::ScalarType, std::vector<const at::Tensor*>> groups;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) groups[t.scalar_type()].push_back(&t);
+  }
+  bool changed = false;
+  for (auto& [dtype, list] : groups) {
+    const void* storage = nullptr;
+    bool flat = true;
+    int64_t total = 0;
+    for (const at::Tensor* t : list) {
+      total += t->numel();
+      if (t->numel() == 0) continue;
+      flat = flat && t->is_contiguous() && (storage == nullptr || t->storage().data() == storage);
+      storage = t->storage().data();
+    }
+    if (flat) continue;
+    at::Tensor buffer = at::empty({total}, list.front()->options().requires_grad(false));
+    int64_t offset = 0;
+    for (const at::Tensor* t : list) {
+      at::Tensor view = buffer.narrow(0, offset, t->numel()).view(t->sizes());
+      view.copy_(t->detach());
+      const_cast<at::Tensor*>(t)->set_data(view);
+      offset += t->numel();
+    }
+    changed = true;
+  }
+  return changed;
 }
 
 absl::StatusOr<StateUnpacker> StateUnpacker::Open(PackedState state) {
-  MALLE_ASSIGN_OR_RETURN(auto sizes, BufferSizes(state.skeleton));
-  if (sizes.size() != state.buffers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("state: skeleton names ", sizes.size(),
-                                                   " buffers, got ", state.buffers.size()));
+  MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> specs, SegmentSpecs(state.skeleton));
+  if (specs.size() != state.buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("state: skeleton names ", specs.size(),
+                                                   " segments, got ", state.buffers.size()));
   }
-  for (const auto& [dtype, numel] : sizes) {
-    auto it = state.buffers.find(dtype);
-    if (it == state.buffers.end() || it->second.scalar_type() != dtype || it->second.numel() != numel ||
-        !it->second.is_contiguous()) {
-      return absl::InvalidArgumentError(absl::StrCat("state: buffer of dtype ", c10::toString(dtype),
-                                                     " missing or not ", numel, " contiguous elements"));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const at::Tensor& b = state.buffers[i];
+    if (!b.defined() || b.scalar_type() != specs[i].dtype || b.numel() != specs[i].numel || !b.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat("state: segment ", i, " is not ", specs[i].numel,
+                                                     " contiguous elements of ", c10::toString(specs[i].dtype)));
     }
   }
   StateUnpacker out(std::move(state));
-  out.pos_ = 8 + sizes.size() * 9;
+  out.pos_ = 8 + specs.size() * kSpecBytes;
   return out;
 }
 
@@ -194,13 +356,15 @@ absl::StatusOr<at::Tensor> StateUnpacker::Tensor() {
     if (shape[i] < 0) return absl::InvalidArgumentError("state: negative tensor dimension");
     numel *= shape[i];
   }
+  MALLE_ASSIGN_OR_RETURN(uint32_t segment, Raw<uint32_t>("a tensor segment"));
   MALLE_ASSIGN_OR_RETURN(int64_t offset, Raw<int64_t>("a tensor offset"));
-  auto it = state_.buffers.find(static_cast<at::ScalarType>(code));
-  if (it == state_.buffers.end() || offset < 0 || offset + numel > it->second.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("state: tensor reference (", numel, " elements at ",
-                                                   offset, ") outside the received buffers"));
+  if (segment >= state_.buffers.size() || state_.buffers[segment].scalar_type() != static_cast<at::ScalarType>(code) ||
+      offset < 0 || offset + numel > state_.buffers[segment].numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("state: tensor reference (", numel, " elements of dtype code ",
+                                                   static_cast<int>(code), " at ", offset, " in segment ", segment,
+                                                   ") outside the received segments"));
   }
-  return it->second.narrow(0, offset, numel).view(shape);
+  return state_.buffers[segment].narrow(0, offset, numel).view(shape);
 }
 
 absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, PackedState* mine) {
@@ -212,7 +376,8 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
 }
 
 absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
-                                          const std::vector<int>& receivers, PackedState* mine) {
+                                          const std::vector<int>& receivers, PackedState* mine,
+                                          const PackedState* own) {
   const bool is_root = comm.rank() == root;
   MALLE_CHECK(is_root == (mine != nullptr)) << "TransferState: state given on a non-root rank or missing on the root";
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
@@ -248,13 +413,24 @@ absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
   } else {
     out.skeleton.assign(reinterpret_cast<const char*>(raw.data_ptr<uint8_t>()), raw.numel());
   }
-  MALLE_ASSIGN_OR_RETURN(auto sizes, BufferSizes(out.skeleton));
-  for (const auto& [dtype, numel] : sizes) {
-    at::Tensor& buffer = out.buffers[dtype];
-    if (!is_root) buffer = at::empty({numel}, at::TensorOptions().dtype(dtype));
-    if (numel == 0) continue;
+  MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> specs, SegmentSpecs(out.skeleton));
+  if (!is_root) {
+    std::vector<at::Tensor> targets(specs.size());
+    if (own != nullptr) {
+      MALLE_ASSIGN_OR_RETURN(targets, InPlaceTargets(*own, out.skeleton));
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const bool in_place = targets[i].defined();
+      out.buffers.push_back(in_place ? targets[i] : at::empty({specs[i].numel}, at::TensorOptions().dtype(specs[i].dtype)));
+      out.direct.push_back(in_place);
+    }
+  } else if (out.buffers.size() != specs.size()) {
+    return absl::InternalError("TransferState: the packed state's segments do not match its skeleton");
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].numel == 0) continue;
     // Bytes on the wire: every dtype (bool, bfloat16, ...) travels as uint8.
-    MALLE_RETURN_IF_ERROR(move(buffer.view(at::kByte)));
+    MALLE_RETURN_IF_ERROR(move(out.buffers[i].view(at::kByte)));
   }
   return out;
 }

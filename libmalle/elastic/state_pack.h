@@ -1,32 +1,44 @@
-// Job state in a few large flat buffers, for state sync to joiners and laggards.
+// Job state as a few large flat segments, for state sync to joiners and laggards.
 //
 // Defines StatePacker / StateUnpacker (a typed record stream whose tensors are
-// references into one flat buffer per dtype) and BroadcastState (the transfer:
-// three kinds of broadcast whatever the model). Same design as
-// python/malletrain/state.py; the skeleton is a C++ byte format, not a pickle,
-// so C++ and Python ranks cannot exchange state (they never share a job).
+// references into a few flat segments) and TransferState (the transfer: a
+// header, the skeleton, one message per segment, whatever the model). Same
+// design as python/malletrain/state.py; the skeleton is a C++ byte format,
+// not a pickle, so C++ and Python ranks cannot exchange state (they never
+// share a job).
+//
+// Segments: tensors that share one storage and reference at least
+// `direct_min_bytes` of it, densely, are sent from that storage as they are
+// (a *direct* segment: no copy; the trainer keeps its parameters and its
+// optimizer state in one buffer per dtype for this, FlattenTensors). The rest
+// are concatenated into one *packed* segment per dtype. A receiver that has
+// nothing to lose (a joiner) receives each segment whose layout matches one
+// of its own direct segments straight into it (TransferState's `own`).
 //
 //   StatePacker packer;
 //   packer.PutInt(step);
-//   packer.PutTensor(weight);               // a reference; the bytes go to the fp32 buffer
+//   packer.PutTensor(weight);               // a reference into a segment
 //   PackedState packed = std::move(packer).Finish();
 //   MALLE_ASSIGN_OR_RETURN(PackedState got, BroadcastState(comm, root, rank == root ? &packed : nullptr));
 //   MALLE_ASSIGN_OR_RETURN(StateUnpacker in, StateUnpacker::Open(std::move(got)));
 //   MALLE_ASSIGN_OR_RETURN(int64_t s, in.Int());
-//   MALLE_ASSIGN_OR_RETURN(at::Tensor w, in.Tensor());   // a view of the received buffer
+//   MALLE_ASSIGN_OR_RETURN(at::Tensor w, in.Tensor());   // a view of the received segment
 //
-// Skeleton layout: magic "MSK1", u32 number of buffers, then per buffer
+// Skeleton layout: magic "MSK2", u32 number of segments, then per segment
 // (i8 dtype, i64 numel), then the records. Every record starts with a tag
-// byte ('i' int64, 'd' double, 's' string, 't' tensor) so a reader out of
-// step with the writer gets an error naming what it expected, never garbage.
+// byte ('i' int64, 'd' double, 's' string, 't' tensor: dtype, shape, u32
+// segment, i64 offset) so a reader out of step with the writer gets an error
+// naming what it expected, never garbage.
 //
 // Thread-safety: packers and unpackers are single-threaded values.
-// BroadcastState follows the Communicator's rule (one thread, same order on
-// every rank).
+// TransferState follows the Communicator's rule (one thread, same order on
+// every rank). A direct segment is a view of the packed tensors' storage:
+// do not modify them until the state is sent.
 #ifndef MALLE_ELASTIC_STATE_PACK_H_
 #define MALLE_ELASTIC_STATE_PACK_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,34 +54,65 @@ class Communicator;
 
 namespace malle::elastic {
 
+// Tensors sharing a storage are sent from it when they reference at least
+// this many bytes of it (smaller ones are packed: a few messages at most).
+inline constexpr int64_t kDirectMinBytes = int64_t{1} << 20;
+// Pack everything by copying (a layout that depends only on the records).
+inline constexpr int64_t kNeverDirect = std::numeric_limits<int64_t>::max();
+
 struct PackedState {
   std::string skeleton;
-  // One contiguous 1-D buffer per dtype, on the device of the packed tensors.
-  std::map<at::ScalarType, at::Tensor> buffers;
-  int64_t bytes() const;  // skeleton + buffers
+  // The segments in skeleton order: contiguous 1-D tensors, on the device of
+  // the packed tensors (CPU when received).
+  std::vector<at::Tensor> buffers;
+  // Per segment, local only: a view of this rank's own tensors (a direct
+  // segment of the packer; a segment received in place).
+  std::vector<bool> direct;
+  int64_t bytes() const;  // skeleton + segments
+};
+
+struct SegmentSpec {
+  at::ScalarType dtype;
+  int64_t numel;
 };
 
 class StatePacker {
  public:
+  explicit StatePacker(int64_t direct_min_bytes = kDirectMinBytes) : direct_min_bytes_(direct_min_bytes) {}
   void PutInt(int64_t value);
   void PutDouble(double value);
   void PutString(absl::string_view value);
-  // Records shape and dtype and appends the elements to the buffer of its
-  // dtype. An undefined tensor is allowed (it unpacks as undefined). Tensors
-  // must be dense and all on one device (MALLE_CHECK: job state is built by
-  // the library from parameters and optimizer state).
+  // Records shape and dtype; Finish() decides the tensor's segment. An
+  // undefined tensor is allowed (it unpacks as undefined). Tensors must be
+  // dense and all on one device (MALLE_CHECK: job state is built by the
+  // library from parameters and optimizer state).
   void PutTensor(const at::Tensor& tensor);
   PackedState Finish() &&;
 
  private:
+  struct Pending {
+    size_t pos;  // where the tensor's u32 segment and i64 offset go in body_
+    at::Tensor tensor;
+  };
+  int64_t direct_min_bytes_;
   std::string body_;
-  std::map<at::ScalarType, std::vector<at::Tensor>> tensors_;
-  std::map<at::ScalarType, int64_t> sizes_;
+  std::vector<Pending> tensors_;
 };
 
-// The buffer lengths (elements per dtype) a skeleton refers to.
+// The segments a skeleton refers to.
 // Errors: kInvalidArgument for a corrupt skeleton.
-absl::StatusOr<std::map<at::ScalarType, int64_t>> BufferSizes(absl::string_view skeleton);
+absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton);
+
+// For each segment of `skeleton`, the direct segment of `own` that holds
+// tensors at the same records with the same shapes and offsets (same dtype
+// and length), or an undefined tensor. Receiving into it overwrites exactly
+// those tensors. Errors: kInvalidArgument for a corrupt skeleton.
+absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, absl::string_view skeleton);
+
+// Makes `tensors` (dense, one device) views of one new buffer per dtype,
+// keeping their values and TensorImpls (set_data), so that a packer sends
+// them as one direct segment. Returns false if they already were.
+bool FlattenTensors(const std::vector<at::Tensor>& tensors);
 
 class StateUnpacker {
  public:
@@ -109,8 +152,13 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
 // receiver point to point (tags 0, 1, 2, ...), so ranks that already hold the
 // state take no part. Call on the root and on every receiver, with the same
 // `receivers`; on any other rank it returns an empty PackedState at once.
+// A receiver passing `own` (its own state, packed with the same
+// direct_min_bytes) receives matching segments into its own tensors
+// (InPlaceTargets): only for a rank whose state may be lost, since a
+// transfer cut by a failure leaves them half overwritten.
 absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
-                                          const std::vector<int>& receivers, PackedState* mine);
+                                          const std::vector<int>& receivers, PackedState* mine,
+                                          const PackedState* own = nullptr);
 
 }  // namespace malle::elastic
 

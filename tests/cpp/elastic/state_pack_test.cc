@@ -44,10 +44,13 @@ TEST(StatePackTest, RoundTripsValuesAndTensorsOfSeveralDtypes) {
   p.PutTensor(b);
   p.PutTensor(strided);
   PackedState packed = std::move(p).Finish();
-  EXPECT_EQ(packed.buffers.size(), 3u);  // float, long, bool: one buffer each
-  EXPECT_EQ(packed.buffers.at(at::kFloat).numel(), 12 + 5 + 16);
-  ASSERT_OK_AND_ASSIGN(auto sizes, BufferSizes(packed.skeleton));
-  EXPECT_EQ(sizes.at(at::kLong), 6);
+  // All small: packed by copying into one segment per dtype (float, long, bool).
+  ASSERT_EQ(packed.buffers.size(), 3u);
+  EXPECT_EQ(packed.buffers[0].numel(), 12 + 5 + 16);
+  EXPECT_EQ(packed.direct, std::vector<bool>({false, false, false}));
+  ASSERT_OK_AND_ASSIGN(auto specs, SegmentSpecs(packed.skeleton));
+  EXPECT_EQ(specs[1].dtype, at::kLong);
+  EXPECT_EQ(specs[1].numel, 6);
 
   ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(packed)));
   EXPECT_THAT(in.Int(), ::malle::testing::IsOkAndHolds(-42));
@@ -89,9 +92,67 @@ TEST(StatePackTest, ReaderOutOfStepOrCorruptMessageIsAnError) {
   bad_magic.skeleton[0] = 'X';
   EXPECT_THAT(StateUnpacker::Open(bad_magic), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
   PackedState short_buffer = packed;
-  short_buffer.buffers[at::kFloat] = at::ones({1});
+  short_buffer.buffers[0] = at::ones({1});
   EXPECT_THAT(StateUnpacker::Open(short_buffer), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(BufferSizes("MSK"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(SegmentSpecs("MSK"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Tensors in one flat buffer go as one segment that *is* that buffer (no
+// copy); a rank with the same layout can receive straight into its own.
+TEST(StatePackTest, FlatTensorsAreSentAsTheyAreAndReceivedInPlace) {
+  auto make = [](int rows) {
+    std::vector<at::Tensor> ts = {at::randn({rows, 1000}), at::randn({1000}), at::randn({3})};
+    EXPECT_TRUE(FlattenTensors(ts));
+    EXPECT_FALSE(FlattenTensors(ts));  // already flat
+    return ts;
+  };
+  std::vector<at::Tensor> src = make(300);  // 1.2 MB of float32
+  at::Tensor weight_before = src[0].clone();
+  EXPECT_EQ(src[0].storage().data(), src[2].storage().data());
+  EXPECT_TRUE(at::equal(src[0], weight_before));
+  auto pack = [](const std::vector<at::Tensor>& ts) {
+    StatePacker p;
+    p.PutInt(7);
+    for (const at::Tensor& t : ts) p.PutTensor(t);
+    p.PutTensor(at::arange(4, at::kLong));  // small: packed
+    return std::move(p).Finish();
+  };
+  PackedState packed = pack(src);
+  ASSERT_EQ(packed.buffers.size(), 2u);
+  EXPECT_EQ(packed.direct, std::vector<bool>({true, false}));
+  EXPECT_EQ(packed.buffers[0].data_ptr(), src[0].data_ptr());  // the parameters' own memory
+  EXPECT_EQ(packed.buffers[0].numel(), 300 * 1000 + 1000 + 3);
+
+  std::vector<at::Tensor> joiner = make(300);
+  PackedState own = pack(joiner);
+  ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> targets, InPlaceTargets(own, packed.skeleton));
+  ASSERT_EQ(targets.size(), 2u);
+  ASSERT_TRUE(targets[0].defined());
+  EXPECT_FALSE(targets[1].defined());
+  targets[0].copy_(packed.buffers[0]);  // what the receive does
+  EXPECT_TRUE(at::equal(joiner[0], src[0]));
+  EXPECT_TRUE(at::equal(joiner[2], src[2]));
+
+  // Another layout (a different first shape) matches nothing.
+  PackedState other = pack(make(301));
+  ASSERT_OK_AND_ASSIGN(targets, InPlaceTargets(other, packed.skeleton));
+  EXPECT_FALSE(targets[0].defined());
+
+  // Unflattened large tensors still travel without a copy, one segment each,
+  // and everything round-trips.
+  std::vector<at::Tensor> loose = {at::randn({300, 1000}), at::randn({300, 1000}), at::randn({2})};
+  PackedState parts = pack(loose);
+  EXPECT_EQ(parts.direct, std::vector<bool>({true, true, false, false}));
+  PackedState received = parts;
+  for (at::Tensor& b : received.buffers) b = b.clone();
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(received)));
+  EXPECT_THAT(in.Int(), ::malle::testing::IsOkAndHolds(7));
+  for (const at::Tensor& t : loose) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor got, in.Tensor());
+    EXPECT_TRUE(at::equal(got, t));
+  }
+  ASSERT_OK_AND_ASSIGN(at::Tensor small, in.Tensor());
+  EXPECT_TRUE(at::equal(small, at::arange(4, at::kLong)));
 }
 
 // Two parameters with gradients from a fixed function of the parameters.
@@ -255,6 +316,33 @@ TEST(JobStateTest, TrainerStateRoundTripsAndMismatchedModelIsRefused) {
   EXPECT_THAT(l3->LoadJobState(packed), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job mismatch")));
 }
 
+// A trainer's packed state has direct segments that are views of its own
+// tensors; loading it into another trainer of the same process must copy
+// them, or the two optimizers would share their moments.
+TEST(JobStateTest, LoadedStateIsNotSharedWithTheSource) {
+  ElasticTrainerOptions direct = TrainerOptions();
+  direct.state_direct_min_bytes = 0;
+  Toy a;
+  torch::optim::Adam adam({a.w, a.b}, torch::optim::AdamOptions(1e-2));
+  a.Grads();
+  adam.step();
+  ASSERT_OK_AND_ASSIGN(auto source, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(), direct,
+                                                           ModelState::FromTensors({a.w, a.b}), adam));
+  ASSERT_OK_AND_ASSIGN(PackedState packed, source->PackJobState());
+  EXPECT_EQ(packed.direct, std::vector<bool>({true, true}));  // parameters; Adam's moments
+  Toy b;
+  torch::optim::Adam adam_b({b.w, b.b}, torch::optim::AdamOptions(1e-2));
+  ASSERT_OK_AND_ASSIGN(auto receiver, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(), direct,
+                                                             ModelState::FromTensors({b.w, b.b}), adam_b));
+  ASSERT_OK(receiver->LoadJobState(packed));
+  const std::string loaded = receiver->StateDigest().value();
+  EXPECT_EQ(source->StateDigest().value(), loaded);
+  a.Grads();
+  adam.step();  // the source moves on
+  EXPECT_NE(source->StateDigest().value(), loaded);
+  EXPECT_EQ(receiver->StateDigest().value(), loaded);
+}
+
 TEST(ElasticTrainerOptionsTest, BadOptionsAreNamed) {
   Toy a;
   torch::optim::Adam adam({a.w, a.b}, torch::optim::AdamOptions(1e-2));
@@ -268,6 +356,9 @@ TEST(ElasticTrainerOptionsTest, BadOptionsAreNamed) {
   EXPECT_THAT(make(o), IsOk());
   o.logical_workers = 0;
   EXPECT_THAT(make(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logical_workers")));
+  o = TrainerOptions();
+  o.state_direct_min_bytes = -1;
+  EXPECT_THAT(make(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("state_direct_min_bytes")));
   o = TrainerOptions();
   EXPECT_THAT(make(o, /*bootstrap=*/3), StatusIs(absl::StatusCode::kInvalidArgument,
                                                   HasSubstr("smaller than the job's starting size")));
