@@ -555,7 +555,9 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
     }
     at::Tensor vote = at::zeros({1}, at::kLong);
     vote.data_ptr<int64_t>()[0] = proposal;
+    const absl::Time vote_start = absl::Now();
     failure = comm_->AllReduce(vote, ReduceOp::kMax);
+    const absl::Duration wait = absl::Now() - vote_start;
     if (failure.ok()) {
       const int64_t next = vote.data_ptr<int64_t>()[0];
       if (next == 0) {
@@ -572,7 +574,7 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
       const Transition::Kind kind = record.cause == GenerationCause::kRecovery
                                         ? Transition::Kind::kRecovered
                                         : Transition::Kind::kPlanned;
-      return Enter(std::move(record), kind, start, absl::ZeroDuration());
+      return Enter(std::move(record), kind, start, absl::ZeroDuration(), wait);
     }
   }
   // How long the failure was known locally before this boundary acted on it.
@@ -637,7 +639,7 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
 }
 
 absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transition::Kind kind,
-                                               absl::Time start, absl::Duration detect) {
+                                               absl::Time start, absl::Duration detect, absl::Duration wait) {
   const std::vector<std::string> previous = record_.members;
   for (;;) {
     Transition t;
@@ -650,8 +652,9 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
     t.joined = previous.empty() ? std::vector<std::string>{} : Difference(record.members, previous);
     t.removed = Difference(previous, record.members);
     t.phases.detect = detect;
+    t.phases.wait = wait;
     const absl::Time agreed = absl::Now();
-    t.phases.agree = agreed - start;
+    t.phases.agree = agreed - start - wait;
 
     if (t.rank < 0) {
       // Not in the next generation: asked to leave, or declared failed.
@@ -708,7 +711,8 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
         base::SetLogContext(job_id(), t.rank, t.size, t.generation);
         MALLE_LOG(INFO) << TransitionKindName(t.kind) << " -> generation " << t.generation << " ["
                         << absl::StrJoin(t.members, ",") << "] resume at step " << t.resume_step
-                        << " (agree " << absl::FormatDuration(t.phases.agree) << ", build "
+                        << " (wait " << absl::FormatDuration(t.phases.wait) << ", agree "
+                        << absl::FormatDuration(t.phases.agree) << ", build "
                         << absl::FormatDuration(t.phases.build) << ", sync "
                         << absl::FormatDuration(t.phases.sync) << ")";
         return t;

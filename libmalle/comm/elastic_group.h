@@ -117,7 +117,11 @@ struct Transition {
 
   struct Phases {
     absl::Duration detect;  // failure raised locally -> recovery started
-    absl::Duration agree;   // boundary/recovery start -> next membership known
+    // Planned changes: the boundary vote, i.e. waiting for every member to
+    // finish the step in flight. Every boundary pays it, changed or not (a
+    // fixed-size job waits as long in its next collective); not in `agree`.
+    absl::Duration wait;
+    absl::Duration agree;   // boundary/recovery start -> next membership known, less `wait`
     absl::Duration build;   // process group(s) of the new generation
     absl::Duration sync;    // committed-step exchange in the new generation
     absl::Duration total;
@@ -210,7 +214,7 @@ class ElasticGroup {
   // Moves into `record` (building its groups); on failure recovers and tries
   // the successor, until this member is in a working generation or out.
   absl::StatusOr<Transition> Enter(GenerationRecord record, Transition::Kind kind, absl::Time start,
-                                   absl::Duration detect);
+                                   absl::Duration detect, absl::Duration wait = absl::ZeroDuration());
   // After a failure of `failed`: check in, wait for the others, agree.
   absl::StatusOr<GenerationRecord> Recover(const GenerationRecord& failed, absl::Status why);
   // Before each recovery: kAborted once max_recoveries_without_commit is used up.

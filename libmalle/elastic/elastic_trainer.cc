@@ -467,7 +467,7 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   ev.removed = t.removed;
   ev.state_bytes = moved;
   ev.state_in_place = in_place;
-  ev.phases = {t.phases.detect, t.phases.agree, t.phases.build, t.phases.sync, state_time,
+  ev.phases = {t.phases.detect, t.phases.wait, t.phases.agree, t.phases.build, t.phases.sync, state_time,
                t.phases.total + state_time};
   ev.reason = t.reason;
   history_.push_back(std::move(ev));

@@ -156,7 +156,7 @@ struct ResizeEvent {
   int64_t state_bytes = 0;  // job state received or sent (0: no transfer needed)
   int64_t state_in_place = 0;  // of which received straight into this rank's own tensors
   struct Phases {
-    absl::Duration detect, agree, build, sync;  // from the membership protocol
+    absl::Duration detect, wait, agree, build, sync;  // from the membership protocol
     absl::Duration state;                       // state transfer
     absl::Duration total;
   } phases;

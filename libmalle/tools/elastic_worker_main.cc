@@ -106,6 +106,7 @@ json TransitionJson(const Transition& t) {
               {"committed", t.committed_by_rank},
               {"reason", t.reason},
               {"detect_ms", Ms(t.phases.detect)},
+              {"wait_ms", Ms(t.phases.wait)},
               {"agree_ms", Ms(t.phases.agree)},
               {"build_ms", Ms(t.phases.build)},
               {"sync_ms", Ms(t.phases.sync)},

@@ -206,7 +206,7 @@ class Transition:
     state_source_rank: int
     committed_by_rank: list[int]
     reason: str
-    phases: dict[str, float]  # seconds: detect, agree, build, sync, total
+    phases: dict[str, float]  # seconds: detect, wait, agree, build, sync, total
     changed: bool
     active: bool
 

@@ -106,7 +106,9 @@ class ResizeEvent:
     joined: List[str]
     removed: List[str]
     state_bytes: int          # bytes of job state received or sent (0: no transfer needed)
-    phases: Dict[str, float]  # seconds: detect, agree, build, sync (membership), state, total
+    # seconds: detect, wait (for the others to end the step in flight; every boundary pays
+    # it), agree, build, sync (membership), state, total
+    phases: Dict[str, float]
     reason: str = ""
     state_in_place: int = 0   # of state_bytes, received straight into this rank's own buffers
 

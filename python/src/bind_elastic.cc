@@ -64,6 +64,7 @@ comm::Communicator& CommOf(ElasticGroup& g) {
 py::dict PhasesDict(const Transition::Phases& p) {
   py::dict d;
   d["detect"] = absl::ToDoubleSeconds(p.detect);
+  d["wait"] = absl::ToDoubleSeconds(p.wait);
   d["agree"] = absl::ToDoubleSeconds(p.agree);
   d["build"] = absl::ToDoubleSeconds(p.build);
   d["sync"] = absl::ToDoubleSeconds(p.sync);
