@@ -956,9 +956,13 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     if (!check.ok()) cause = absl::StrCat("solver answer rejected: ", check.message());
   }
 
+  // Two answers differ in earnest only beyond the pieces' collinearity and
+  // the solver's arithmetic: both "below the DP" guards use this tolerance
+  // (relative to the objective), the time-limit one also the solver's gap.
+  constexpr double kBelowDpTolerance = 1e-9;
   if (cause.empty() && dp_started &&
       result.solution.objective < (*dp)->solution.objective -
-                                      1e-12 * std::max(1.0, std::fabs((*dp)->solution.objective))) {
+                                      kBelowDpTolerance * std::max(1.0, std::fabs((*dp)->solution.objective))) {
     // Only possible when CBC rejected the start (it reports why in its
     // detail): the DP's answer is better, so it is the answer.
     cause = absl::StrCat("answer below the dp start (", solved->detail, ")");
@@ -972,7 +976,8 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     // Below by more than the solver's own tolerance (the relative gap, or the
     // pieces' collinearity tolerance per job).
     dp = SolveDp(model, options.fallback);
-    const double slack = std::max(options.relative_gap, 1e-9) * std::max(1.0, std::fabs(result.solution.objective));
+    const double slack =
+        std::max(options.relative_gap, kBelowDpTolerance) * std::max(1.0, std::fabs(result.solution.objective));
     if (dp->ok() && (*dp)->solution.objective > result.solution.objective + slack) {
       cause = absl::StrFormat("time limit %s reached with incumbent %.6g below the dp's %.6g",
                               absl::FormatDuration(options.time_limit), result.solution.objective,
