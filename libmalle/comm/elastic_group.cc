@@ -102,6 +102,15 @@ absl::Status ElasticGroupOptions::Validate() const {
   MALLE_RETURN_IF_ERROR(RequirePositive("heartbeat_interval", heartbeat_interval));
   MALLE_RETURN_IF_ERROR(RequirePositive("heartbeat_timeout", heartbeat_timeout));
   MALLE_RETURN_IF_ERROR(RequirePositive("recovery_grace", recovery_grace));
+  if (recovery_grace < heartbeat_interval) {
+    // A live member busy computing when a peer dies checks in from its
+    // watchdog, at its next tick: a shorter grace would exclude it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticGroupOptions.recovery_grace (", absl::FormatDuration(recovery_grace),
+        ") must be at least heartbeat_interval (", absl::FormatDuration(heartbeat_interval),
+        "): a live member checks in at its watchdog's next tick, so a shorter grace would "
+        "declare it failed"));
+  }
   if (max_recoveries_without_commit < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ElasticGroupOptions.max_recoveries_without_commit must be >= 1, got ",

@@ -77,6 +77,8 @@ struct ElasticGroupOptions {
   // A member whose heartbeat has not moved for this long is declared failed.
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   // After a failure, how long survivors wait for each other to check in.
+  // At least heartbeat_interval: a member busy computing checks in from its
+  // watchdog, at the watchdog's next tick.
   absl::Duration recovery_grace = absl::Milliseconds(500);
   // A member gives up (AtStepBoundary returns kAborted) when it is about to
   // recover for the this-many-plus-first time in a row without committing a

@@ -308,6 +308,7 @@ class ElasticJob:
                  store: Optional[str] = None, job_id: Optional[str] = None,
                  member_id: Optional[str] = None, bootstrap_size: Optional[int] = None,
                  heartbeat_timeout: float = 2.0, recovery_grace: float = 0.5,
+                 heartbeat_interval: float = 0.1,
                  rendezvous_timeout: float = 60.0, op_timeout: float = 60.0,
                  bucket_cap_mb: float = 25.0, print_scaling: bool = False,
                  max_recoveries_without_commit: int = 16) -> None:
@@ -358,6 +359,7 @@ class ElasticJob:
         # pause covers only agreement, group build and state transfer.
         self._join_args = dict(member_id=member, bootstrap_size=boot, max_size=max_size,
                                rendezvous_timeout=rendezvous_timeout, op_timeout=op_timeout,
+                               heartbeat_interval=heartbeat_interval,
                                heartbeat_timeout=heartbeat_timeout,
                                recovery_grace=recovery_grace,
                                max_recoveries_without_commit=max_recoveries_without_commit)
@@ -1171,7 +1173,8 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
         **kwargs: ``store`` ('host:port'), ``job_id``, ``member_id``, ``bootstrap_size``
             (default from ``MALLE_STORE``, ``MALLE_JOB_ID``, ``MALLE_MEMBER_ID``,
             ``MALLE_BOOTSTRAP_SIZE``, which ``malletrain local`` sets), and the timeouts
-            ``heartbeat_timeout``, ``recovery_grace``, ``rendezvous_timeout``,
+            ``heartbeat_interval``, ``heartbeat_timeout``, ``recovery_grace`` (at least
+            ``heartbeat_interval``), ``rendezvous_timeout``,
             ``op_timeout`` (seconds), ``bucket_cap_mb``, ``print_scaling`` (rank 0
             prints the profiling advisor's scalability table when the job completes; also
             ``MALLE_PRINT_SCALING=1``), and ``max_recoveries_without_commit`` (default 16:

@@ -112,7 +112,10 @@ def malle_rank(args) -> int:
     import malletrain
 
     torch.set_num_threads(1)
-    kw = {} if args.grace is None else {"recovery_grace": args.grace}
+    # A grace below the watchdog's tick (100 ms) would exclude a survivor that is busy
+    # computing (it checks in at its watchdog's next tick): tick at least as often.
+    kw = ({} if args.grace is None else
+          {"recovery_grace": args.grace, "heartbeat_interval": min(0.1, args.grace)})
     job = malletrain.init(logical_workers=args.workers, seed=0, **kw)
     model = job.wrap_model(build_model())
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4))

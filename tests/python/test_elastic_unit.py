@@ -199,6 +199,21 @@ def test_max_recoveries_without_commit_is_validated_at_join():
         job.join()
 
 
+def test_a_grace_shorter_than_the_watchdog_tick_is_refused():
+    """A survivor busy computing checks in at its watchdog's next tick: a 50 ms grace with
+    the default 100 ms tick would declare it failed."""
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}", bootstrap_size=1,
+                          job_id="grace", recovery_grace=0.05)
+    with pytest.raises(MalleValueError, match="must be at least heartbeat_interval"):
+        job.join()
+    ok = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}", bootstrap_size=1,
+                         job_id="grace2", recovery_grace=0.05, heartbeat_interval=0.05)
+    ok.join()
+    assert ok.size == 1
+    ok.close()
+
+
 def test_loader_rejects_a_dataset_smaller_than_the_global_batch():
     store = malletrain._C.ControlStore.serve()
     job = malletrain.init(logical_workers=4, store=f"127.0.0.1:{store.port}", bootstrap_size=1,

@@ -67,6 +67,7 @@ TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
       {[](auto& o) { o.heartbeat_interval = absl::InfiniteDuration(); }, "heartbeat_interval"},
       {[](auto& o) { o.heartbeat_timeout = absl::Milliseconds(150); }, "heartbeat_timeout"},
       {[](auto& o) { o.recovery_grace = absl::ZeroDuration(); }, "recovery_grace"},
+      {[](auto& o) { o.recovery_grace = absl::Milliseconds(50); }, "must be at least heartbeat_interval"},
       {[](auto& o) { o.max_recoveries_without_commit = 0; }, "max_recoveries_without_commit"},
   };
   for (const Case& c : cases) {
@@ -378,7 +379,7 @@ TEST(ElasticGroupTest, RepeatedFailureWithoutACommitGivesUp) {
   auto store = ControlStore::InMemory();
   ElasticGroupOptions o = Options("gives-up", "solo", 1);
   o.max_recoveries_without_commit = 3;
-  o.recovery_grace = absl::Milliseconds(50);
+  o.recovery_grace = absl::Milliseconds(100);
   ASSERT_OK_AND_ASSIGN(auto group, ElasticGroup::Join(store, o));
   auto fail_and_recover = [&]() -> absl::StatusOr<Transition> {
     group->comm().Abort(absl::UnavailableError("injected: allreduce failed"));
