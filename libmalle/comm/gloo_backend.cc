@@ -7,14 +7,33 @@
 // members that touch gloo:: types.
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <exception>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "libmalle/comm/backend.h"
 
 namespace malle::comm {
 namespace {
+
+// Gloo writes to its peers with writev(), which raises SIGPIPE when a peer
+// was killed: the default action ends this process too, so one kill -9 took a
+// survivor with it (exit 141). Library-wide, the first Gloo group ignores
+// SIGPIPE unless the program installed its own handler; the write then fails
+// with EPIPE and the collective fails like any other (Python ignores SIGPIPE
+// already).
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
 
 class GlooFactory final : public BackendFactory {
  public:
@@ -23,6 +42,7 @@ class GlooFactory final : public BackendFactory {
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
 
   absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> Create(const GroupSpec& spec) const override {
+    IgnoreSigpipeOnce();
     try {
       auto opts = c10d::ProcessGroupGloo::Options::create(
           std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(spec.timeout))));

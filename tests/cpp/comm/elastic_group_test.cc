@@ -3,6 +3,7 @@
 #include "libmalle/comm/elastic_group.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -291,6 +292,17 @@ std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGro
 // go stale, and only then recovered again. The long grace and heartbeat
 // timeouts make that visible as time; the close now reports the member dead,
 // so the survivors do not even wait for the grace.
+// Gloo writes with writev(): a write to a peer killed by -9 raises SIGPIPE,
+// whose default action would end this process too (a survivor exiting 141).
+TEST(ElasticGroupTest, BuildingAGroupIgnoresSigpipe) {
+  auto store = ControlStore::InMemory();
+  auto groups = BootstrapThreads(store, Options("sigpipe", "", 1), 1);
+  ASSERT_NE(groups[0], nullptr);
+  struct sigaction current {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &current), 0);
+  EXPECT_EQ(current.sa_handler, SIG_IGN);
+}
+
 TEST(ElasticGroupTest, SendAndRecvPointToPointAndBadPeersAreNamed) {
   auto store = ControlStore::InMemory();
   auto groups = BootstrapThreads(store, Options("p2p", "", 3), 3);
