@@ -249,7 +249,9 @@ absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, a
 bool FlattenTensors(const std::vector<at::Tensor>& tensors) {
   std::map<at::ScalarType, std::vector<const at::Tensor*>> groups;
   for (const at::Tensor& t : tensors) {
-    if (t.defined()) groups[t.scalar_type()].push_back(&t);
+    // A non-contiguous tensor (e.g. channels_last) keeps its storage and
+    // layout; a state sync packs it.
+    if (t.defined() && t.is_contiguous()) groups[t.scalar_type()].push_back(&t);
   }
   bool changed = false;
   for (auto& [dtype, list] : groups) {

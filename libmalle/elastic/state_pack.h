@@ -111,7 +111,8 @@ absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, a
 
 // Makes `tensors` (dense, one device) views of one new buffer per dtype,
 // keeping their values and TensorImpls (set_data), so that a packer sends
-// them as one direct segment. Returns false if they already were.
+// them as one direct segment. Non-contiguous ones (e.g. channels_last) are
+// left as they are. Returns false if nothing changed.
 bool FlattenTensors(const std::vector<at::Tensor>& tensors);
 
 class StateUnpacker {

@@ -286,9 +286,11 @@ def flatten_module(module: torch.nn.Module) -> bool:
 
     The values, the Parameter objects (so optimizers and hooks holding them) and
     ``requires_grad`` are kept; only their storage moves. Returns False when
-    they already were (nothing done). Shared parameters stay shared.
+    they already were (nothing done). Shared parameters stay shared. Tensors
+    that are not contiguous (e.g. channels_last weights) keep their own storage
+    and layout: a state sync packs them.
     """
-    tensors = list(module.parameters()) + list(module.buffers())
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.is_contiguous()]
     if _is_flat(tensors):
         return False
     views = _flat_views(tensors)
@@ -307,7 +309,8 @@ def flatten_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     state already was flat or is empty.
     """
     entries = [(s, k) for s in optimizer.state.values() if isinstance(s, dict)
-               for k, v in s.items() if isinstance(v, torch.Tensor) and not v.is_sparse]
+               for k, v in s.items() if isinstance(v, torch.Tensor) and not v.is_sparse
+               and v.is_contiguous()]  # e.g. channels_last moments keep their layout
     tensors = [s[k] for s, k in entries]
     if not tensors or _is_flat(tensors):
         return False

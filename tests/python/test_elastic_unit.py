@@ -119,6 +119,20 @@ def test_pack_sends_flat_buffers_as_they_are_and_round_trips():
     assert torch.equal(back["small"], torch.arange(3))
 
 
+def test_flattening_keeps_a_channels_last_weight_as_it_is():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(4, 4))
+    model[0].to(memory_format=torch.channels_last)
+    strides = model[0].weight.stride()
+    assert mstate.flatten_module(model)
+    assert model[0].weight.stride() == strides  # its layout is the user's choice
+    assert model[1].weight.untyped_storage().data_ptr() == \
+        model[0].bias.untyped_storage().data_ptr()  # the contiguous rest is one buffer
+    st = {"model": dict(model.named_parameters())}
+    skeleton, segments = mstate.pack(st, direct_min_bytes=0)
+    back = mstate.unpack(mstate.read_skeleton(skeleton)[0], [t.clone() for t in segments])
+    assert mstate.digest(back) == mstate.digest(st)
+
+
 def test_unflattened_state_still_round_trips_with_few_messages():
     big = [torch.randn(300, 1000) for _ in range(3)]   # 1.2 MB each: sent one by one
     small = [torch.randn(10) for _ in range(50)]       # packed into one segment
