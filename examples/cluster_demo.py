@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # A previous run's work directory holds the allocator's journal: starting on it would
+    # replay that run (its jobs already succeeded) instead of running the demo again.
+    previous = out / "cluster"
+    if previous.exists():
+        shutil.rmtree(previous)
+        print(f"removed the previous run's {previous}", flush=True)
     events = load_idle_trace(args.trace, time_scale=args.time_scale)
     specs = jobs(sys.executable, args.time_scale)
     names = [s["job"] for s in specs]

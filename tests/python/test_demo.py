@@ -1,0 +1,51 @@
+"""examples/cluster_demo.py, the demo the README's first command runs: embedded allocator, four
+local node agents coming and going after examples/demo_idle_trace.csv, four elastic jobs.
+
+Run twice into the same output directory (replayed 20 times faster): both runs must train all
+four jobs to success. The second must not replay the first run's allocator journal (it used to:
+the jobs were already "succeeded", so it printed the old results in one second and trained
+nothing).
+
+The demo runs in its own process group; on a timeout the test kills that group by the demo's
+pid, so no agent or rank outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "cluster_demo.py"
+JOBS = ("digits", "cnn", "hpo-lr1", "hpo-lr3")
+
+
+def run_demo(out: pathlib.Path) -> str:
+    p = subprocess.Popen([sys.executable, str(DEMO), "--out", str(out), "--time-scale", "20",
+                          "--timeout", "240"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text, _ = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        text, _ = p.communicate()
+        raise AssertionError(f"the demo did not finish in 300 s:\n{text[-4000:]}")
+    assert p.returncode == 0, text[-4000:]
+    return text
+
+
+def test_the_demo_trains_every_job_and_a_second_run_starts_afresh(tmp_path):
+    for run in (1, 2):
+        text = run_demo(tmp_path)
+        for job in JOBS:
+            assert re.search(rf"^\s+{re.escape(job)}\s+succeeded done: \d+ steps", text, re.M), \
+                (run, job, text[-3000:])
+        assert "what happened:" in text
+        assert re.search(r"replayed 0 records", text), (run, text[:2000])
+        if run == 2:
+            assert "removed the previous run's" in text
+    assert (tmp_path / "allocation.png").exists() and (tmp_path / "summary.json").exists()
