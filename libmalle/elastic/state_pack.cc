@@ -36,6 +36,47 @@ absl::Status Corrupt(const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("state: corrupt state message (", why, ")"));
 }
 
+// Reads a T at `pos` of a skeleton and advances past it.
+template <typename T>
+absl::StatusOr<T> ReadRaw(absl::string_view skeleton, size_t& pos, const char* what) {
+  if (skeleton.size() - pos < sizeof(T)) {
+    return absl::InvalidArgumentError(absl::StrCat("state: truncated state message reading ", what));
+  }
+  T value;
+  std::memcpy(&value, skeleton.data() + pos, sizeof(T));
+  pos += sizeof(T);
+  return value;
+}
+
+// A defined tensor record, after its tag and "defined" byte.
+struct TensorRecord {
+  int8_t code;
+  std::vector<int64_t> shape;
+  int64_t numel;
+  uint32_t segment;
+  int64_t offset;
+};
+
+absl::StatusOr<TensorRecord> ReadTensorRecord(absl::string_view skeleton, size_t& pos) {
+  TensorRecord r;
+  MALLE_ASSIGN_OR_RETURN(r.code, ReadRaw<int8_t>(skeleton, pos, "a tensor dtype"));
+  MALLE_ASSIGN_OR_RETURN(int32_t ndim, ReadRaw<int32_t>(skeleton, pos, "a tensor rank"));
+  if (!KnownDtype(r.code) || ndim < 0 || ndim > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state: tensor with dtype code ", static_cast<int>(r.code), " and rank ", ndim));
+  }
+  r.shape.resize(ndim);
+  r.numel = 1;
+  for (int64_t& d : r.shape) {
+    MALLE_ASSIGN_OR_RETURN(d, ReadRaw<int64_t>(skeleton, pos, "a tensor shape"));
+    if (d < 0) return absl::InvalidArgumentError("state: negative tensor dimension");
+    r.numel *= d;
+  }
+  MALLE_ASSIGN_OR_RETURN(r.segment, ReadRaw<uint32_t>(skeleton, pos, "a tensor segment"));
+  MALLE_ASSIGN_OR_RETURN(r.offset, ReadRaw<int64_t>(skeleton, pos, "a tensor offset"));
+  return r;
+}
+
 // One tensor record's place: which record it is, its shape and offset.
 struct TensorPlace {
   int64_t record;
@@ -50,37 +91,20 @@ struct TensorPlace {
 absl::StatusOr<std::vector<std::vector<TensorPlace>>> Layouts(absl::string_view skeleton, size_t segments) {
   std::vector<std::vector<TensorPlace>> out(segments);
   size_t pos = 8 + segments * kSpecBytes;
-  auto take = [&](void* dst, size_t n) -> absl::Status {
-    if (skeleton.size() - pos < n) return Corrupt("truncated record");
-    std::memcpy(dst, skeleton.data() + pos, n);
-    pos += n;
-    return absl::OkStatus();
-  };
   for (int64_t record = 0; pos < skeleton.size(); ++record) {
     const char tag = skeleton[pos++];
     if (tag == 'i' || tag == 'd') {
-      if (skeleton.size() - pos < 8) return Corrupt("truncated record");
-      pos += 8;
+      MALLE_RETURN_IF_ERROR(ReadRaw<int64_t>(skeleton, pos, "a number").status());
     } else if (tag == 's') {
-      int64_t n;
-      MALLE_RETURN_IF_ERROR(take(&n, 8));
+      MALLE_ASSIGN_OR_RETURN(int64_t n, ReadRaw<int64_t>(skeleton, pos, "a string length"));
       if (n < 0 || static_cast<uint64_t>(n) > skeleton.size() - pos) return Corrupt("string overruns");
       pos += n;
     } else if (tag == 't') {
-      int8_t defined, code;
-      int32_t ndim;
-      MALLE_RETURN_IF_ERROR(take(&defined, 1));
+      MALLE_ASSIGN_OR_RETURN(int8_t defined, ReadRaw<int8_t>(skeleton, pos, "a tensor"));
       if (!defined) continue;
-      MALLE_RETURN_IF_ERROR(take(&code, 1));
-      MALLE_RETURN_IF_ERROR(take(&ndim, 4));
-      if (ndim < 0 || ndim > 64) return Corrupt("tensor rank");
-      TensorPlace place{record, std::vector<int64_t>(ndim), 0};
-      for (int64_t& d : place.shape) MALLE_RETURN_IF_ERROR(take(&d, 8));
-      uint32_t segment;
-      MALLE_RETURN_IF_ERROR(take(&segment, 4));
-      MALLE_RETURN_IF_ERROR(take(&place.offset, 8));
-      if (segment >= segments) return Corrupt(absl::StrCat("tensor in segment ", segment));
-      out[segment].push_back(std::move(place));
+      MALLE_ASSIGN_OR_RETURN(TensorRecord r, ReadTensorRecord(skeleton, pos));
+      if (r.segment >= segments) return Corrupt(absl::StrCat("tensor in segment ", r.segment));
+      out[r.segment].push_back({record, std::move(r.shape), r.offset});
     } else {
       return Corrupt(absl::StrCat("record tag '", std::string(1, tag), "'"));
     }
@@ -298,13 +322,7 @@ absl::StatusOr<StateUnpacker> StateUnpacker::Open(PackedState state) {
 
 template <typename T>
 absl::StatusOr<T> StateUnpacker::Raw(const char* what) {
-  if (state_.skeleton.size() - pos_ < sizeof(T)) {
-    return absl::InvalidArgumentError(absl::StrCat("state: truncated state message reading ", what));
-  }
-  T value;
-  std::memcpy(&value, state_.skeleton.data() + pos_, sizeof(T));
-  pos_ += sizeof(T);
-  return value;
+  return ReadRaw<T>(state_.skeleton, pos_, what);
 }
 
 absl::Status StateUnpacker::Expect(char tag, const char* what) {
@@ -345,28 +363,14 @@ absl::StatusOr<at::Tensor> StateUnpacker::Tensor() {
   MALLE_RETURN_IF_ERROR(Expect('t', "a tensor"));
   MALLE_ASSIGN_OR_RETURN(int8_t defined, Raw<int8_t>("a tensor"));
   if (defined == 0) return at::Tensor();
-  MALLE_ASSIGN_OR_RETURN(int8_t code, Raw<int8_t>("a tensor dtype"));
-  MALLE_ASSIGN_OR_RETURN(int32_t ndim, Raw<int32_t>("a tensor rank"));
-  if (!KnownDtype(code) || ndim < 0 || ndim > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state: tensor with dtype code ", static_cast<int>(code), " and rank ", ndim));
+  MALLE_ASSIGN_OR_RETURN(TensorRecord r, ReadTensorRecord(state_.skeleton, pos_));
+  if (r.segment >= state_.buffers.size() || state_.buffers[r.segment].scalar_type() != static_cast<at::ScalarType>(r.code) ||
+      r.offset < 0 || r.offset + r.numel > state_.buffers[r.segment].numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("state: tensor reference (", r.numel, " elements of dtype code ",
+                                                   static_cast<int>(r.code), " at ", r.offset, " in segment ",
+                                                   r.segment, ") outside the received segments"));
   }
-  std::vector<int64_t> shape(ndim);
-  int64_t numel = 1;
-  for (int32_t i = 0; i < ndim; ++i) {
-    MALLE_ASSIGN_OR_RETURN(shape[i], Raw<int64_t>("a tensor shape"));
-    if (shape[i] < 0) return absl::InvalidArgumentError("state: negative tensor dimension");
-    numel *= shape[i];
-  }
-  MALLE_ASSIGN_OR_RETURN(uint32_t segment, Raw<uint32_t>("a tensor segment"));
-  MALLE_ASSIGN_OR_RETURN(int64_t offset, Raw<int64_t>("a tensor offset"));
-  if (segment >= state_.buffers.size() || state_.buffers[segment].scalar_type() != static_cast<at::ScalarType>(code) ||
-      offset < 0 || offset + numel > state_.buffers[segment].numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("state: tensor reference (", numel, " elements of dtype code ",
-                                                   static_cast<int>(code), " at ", offset, " in segment ", segment,
-                                                   ") outside the received segments"));
-  }
-  return state_.buffers[segment].narrow(0, offset, numel).view(shape);
+  return state_.buffers[r.segment].narrow(0, r.offset, r.numel).view(r.shape);
 }
 
 absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, PackedState* mine) {
