@@ -61,7 +61,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from malletrain import _C
 from malletrain import state as _state
@@ -200,7 +199,7 @@ def _device_of(device_type: str) -> torch.device:
 
 
 def _dummy_process_group() -> "dist.ProcessGroup":
-    # DDP's Reducer is bound to this one-rank group for its whole life; it never
+    # The Reducer is bound to this one-rank group for its whole life; it never
     # communicates through it (the comm hook does, over the current generation).
     store = dist.HashStore()
     pg = dist.ProcessGroup(store, 0, 1)
@@ -221,33 +220,60 @@ class ElasticModel(torch.nn.Module):
         super().__init__()
         self.module = module
         self._job = job
-        self._ddp: Optional[DistributedDataParallel] = None
+        self._reducer: Optional[Any] = None  # torch.distributed.Reducer
         # Parameters and buffers live in one flat buffer per dtype and device, which
         # a state sync sends as it is (malletrain/state.py).
         _state.flatten_module(module)
         if not job.deterministic:
-            self._ddp = DistributedDataParallel(
-                module, process_group=_dummy_process_group(), broadcast_buffers=False,
-                bucket_cap_mb=bucket_cap_mb)
-            # Every rank, including a joiner that has run no step yet, must use the same
-            # bucket layout. The Reducer would rebuild its buckets once, in the order
-            # gradients became ready during this rank's first backward; rebuild them now
-            # from the parameter order instead, which is the same on every rank and
-            # final (a Reducer rebuilds at most once).
-            reducer = self._ddp.reducer
-            reducer._push_all_rebuilt_params()
-            if not reducer._rebuild_buckets():
-                raise MalleError("ElasticModel: the Reducer refused to fix its bucket layout")
-            self._ddp.register_comm_hook(job, ElasticJob._comm_hook)
+            self._reducer = _fixed_layout_reducer(
+                [p for p in module.parameters() if p.requires_grad], bucket_cap_mb)
+            dist._register_comm_hook(self._reducer, job, ElasticJob._comm_hook)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         job = self._job
-        if torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if grad:
             job._st.grads_pending = True
-        if self._ddp is None:
-            return self.module(*args, **kwargs)
-        self._ddp.require_backward_grad_sync = job._is_last_micro()
-        return self._ddp(*args, **kwargs)
+        # What DDP's forward does around the module when find_unused_parameters is off:
+        # arm the Reducer's autograd hooks for the micro-batch whose backward syncs (the
+        # last of this rank's share); the others accumulate locally (DDP's no_sync).
+        sync = grad and self._reducer is not None and job._is_last_micro()
+        if sync:
+            self._reducer.prepare_for_forward()
+        out = self.module(*args, **kwargs)
+        if sync:
+            self._reducer.prepare_for_backward([])
+        return out
+
+
+def _fixed_layout_reducer(params: List[torch.nn.Parameter], bucket_cap_mb: float) -> Any:
+    """LibTorch's DDP engine (``torch.distributed.Reducer``) with a bucket layout that is the
+    same on every rank from the first step on, and overlaps communication with backward.
+
+    DDP itself starts with one bucket and, after this rank's first backward, rebuilds its
+    buckets once in the order gradients became ready. A joiner's first step would then use
+    another layout than the survivors' (wrong sums), so the layout is fixed here instead, in
+    the order DDP would approximate: reverse parameter order (the last layers' gradients are
+    ready first, and buckets are launched in index order), a small first bucket, then
+    ``bucket_cap_mb``. The Reducer takes its parameters in reverse order so that its one
+    allowed rebuild, forced now from its parameter order, yields that layout; it is never
+    asked to rebuild again. libmalle/elastic/grad_reducer.cc does the same for C++.
+    """
+    if not params:
+        raise MalleValueError("wrap_model: the model has no parameter that requires a gradient")
+    cap = max(1, int(bucket_cap_mb * 1024 * 1024))
+    first_cap = min(cap, dist._DEFAULT_FIRST_BUCKET_BYTES)
+    rev = list(reversed(params))
+    sparse = [False] * len(rev)
+    indices, limits = dist._compute_bucket_assignment_by_size(rev, [first_cap, cap], sparse)
+    reducer = dist.Reducer(rev, indices, limits, _dummy_process_group(), sparse, cap,
+                           False,  # find_unused_parameters
+                           False,  # gradient_as_bucket_view
+                           {}, first_cap, False, False, [])
+    reducer._push_all_rebuilt_params()
+    if not reducer._rebuild_buckets():
+        raise MalleError("ElasticModel: the Reducer refused to fix its bucket layout")
+    return reducer
 
 
 class ElasticOptimizer:

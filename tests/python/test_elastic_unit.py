@@ -306,7 +306,8 @@ def test_loader_with_dataloader_workers_reads_every_sample_once_per_epoch():
 
 def test_bucket_layout_is_fixed_at_wrap_time():
     """A joiner (no step run yet) and a survivor must reduce identical bucket layouts:
-    the Reducer's one-time rebuild happens at wrap time, from the parameter order."""
+    the Reducer's one-time rebuild happens at wrap time, in reverse parameter order (the
+    last layers' gradients are ready first, so their bucket is launched first)."""
     store = malletrain._C.ControlStore.serve()
     job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
                           bootstrap_size=1, job_id="buckets", bucket_cap_mb=0.001)
@@ -321,13 +322,18 @@ def test_bucket_layout_is_fixed_at_wrap_time():
             return self.b(x).sum() + self.a(x * 2).sum()
 
     model = job.wrap_model(Net())
+    buckets = model._reducer._get_zeros_like_grad_buckets()
+    order = [p for b in buckets for p in b.parameters()]
+    params = list(model.module.parameters())
+    assert len(buckets) > 1
+    assert [id(p) for p in order] == [id(p) for p in reversed(params)]
     opt = job.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
     data = torch.utils.data.TensorDataset(torch.randn(8, 20))
     for (x,) in job.loader(data, batch_size=2, steps=3):
         opt.zero_grad()
         model(x).backward()
         opt.step()
-        assert model._ddp.reducer._rebuild_buckets() is False  # nothing left to rebuild
+        assert model._reducer._rebuild_buckets() is False  # nothing left to rebuild
     job.close()
     assert job.step == 3
 
