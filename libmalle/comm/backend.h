@@ -7,7 +7,8 @@
 // is heavy and its API moves between PyTorch releases.
 //
 //   ElasticGroupOptions options;
-//   options.data_backend = MakeGlooBackend();           // the default
+//   options.data_backend = MakeGlooBackend();           // the default (CPU tensors)
+//   // CUDA tensors through Gloo: MakeGlooBackend({.device_type = c10::DeviceType::CUDA})
 //   // or, built with MALLE_WITH_NCCL: options.data_backend = MakeNcclBackend();
 //
 // Thread-safety: factories are immutable after creation; Create() may be
@@ -55,6 +56,11 @@ struct GlooBackendOptions {
   // Address the group's sockets bind to: loopback unless told otherwise.
   std::string hostname = "127.0.0.1";
   int threads = 2;  // Gloo worker threads per group
+  // The tensors this group reduces. CPU for the control group. CUDA: a second
+  // Gloo group that reduces CUDA tensors through host memory (torch's CUDA
+  // Gloo work, registered by libtorch_cuda); slower than NCCL, but it works
+  // with several ranks on one GPU, which NCCL refuses.
+  c10::DeviceType device_type = c10::DeviceType::CPU;
 };
 
 std::shared_ptr<const BackendFactory> MakeGlooBackend(GlooBackendOptions options = {});

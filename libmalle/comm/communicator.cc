@@ -139,9 +139,26 @@ Communicator::Communicator(int rank, int size, int64_t generation,
 Communicator::~Communicator() {
   // Joining a c10d group's threads can block until its timeout if a peer
   // froze mid-operation, so teardown happens on the reaper thread.
+  // A device backend (NCCL) is shut down explicitly: destroyed without it,
+  // ProcessGroupNCCL warns and, if that happens at exit, fails against an
+  // unloading CUDA runtime. After a failure it is aborted instead (a shutdown
+  // would wait for collectives that a dead peer never completes).
+  const bool separate = data_ && data_.get() != control_.get();
+  const bool aborted = abort_ && abort_->aborted();
   internal::Reap([control = std::move(control_), data = std::move(data_),
-                  pg = std::move(process_group_)]() mutable {
+                  pg = std::move(process_group_), separate, aborted]() mutable {
     pg.reset();
+    if (separate) {
+      try {
+        if (aborted) {
+          data->abort();
+        } else {
+          data->shutdown();
+        }
+      } catch (const std::exception&) {
+        // Teardown of a generation that is gone: nothing to report it to.
+      }
+    }
     data.reset();
     control.reset();
   });

@@ -111,6 +111,11 @@ absl::Status ElasticGroupOptions::Validate() const {
         "): a live member checks in at its watchdog's next tick, so a shorter grace would "
         "declare it failed"));
   }
+  if (gloo.device_type != c10::DeviceType::CPU) {
+    return absl::InvalidArgumentError(
+        "ElasticGroupOptions.gloo.device_type must be CPU (the control group); for CUDA "
+        "tensors set data_backend (MakeGlooBackend with device_type CUDA, or MakeNcclBackend)");
+  }
   if (max_recoveries_without_commit < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ElasticGroupOptions.max_recoveries_without_commit must be >= 1, got ",

@@ -39,10 +39,14 @@ class GlooFactory final : public BackendFactory {
  public:
   explicit GlooFactory(GlooBackendOptions options) : options_(std::move(options)) {}
   std::string name() const override { return "gloo"; }
-  c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
+  c10::DeviceType device_type() const override { return options_.device_type; }
 
   absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> Create(const GroupSpec& spec) const override {
     IgnoreSigpipeOnce();
+    if (options_.device_type != c10::DeviceType::CPU && options_.device_type != c10::DeviceType::CUDA) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the Gloo backend reduces CPU or CUDA tensors, not ", c10::DeviceTypeName(options_.device_type)));
+    }
     try {
       auto opts = c10d::ProcessGroupGloo::Options::create(
           std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(spec.timeout))));

@@ -58,6 +58,7 @@ TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
   };
   const std::vector<Case> cases = {
       {[](auto& o) { o.job_id = ""; }, "job_id"},
+      {[](auto& o) { o.gloo.device_type = c10::DeviceType::CUDA; }, "gloo.device_type"},
       {[](auto& o) { o.job_id = "a b"; }, "job_id"},
       {[](auto& o) { o.member_id = "x/y"; }, "member_id"},
       {[](auto& o) { o.max_size = 0; }, "max_size"},
