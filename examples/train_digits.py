@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     p.add_argument("--compute-sleep", type=float, default=0.0,
                    help="seconds to sleep per micro-batch (stands in for a heavier model: it "
                    "is spread over the ranks like compute, so the job scales)")
+    p.add_argument("--device", default="cpu",
+                   help="where the model trains: cpu, or cuda (this rank's current CUDA device)")
     p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
     p.add_argument("--report", default=None,
                    help="rank 0 writes the advisor's scaling report (JSON) to this file at the end")
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
     # Test hook: DIGITS_HIDDEN_FOR_<member> gives one member a different model, which
     # the state sync must refuse with a clear error.
     hidden = int(os.environ.get(f"DIGITS_HIDDEN_FOR_{job.member_id}", args.hidden))
-    model = job.wrap_model(build_model(hidden, args.batchnorm, args.arch))
+    device = torch.device(args.device)
+    model = job.wrap_model(build_model(hidden, args.batchnorm, args.arch).to(device))
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=args.lr))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=50, gamma=0.5)
     job.track("lr_scheduler", sched)
@@ -146,6 +149,7 @@ def main(argv=None) -> int:
                 "type": "micro", "step": step, "micro": micro, "worker": job.workers[micro],
                 "generation": job.generation, "size": job.size, "rank": job.rank,
                 "indices": idx.tolist()}) + "\n")
+        x, y = x.to(device), y.to(device)
         opt.zero_grad()
         if args.compute_sleep:
             time.sleep(args.compute_sleep)
@@ -177,7 +181,7 @@ def main(argv=None) -> int:
         return 0
     with torch.no_grad():
         model.eval()
-        acc = (model.module(x_test).argmax(1) == y_test).float().mean().item()
+        acc = (model.module(x_test.to(device)).argmax(1) == y_test.to(device)).float().mean().item()
     if job.rank == 0:
         print(f"done: {job.step} steps in {time.time() - t0:.1f} s, final loss {last_loss:.4f}, "
               f"test accuracy {acc:.3f}, generations {job.generation + 1}, "

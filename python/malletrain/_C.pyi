@@ -231,9 +231,12 @@ class ElasticGroup:
         heartbeat_timeout: float = 2.0,
         recovery_grace: float = 0.5,
         max_recoveries_without_commit: int = 16,
+        data_backend: str = "gloo",
     ) -> ElasticGroup:
         """Registers in the job and blocks until this process is a member of a built
-        generation. Raises MalleValueError, MalleTimeoutError, StoreError, ..."""
+        generation. data_backend: 'gloo' (CPU tensors), 'gloo-cuda' (also CUDA tensors,
+        through host memory) or 'nccl' (CUDA tensors, one GPU per rank). Raises
+        MalleValueError, MalleTimeoutError, StoreError, ..."""
     rank: int
     size: int
     generation: int

@@ -205,6 +205,9 @@ def _dummy_process_group() -> "dist.ProcessGroup":
     pg = dist.ProcessGroup(store, 0, 1)
     backend = dist.ProcessGroupGloo(store, 0, 1)
     pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    if torch.cuda.is_available():
+        # Fixing the bucket layout broadcasts it on the parameters' device.
+        pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.GLOO, backend)
     pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     return pg
 
@@ -337,7 +340,8 @@ class ElasticJob:
                  heartbeat_interval: float = 0.1,
                  rendezvous_timeout: float = 60.0, op_timeout: float = 60.0,
                  bucket_cap_mb: float = 25.0, print_scaling: bool = False,
-                 max_recoveries_without_commit: int = 16) -> None:
+                 max_recoveries_without_commit: int = 16,
+                 backend: Optional[str] = None) -> None:
         if logical_workers is not None:
             if not isinstance(logical_workers, int) or logical_workers < 1:
                 raise MalleValueError(
@@ -352,6 +356,10 @@ class ElasticJob:
                 f"{lr_scaling!r}")
         if deterministic and logical_workers is None:
             raise MalleValueError("deterministic: needs logical_workers (a constant global batch)")
+        backend = backend if backend is not None else os.environ.get("MALLE_BACKEND", "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise MalleValueError(f"backend: must be 'gloo' or 'nccl', got {backend!r}")
+        self.backend = backend
         self.logical_workers = logical_workers
         self.seed = int(seed)
         self.deterministic = bool(deterministic)
@@ -390,6 +398,7 @@ class ElasticJob:
                                recovery_grace=recovery_grace,
                                max_recoveries_without_commit=max_recoveries_without_commit)
         self._group: Any = None
+        self._data_backend_name = "gloo"
         self._pending: Any = None  # the join's transition, handled at the first boundary
         self._model: Optional[ElasticModel] = None
         self._optimizer: Optional[ElasticOptimizer] = None
@@ -427,9 +436,25 @@ class ElasticJob:
         """Joins the job now (the loader does it at its first step; call this only to
         know rank and size earlier)."""
         if self._group is None:
-            self._group = _C.ElasticGroup.join(self._store, self.job_id, **self._join_args)
+            self._data_backend_name = self._data_backend()
+            self._group = _C.ElasticGroup.join(self._store, self.job_id, **self._join_args,
+                                               data_backend=self._data_backend_name)
             self._pending = self._group.last_transition
             self._member_id = self._group.member_id
+
+    def _data_backend(self) -> str:
+        """What reduces this job's device tensors (CPU tensors always go through Gloo)."""
+        if self._model is not None:
+            cuda = any(p.is_cuda for p in self._model.module.parameters())
+        else:
+            cuda = torch.cuda.is_available()
+        if self.backend == "nccl":
+            if not cuda:
+                raise MalleValueError(
+                    "backend='nccl' reduces CUDA tensors and this job's model is not on a CUDA "
+                    "device; use backend='gloo' for CPU training")
+            return "nccl"
+        return "gloo-cuda" if cuda else "gloo"
 
     # --- public accessors (-1 / 0 before joining) --------------------------------
     @property
@@ -611,16 +636,26 @@ class ElasticJob:
         if not receivers or (g.rank != source and g.rank not in receivers):
             return 0
 
+        # Gloo reduces and broadcasts CUDA tensors but sends point to point only from host
+        # memory: such a send goes through a CPU copy.
+        stage = self._data_backend_name == "gloo-cuda"
+
         def out(tensor: torch.Tensor, tag: int) -> None:
             if everyone:
                 g.broadcast([tensor], source)
             else:
+                if stage and tensor.is_cuda:
+                    tensor = tensor.cpu()
                 for r in receivers:
                     g.send(tensor, r, tag)
 
         def into(tensor: torch.Tensor, tag: int) -> None:
             if everyone:
                 g.broadcast([tensor], source)
+            elif stage and tensor.is_cuda:
+                host = torch.empty(tensor.shape, dtype=tensor.dtype)
+                g.recv(host, source, tag)
+                tensor.copy_(host)
             else:
                 g.recv(tensor, source, tag)
 
@@ -756,7 +791,9 @@ class ElasticJob:
     def _comm_hook(job, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
         buf = bucket.buffer()
         job._profile.last_hook = time.perf_counter()
-        fut: torch.futures.Future = torch.futures.Future()
+        # A future that holds a CUDA tensor must name its device (stream sync on wait()).
+        fut: torch.futures.Future = torch.futures.Future(
+            devices=[buf.device] if buf.is_cuda else None)
         if job._st.failed or job._waiter is None:
             fut.set_result(buf)
             return fut
@@ -1206,7 +1243,10 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             ``MALLE_PRINT_SCALING=1``), and ``max_recoveries_without_commit`` (default 16:
             a rank raises :class:`RankFailureError` rather than recover again after that
             many recoveries in a row without a committed step, e.g. when the same failure
-            repeats at every attempt).
+            repeats at every attempt), and ``backend`` (default ``MALLE_BACKEND`` or
+            ``"gloo"``): what reduces the gradients of a CUDA model, ``"nccl"`` (one GPU
+            per rank, the fast path) or ``"gloo"`` (through host memory; works with several
+            ranks on one GPU). CPU tensors always go through Gloo.
 
     Raises:
         MalleValueError: bad arguments (e.g. fewer logical workers than the starting size).

@@ -16,10 +16,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "libmalle/comm/backend.h"
 #include "libmalle/comm/communicator.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
 #include "python/src/bind_common.h"
+#ifdef MALLE_WITH_NCCL
+#include "libmalle/comm/nccl_backend.h"
+#endif
 
 namespace py = pybind11;
 
@@ -49,6 +53,28 @@ ReduceOp ParseOp(const std::string& op) {
   ThrowIfError(absl::InvalidArgumentError(
       absl::StrCat("op: got '", op, "'; expected one of sum, max, min, product")));
   return ReduceOp::kSum;
+}
+
+// The group's data backend (CPU tensors always go through the Gloo control group).
+std::shared_ptr<const comm::BackendFactory> DataBackend(const std::string& name) {
+  if (name == "gloo") return nullptr;  // the control group reduces CPU tensors
+  if (name == "gloo-cuda") {
+    comm::GlooBackendOptions o;
+    o.device_type = c10::DeviceType::CUDA;
+    return comm::MakeGlooBackend(o);
+  }
+  if (name == "nccl") {
+#ifdef MALLE_WITH_NCCL
+    return comm::MakeNcclBackend();
+#else
+    ThrowIfError(absl::FailedPreconditionError(
+        "data_backend: this build of malletrain has no NCCL backend (built without "
+        "MALLE_WITH_NCCL=ON); use 'gloo-cuda' for CUDA tensors"));
+#endif
+  }
+  ThrowIfError(absl::InvalidArgumentError(
+      absl::StrCat("data_backend: got '", name, "'; expected one of gloo, gloo-cuda, nccl")));
+  return nullptr;
 }
 
 // The group's Communicator, or a clear error once it has none.
@@ -167,8 +193,10 @@ void BindElastic(py::module_& m) {
           [](std::shared_ptr<ControlStore> store, const std::string& job_id,
              const std::string& member_id, int bootstrap_size, int max_size,
              double rendezvous_timeout, double op_timeout, double heartbeat_interval,
-             double heartbeat_timeout, double recovery_grace, int max_recoveries_without_commit) {
+             double heartbeat_timeout, double recovery_grace, int max_recoveries_without_commit,
+             const std::string& data_backend) {
             ElasticGroupOptions o;
+            o.data_backend = DataBackend(data_backend);
             o.job_id = job_id;
             o.member_id = member_id;
             o.bootstrap_size = bootstrap_size;
@@ -187,8 +215,10 @@ void BindElastic(py::module_& m) {
           py::arg("rendezvous_timeout") = 60.0, py::arg("op_timeout") = 60.0,
           py::arg("heartbeat_interval") = 0.1, py::arg("heartbeat_timeout") = 2.0,
           py::arg("recovery_grace") = 0.5, py::arg("max_recoveries_without_commit") = 16,
+          py::arg("data_backend") = "gloo",
           "Registers in the job and blocks until this process is a member of a built "
-          "generation.")
+          "generation. data_backend: 'gloo' (CPU tensors), 'gloo-cuda' (also CUDA tensors, "
+          "through host memory) or 'nccl' (CUDA tensors; one GPU per rank).")
       .def_property_readonly("rank", &ElasticGroup::rank)
       .def_property_readonly("size", &ElasticGroup::size)
       .def_property_readonly("generation", &ElasticGroup::generation)

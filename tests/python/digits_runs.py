@@ -6,11 +6,34 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import sys
 
 import torch
 
+from malletrain import launcher
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_digits.py"
+
 STEPS = 60
 N_TRAIN = 1500  # digits: 1,797 samples, 297 held out
+
+
+def run_job(tmp: pathlib.Path, name: str, nodes: int, schedule: str = "", extra=(),
+            env=None, step_sleep: float = 0.0):
+    """Trains the digits example with `malletrain local` into tmp/name; (out dir, result)."""
+    out = tmp / name
+    cmd = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out),
+           "--step-sleep", str(step_sleep), *extra]
+    result = launcher.run_local(cmd, nodes=nodes, schedule=schedule, job_id=name, timeout=240,
+                                log_dir=str(tmp / f"{name}-logs"), env=env)
+    return out, result
+
+
+def logs(tmp: pathlib.Path, name: str) -> str:
+    """The tail of every rank's log of run `name`, for an assertion message."""
+    d = tmp / f"{name}-logs"
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(d.glob("*.log")))
 
 
 def read_traces(out: pathlib.Path):

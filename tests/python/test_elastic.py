@@ -19,27 +19,13 @@ import torch
 
 from malletrain import launcher
 
-from digits_runs import check_replicas_and_data, final_params, read_traces, rel_diff, sizes_seen
+from digits_runs import (check_replicas_and_data, final_params, logs, read_traces, rel_diff,
+                         run_job, sizes_seen)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
 STEPS = 60
 N_TRAIN = 1500  # digits: 1,797 samples, 297 held out
-
-
-def run_job(tmp: pathlib.Path, name: str, nodes: int, schedule: str = "", extra=(),
-            env=None, step_sleep: float = 0.0):
-    out = tmp / name
-    cmd = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out),
-           "--step-sleep", str(step_sleep), *extra]
-    result = launcher.run_local(cmd, nodes=nodes, schedule=schedule, job_id=name, timeout=240,
-                                log_dir=str(tmp / f"{name}-logs"), env=env)
-    return out, result
-
-
-def logs(tmp: pathlib.Path, name: str) -> str:
-    d = tmp / f"{name}-logs"
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(d.glob("*.log")))
 
 
 @pytest.fixture(scope="module")

@@ -407,3 +407,17 @@ def test_record_stand_in_has_the_bindings_argument_order():
     sig = _C.Advisor.record.__doc__.splitlines()[0]
     names = re.findall(r"(\w+): ", sig)
     assert tuple(n for n in names if n != "self") == _RecordingAdvisor.FIELDS
+
+
+def test_backend_is_checked():
+    with pytest.raises(MalleValueError, match="backend: must be 'gloo' or 'nccl'"):
+        malletrain.init(logical_workers=1, store="127.0.0.1:1", backend="mpi")
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="nccl-cpu", backend="nccl")
+    job.wrap_model(torch.nn.Linear(4, 4))
+    # NCCL reduces CUDA tensors only: a CPU model is refused when the job joins.
+    with pytest.raises(MalleValueError, match="backend='nccl' reduces CUDA tensors"):
+        job.join()
+    with pytest.raises(MalleValueError, match="data_backend: got 'mpi'"):
+        malletrain._C.ElasticGroup.join(store, "x", data_backend="mpi")
