@@ -555,14 +555,51 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   return proposal.generation;
 }
 
+absl::Status ElasticGroup::BeginStepBoundary() {
+  if (!transition_.active() || !comm_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
+  }
+  if (early_vote_.has_value() || comm_->aborted()) return absl::OkStatus();
+  int64_t wanted = 0;
+  if (rank() == 0) {
+    // What LeaderPropose() would look at first: are requests queued past
+    // those already read? (Deferred joins alone change nothing, as there.)
+    MALLE_ASSIGN_OR_RETURN(int64_t tickets, job_->Add(internal::kRequestTicket, 0));
+    wanted = tickets > pending_.requests_consumed ? 1 : 0;
+  }
+  at::Tensor value = at::zeros({1}, at::kLong);
+  value.data_ptr<int64_t>()[0] = wanted;
+  std::vector<at::Tensor> tensors{value};
+  absl::StatusOr<PendingCollective> pending = comm_->AllReduceAsync(tensors, ReduceOp::kMax);
+  // Not started: the generation failed, which AtStepBoundary() recovers from.
+  if (pending.ok()) early_vote_ = EarlyVote{value, *std::move(pending)};
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
   if (!transition_.active() || !comm_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
   }
   const absl::Time start = absl::Now();
+  std::optional<EarlyVote> early = std::move(early_vote_);
+  early_vote_.reset();
   absl::Status failure = comm_->abort_reason();
-  if (!comm_->aborted()) {
+  if (!comm_->aborted() && early.has_value()) {
+    failure = early->pending.Wait();
+    if (failure.ok() && early->value.data_ptr<int64_t>()[0] == 0) {
+      Transition none = transition_;
+      none.kind = Transition::Kind::kNone;
+      none.joined.clear();
+      none.removed.clear();
+      none.phases = {};
+      return none;
+    }
+    // Requests are queued: agree on them below, as without the early vote.
+  }
+  if (failure.ok() && comm_->aborted()) failure = comm_->abort_reason();
+  if (failure.ok()) {
     int64_t proposal = 0;
     if (rank() == 0) {
       MALLE_ASSIGN_OR_RETURN(proposal, LeaderPropose());

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -179,6 +180,19 @@ class ElasticGroup {
   // kUnavailable / kDeadlineExceeded (the control store did not answer).
   absl::StatusOr<Transition> AtStepBoundary();
 
+  // Optional: starts the next boundary's vote now and returns without waiting
+  // for it. Call it once this step's gradients are reduced (before the
+  // optimizer step): the vote then completes while the optimizer runs, and an
+  // AtStepBoundary() that finds nothing to change returns without a collective
+  // of its own, so a step synchronises the ranks once, not twice. The leader's
+  // part is only a look at whether change requests are queued (no record is
+  // written); if some are, AtStepBoundary() runs the usual agreement. A second
+  // call before AtStepBoundary() does nothing. Nothing may be issued on
+  // comm() between this call and AtStepBoundary() unless every rank issues it
+  // in the same order. Errors: kFailedPrecondition (after leaving or
+  // exclusion), kUnavailable / kDeadlineExceeded (the leader's store read).
+  absl::Status BeginStepBoundary();
+
   // Asks to leave at the next step boundary (AtStepBoundary returns kLeft).
   absl::Status RequestLeave();
 
@@ -240,6 +254,12 @@ class ElasticGroup {
   GenerationRecord record_;   // current generation
   GenerationRecord pending_;  // leader only: record_ plus requests read but not applied
   std::unique_ptr<Communicator> comm_;
+  // BeginStepBoundary()'s vote in flight on comm_; AtStepBoundary() takes it.
+  struct EarlyVote {
+    at::Tensor value;  // one int64: 1 if the leader saw change requests
+    PendingCollective pending;
+  };
+  std::optional<EarlyVote> early_vote_;
   Transition transition_;
   std::atomic<int64_t> committed_{-1};
   int recoveries_since_commit_ = 0;       // training thread only (Commit, AtStepBoundary)

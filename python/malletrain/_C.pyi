@@ -249,6 +249,9 @@ class ElasticGroup:
     comm_failed: bool
     def commit(self, step: int) -> None: ...
     def at_step_boundary(self) -> Transition: ...
+    def begin_step_boundary(self) -> None:
+        """Starts the next boundary's vote without waiting for it (call it once the step's
+        gradients are reduced; at_step_boundary() completes it)."""
     def request_leave(self) -> None: ...
     def finish(self) -> None:
         """Done with the job together with the others: closing will not fail the generation."""

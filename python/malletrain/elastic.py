@@ -915,6 +915,9 @@ class ElasticJob:
             self._optimizer.optimizer.zero_grad(set_to_none=True)
             self._profile.prev_end = None  # the redone step's time is not a step time
             return None  # not committed: the next boundary recovers and redoes the step
+        # The gradients are reduced: the next boundary's vote goes now and completes
+        # while the optimizer runs, so the ranks synchronise once per step, not twice.
+        self._group.begin_step_boundary()
         self._optimizer.optimizer.step()
         if len(self._optimizer.optimizer.state) != self._opt_state_count:
             # New state tensors (Adam's moments after its first step): into one flat

@@ -238,6 +238,14 @@ void BindElastic(py::module_& m) {
           },
           "The step boundary: returns the Transition (kind 'none' when nothing changed).")
       .def(
+          "begin_step_boundary",
+          [](ElasticGroup& g) {
+            py::gil_scoped_release release;
+            ThrowIfError(g.BeginStepBoundary());
+          },
+          "Starts the next boundary's vote without waiting for it (call it once the step's "
+          "gradients are reduced; at_step_boundary() completes it).")
+      .def(
           "request_leave", [](ElasticGroup& g) { ThrowIfError(g.RequestLeave()); },
           "Asks to leave at the next step boundary.")
       .def("finish", &ElasticGroup::Finish,

@@ -285,6 +285,80 @@ std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGro
   return out;
 }
 
+// BeginStepBoundary(): the vote goes before the optimizer step; a boundary
+// that changes nothing then needs no collective of its own, and one with a
+// queued request agrees on it as usual.
+TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
+  auto store = ControlStore::InMemory();
+  auto groups = BootstrapThreads(store, Options("early", "", 3), 3);
+  ASSERT_EQ(groups.size(), 3u);
+  std::vector<std::vector<Transition::Kind>> kinds(3);
+  std::vector<absl::Status> errors(3);
+  // Round r: every rank allreduces, begins the boundary, commits, and takes
+  // the boundary. t1 is asked to leave during round 2, after the leader's
+  // early vote, so that round changes nothing and round 3 applies the leave.
+  auto round = [&](int i, int r) {
+    at::Tensor x = at::full({4}, 1.0f, at::kFloat);
+    errors[i] = groups[i]->comm().AllReduce(x);
+    if (!errors[i].ok()) return false;
+    errors[i] = groups[i]->BeginStepBoundary();
+    if (!errors[i].ok()) return false;
+    EXPECT_OK(groups[i]->BeginStepBoundary());  // a second call does nothing
+    // The leader (t0) has looked at the queue: a request made now waits a step.
+    if (r == 2 && i == 0) EXPECT_OK(ElasticGroup::RequestLeave(*store, "early", "t1"));
+    groups[i]->Commit(r);
+    auto t = groups[i]->AtStepBoundary();
+    if (!t.ok()) {
+      errors[i] = t.status();
+      return false;
+    }
+    kinds[i].push_back(t->kind);
+    return t->kind != Transition::Kind::kLeft;
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      for (int r = 0; r < 4; ++r) {
+        if (!round(i, r)) return;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) ASSERT_OK(errors[i]) << i;
+  using K = Transition::Kind;
+  EXPECT_THAT(kinds[0], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
+  EXPECT_THAT(kinds[1], ElementsAre(K::kNone, K::kNone, K::kNone, K::kLeft));
+  EXPECT_THAT(kinds[2], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
+  EXPECT_EQ(groups[0]->size(), 2);
+  EXPECT_EQ(groups[2]->members(), groups[0]->members());
+}
+
+// A member killed while the early vote is in flight: the others' boundary
+// recovers without it.
+TEST(ElasticGroupTest, EarlyVoteOfAGenerationThatFailsRecovers) {
+  auto store = ControlStore::InMemory();
+  ElasticGroupOptions base = Options("early-fail", "", 3);
+  base.recovery_grace = absl::Seconds(2);
+  auto groups = BootstrapThreads(store, base, 3);
+  ASSERT_EQ(groups.size(), 3u);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] { EXPECT_OK(groups[i]->BeginStepBoundary()); });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  // t2 never votes: it goes away as a killed process would (closed, reported).
+  const std::string gone = groups[2]->member_id();
+  groups[2].reset();
+  ASSERT_OK(ElasticGroup::ReportDead(*store, "early-fail", gone));
+  auto after = RecoverThreads(groups);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(after[i].transition.kind, Transition::Kind::kRecovered) << i;
+    EXPECT_EQ(after[i].transition.size, 2) << i;
+    EXPECT_EQ(after[i].sum, 3.0f) << i;
+  }
+}
+
 // A member that closes its group without leaving (its program finished, or
 // decided to stop on its own) is a failure for the others, and they recover
 // without it. Its watchdog, woken by the close, used to check it in to the
