@@ -748,6 +748,9 @@ absl::StatusOr<bool> ElasticTrainer::FinishStep() {
     ZeroGrads();
     return false;  // not committed: the next boundary recovers and redoes the step
   }
+  // The gradients are reduced: the next boundary's vote goes now and completes
+  // while the optimizer runs (one synchronisation per step, not two).
+  MALLE_RETURN_IF_ERROR(group_->BeginStepBoundary());
   optimizer_.step();
   if (optimizer_.state().size() != optimizer_state_count_) {
     // New state tensors (Adam's moments after its first step): one buffer per

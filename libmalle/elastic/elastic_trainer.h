@@ -217,8 +217,11 @@ class ElasticTrainer {
   // optimizer and commits the step: returns true. Returns false when the
   // synchronisation failed (a peer died or hung): the optimizer did not step
   // and the step is redone after the next NextStep()'s recovery.
+  // Before the optimizer steps it starts the next boundary's vote
+  // (ElasticGroup::BeginStepBoundary), which completes meanwhile.
   // Blocks for the collectives. Errors: kFailedPrecondition (not every
-  // micro-batch of the plan ran).
+  // micro-batch of the plan ran), kUnavailable / kDeadlineExceeded (rank 0's
+  // look at the control store for change requests).
   absl::StatusOr<bool> FinishStep();
 
   // Asks to leave at the next step boundary (NextStep then returns nullopt).
