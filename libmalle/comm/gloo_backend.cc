@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <signal.h>
+#include <stdlib.h>
 
 #include <chrono>
 #include <exception>
@@ -35,6 +36,21 @@ void IgnoreSigpipeOnce() {
   });
 }
 
+// c10d's flight recorder (a process-wide trace of collectives, on by default)
+// inserts a group's status into a shared map before it takes its lock, so two
+// groups enqueueing at once can corrupt it: seen as a crash in
+// FlightRecorder::recordWithResetEnabled when three members of one process (a
+// test) recovered while another enqueued. malletrain builds a group per
+// generation, often beside an old one, so it turns the recorder off unless the
+// program asked for a buffer size itself. It must happen before c10d first
+// reads the setting, i.e. before the first process group of the process.
+void DisableFlightRecorderOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  });
+}
+
 class GlooFactory final : public BackendFactory {
  public:
   explicit GlooFactory(GlooBackendOptions options) : options_(std::move(options)) {}
@@ -43,6 +59,7 @@ class GlooFactory final : public BackendFactory {
 
   absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> Create(const GroupSpec& spec) const override {
     IgnoreSigpipeOnce();
+    DisableFlightRecorderOnce();
     if (options_.device_type != c10::DeviceType::CPU && options_.device_type != c10::DeviceType::CUDA) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the Gloo backend reduces CPU or CUDA tensors, not ", c10::DeviceTypeName(options_.device_type)));

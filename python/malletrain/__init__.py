@@ -16,7 +16,14 @@ See :mod:`malletrain.elastic` for the semantics, ``malletrain.alloc`` and
 
 from __future__ import annotations
 
+import os
 import warnings
+
+# c10d's flight recorder is not safe with several process groups enqueueing at once (it
+# fills a shared map before taking its lock), and malletrain builds a group per
+# generation beside the old one: off unless the program sets a buffer size itself.
+# Before torch, so that c10d reads it when it first needs it (libmalle/comm/gloo_backend.cc).
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "0")
 
 # torch first: it loads libtorch*.so and registers its pybind11 types, which
 # malletrain._C is linked against.

@@ -295,8 +295,12 @@ TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
   std::vector<std::vector<Transition::Kind>> kinds(3);
   std::vector<absl::Status> errors(3);
   // Round r: every rank allreduces, begins the boundary, commits, and takes
-  // the boundary. t1 is asked to leave during round 2, after the leader's
+  // the boundary. The leader asks rank 1 to leave during round 2, after its
   // early vote, so that round changes nothing and round 3 applies the leave.
+  int leader = -1, leaver = -1, other = -1;
+  for (int i = 0; i < 3; ++i) {
+    (groups[i]->rank() == 0 ? leader : groups[i]->rank() == 1 ? leaver : other) = i;
+  }
   auto round = [&](int i, int r) {
     at::Tensor x = at::full({4}, 1.0f, at::kFloat);
     errors[i] = groups[i]->comm().AllReduce(x);
@@ -304,8 +308,10 @@ TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
     errors[i] = groups[i]->BeginStepBoundary();
     if (!errors[i].ok()) return false;
     EXPECT_OK(groups[i]->BeginStepBoundary());  // a second call does nothing
-    // The leader (t0) has looked at the queue: a request made now waits a step.
-    if (r == 2 && i == 0) EXPECT_OK(ElasticGroup::RequestLeave(*store, "early", "t1"));
+    // The leader has looked at the queue: a request made now waits a step.
+    if (r == 2 && i == leader) {
+      EXPECT_OK(ElasticGroup::RequestLeave(*store, "early", groups[leaver]->member_id()));
+    }
     groups[i]->Commit(r);
     auto t = groups[i]->AtStepBoundary();
     if (!t.ok()) {
@@ -326,11 +332,11 @@ TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
   for (auto& t : threads) t.join();
   for (int i = 0; i < 3; ++i) ASSERT_OK(errors[i]) << i;
   using K = Transition::Kind;
-  EXPECT_THAT(kinds[0], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
-  EXPECT_THAT(kinds[1], ElementsAre(K::kNone, K::kNone, K::kNone, K::kLeft));
-  EXPECT_THAT(kinds[2], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
-  EXPECT_EQ(groups[0]->size(), 2);
-  EXPECT_EQ(groups[2]->members(), groups[0]->members());
+  EXPECT_THAT(kinds[leader], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
+  EXPECT_THAT(kinds[leaver], ElementsAre(K::kNone, K::kNone, K::kNone, K::kLeft));
+  EXPECT_THAT(kinds[other], ElementsAre(K::kNone, K::kNone, K::kNone, K::kPlanned));
+  EXPECT_EQ(groups[leader]->size(), 2);
+  EXPECT_EQ(groups[other]->members(), groups[leader]->members());
 }
 
 // A member killed while the early vote is in flight: the others' boundary
