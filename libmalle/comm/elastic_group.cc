@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/comm/internal/liveness.h"
 #include "libmalle/comm/internal/store_layout.h"
 
 namespace malle::comm {
@@ -33,6 +34,10 @@ using internal::RecordKey;
 using internal::RequestKey;
 
 namespace {
+
+// A refusal comes back in microseconds on a LAN; no answer at all (a host
+// that is down) gives no verdict, and the recovery waits out its grace.
+constexpr absl::Duration kLivenessProbeTimeout = absl::Milliseconds(50);
 
 std::string RandomHex() {
   std::random_device device;
@@ -203,6 +208,7 @@ class ElasticGroup::Watchdog {
   }
 
   absl::Status Tick(std::optional<Watched>& w, base::Clock* clock) {
+    if (group_->liveness_) group_->liveness_->Drain();
     MALLE_RETURN_IF_ERROR(store_->Add(heartbeat_key_, 1).status());
     if (!w.has_value()) return absl::OkStatus();
     if (w->abort->aborted()) {
@@ -344,6 +350,16 @@ absl::Status ElasticGroup::Register() {
                                                  job_id(), "'; member ids must be unique per process"));
   }
   MALLE_RETURN_IF_ERROR(job_->Add(HeartbeatKey(member_id()), 1).status());
+  absl::StatusOr<std::unique_ptr<internal::LivenessListener>> listener =
+      internal::LivenessListener::Listen(options_.gloo.hostname);
+  if (listener.ok()) {
+    liveness_ = *std::move(listener);
+    MALLE_RETURN_IF_ERROR(job_->Set(internal::ProbeKey(member_id()), liveness_->address()));
+  } else {
+    // Only slower: a recovery then waits out recovery_grace for this member.
+    MALLE_LOG(WARNING) << "no liveness listener (" << listener.status()
+                       << "); a death of this member is seen only after recovery_grace";
+  }
   MALLE_ASSIGN_OR_RETURN(std::shared_ptr<ControlStore> watchdog_store, job_->Clone());
   watchdog_ = std::make_unique<Watchdog>(this, std::move(watchdog_store));
   return absl::OkStatus();
@@ -646,12 +662,30 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
   comm_.reset();
   MALLE_RETURN_IF_ERROR(CheckIn(*job_, g, /*ensure_visible=*/true));
   const absl::Time deadline = absl::Now() + options_.recovery_grace;
+  absl::flat_hash_set<std::string> probed;
   for (;;) {
     MALLE_ASSIGN_OR_RETURN(bool decided, job_->Exists(RecordKey(g + 1)));
     if (decided) break;
     MALLE_ASSIGN_OR_RETURN(int64_t arrived, job_->Add(CheckInCountKey(g), 0));
     const int64_t size = static_cast<int64_t>(failed.members.size());
     if (arrived < size) {
+      // A member that has not checked in and whose liveness port refuses
+      // connections is gone (killed, or its group closed): report it, as its
+      // owner would, instead of waiting out the grace. Once per member: a
+      // live one (accepted) is waited for as before.
+      for (const std::string& m : failed.members) {
+        if (m == member_id() || probed.contains(m)) continue;
+        MALLE_ASSIGN_OR_RETURN(bool in, job_->Exists(CheckInKey(g, m)));
+        if (in) continue;
+        probed.insert(m);
+        MALLE_ASSIGN_OR_RETURN(std::optional<std::string> where, job_->TryGet(internal::ProbeKey(m)));
+        if (where.has_value() &&
+            internal::Probe(*where, kLivenessProbeTimeout) == internal::Liveness::kGone) {
+          MALLE_LOG(WARNING) << "member " << m << " is gone (its liveness port " << *where
+                             << " refuses connections); not waiting for its check-in";
+          MALLE_RETURN_IF_ERROR(ReportDead(*root_, job_id(), m));
+        }
+      }
       // Members reported dead by their owner will never check in.
       MALLE_ASSIGN_OR_RETURN(int64_t dead, job_->Add(internal::kDeadCount, 0));
       if (dead > 0) {

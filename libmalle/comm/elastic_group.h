@@ -58,6 +58,9 @@
 #include "libmalle/comm/membership.h"
 
 namespace malle::comm {
+namespace internal {
+class LivenessListener;
+}  // namespace internal
 
 struct ElasticGroupOptions {
   std::string job_id;     // required; [A-Za-z0-9._-]{1,128}
@@ -266,6 +269,9 @@ class ElasticGroup {
   std::string last_recovery_cause_;
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
   std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
+  // Refuses connections once this group is gone (others probe it in a recovery);
+  // null if it could not listen. Drained by the watchdog, destroyed after it.
+  std::unique_ptr<internal::LivenessListener> liveness_;
   std::unique_ptr<Watchdog> watchdog_;
 };
 

@@ -29,6 +29,8 @@ inline std::string GroupPrefix(int64_t g) { return absl::StrCat("gen/", g, "/pg/
 // A process that owns a member (launcher, node agent) saw it exit: recovery need
 // not wait for its check-in. kDeadCount counts such reports.
 inline std::string DeadKey(absl::string_view m) { return absl::StrCat("dead/", m); }
+// "host:port" of the member's liveness listener (internal/liveness.h).
+inline std::string ProbeKey(absl::string_view m) { return absl::StrCat("probe/", m); }
 inline constexpr absl::string_view kDeadCount = "dead/count";
 
 }  // namespace malle::comm::internal

@@ -290,6 +290,23 @@ TEST_F(ElasticProcessTest, TwoMembersKilledAtOnce) {
   StopAndCheck(survivors, 1);
 }
 
+// Nobody reports the kill and the grace is long: the survivors find the dead
+// member's liveness port refused and recover at once instead of waiting 20 s.
+TEST_F(ElasticProcessTest, UnreportedKillIsSeenWithoutWaitingOutTheGrace) {
+  Bootstrap(3, {"--grace_ms=20000"});
+  const std::vector<std::string> order = Transitions("w0").front()["members"];
+  absl::SleepFor(absl::Milliseconds(300));
+  Signal(order[1], SIGKILL);
+  EXPECT_EQ(WaitExit(order[1]), 128 + SIGKILL);
+  const std::vector<std::string> survivors = {order[0], order[2]};
+  for (const std::string& m : survivors) {
+    json r = WaitFor(m, [](const json& e) { return e["kind"] == "recovered"; }, absl::Seconds(15));
+    EXPECT_EQ(r["size"], 2) << m;
+    EXPECT_LT(r["agree_ms"].get<double>(), 5000) << m << ": waited for the dead member's check-in";
+  }
+  StopAndCheck(survivors, 1);
+}
+
 // Members read the stop key at different moments (right after a recovery's
 // state broadcast the root runs ahead of the others). The one that sees it
 // first must not just exit: the others would be left in that step's allreduce
