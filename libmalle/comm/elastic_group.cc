@@ -599,18 +599,22 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
         "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
   }
   const absl::Time start = absl::Now();
+  // The boundary changed nothing: the current generation, no phases.
+  auto NoChange = [this] {
+    Transition none = transition_;
+    none.kind = Transition::Kind::kNone;
+    none.joined.clear();
+    none.removed.clear();
+    none.phases = {};
+    return none;
+  };
   std::optional<EarlyVote> early = std::move(early_vote_);
   early_vote_.reset();
   absl::Status failure = comm_->abort_reason();
   if (!comm_->aborted() && early.has_value()) {
     failure = early->pending.Wait();
     if (failure.ok() && early->value.data_ptr<int64_t>()[0] == 0) {
-      Transition none = transition_;
-      none.kind = Transition::Kind::kNone;
-      none.joined.clear();
-      none.removed.clear();
-      none.phases = {};
-      return none;
+      return NoChange();
     }
     // Requests are queued: agree on them below, as without the early vote.
   }
@@ -628,12 +632,7 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
     if (failure.ok()) {
       const int64_t next = vote.data_ptr<int64_t>()[0];
       if (next == 0) {
-        Transition none = transition_;
-        none.kind = Transition::Kind::kNone;
-        none.joined.clear();
-        none.removed.clear();
-        none.phases = {};
-        return none;
+        return NoChange();
       }
       MALLE_ASSIGN_OR_RETURN(GenerationRecord record, ReadRecord(next));
       // The leader's proposal can lose the race to a recovery record; then
