@@ -421,3 +421,12 @@ def test_backend_is_checked():
         job.join()
     with pytest.raises(MalleValueError, match="data_backend: got 'mpi'"):
         malletrain._C.ElasticGroup.join(store, "x", data_backend="mpi")
+
+
+def test_model_without_trainable_parameters_is_refused():
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="frozen")
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(MalleValueError, match="no parameter that requires a gradient"):
+        job.wrap_model(frozen)
