@@ -8,7 +8,8 @@
 //
 //   ElasticGroupOptions options;
 //   options.data_backend = MakeGlooBackend();           // the default (CPU tensors)
-//   // CUDA tensors through Gloo: MakeGlooBackend({.device_type = c10::DeviceType::CUDA})
+//   // CUDA tensors through Gloo: GlooBackendOptions g; g.device_type =
+//   // c10::DeviceType::CUDA; options.data_backend = MakeGlooBackend(g);
 //   // or, built with MALLE_WITH_NCCL: options.data_backend = MakeNcclBackend();
 //
 // Thread-safety: factories are immutable after creation; Create() may be

@@ -489,12 +489,11 @@ void ElasticGroup::Commit(int64_t step) {
 }
 
 absl::Status ElasticGroup::CountRecovery(const absl::Status& why) {
-  last_recovery_cause_ = std::string(why.message());
   if (recoveries_since_commit_ >= options_.max_recoveries_without_commit) {
     return absl::AbortedError(absl::StrCat(
         "member ", member_id(), " of job '", job_id(), "' gives up: ", recoveries_since_commit_,
         " recoveries in a row without a committed step (max_recoveries_without_commit); the "
-        "last failure: ", last_recovery_cause_,
+        "last failure: ", why.message(),
         ". A failure that repeats at every attempt is not a lost member: see the log"));
   }
   ++recoveries_since_commit_;
@@ -571,11 +570,14 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   return proposal.generation;
 }
 
+absl::Status ElasticGroup::RequireMember() const {
+  if (transition_.active() && comm_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
+}
+
 absl::Status ElasticGroup::BeginStepBoundary() {
-  if (!transition_.active() || !comm_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
-  }
+  MALLE_RETURN_IF_ERROR(RequireMember());
   if (early_vote_.has_value() || comm_->aborted()) return absl::OkStatus();
   int64_t wanted = 0;
   if (rank() == 0) {
@@ -594,10 +596,7 @@ absl::Status ElasticGroup::BeginStepBoundary() {
 }
 
 absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
-  if (!transition_.active() || !comm_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
-  }
+  MALLE_RETURN_IF_ERROR(RequireMember());
   const absl::Time start = absl::Now();
   // The boundary changed nothing: the current generation, no phases.
   auto NoChange = [this] {

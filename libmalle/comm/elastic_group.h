@@ -236,6 +236,8 @@ class ElasticGroup {
                                    absl::Duration detect, absl::Duration wait = absl::ZeroDuration());
   // After a failure of `failed`: check in, wait for the others, agree.
   absl::StatusOr<GenerationRecord> Recover(const GenerationRecord& failed, absl::Status why);
+  // kFailedPrecondition once this member left or was excluded.
+  absl::Status RequireMember() const;
   // Before each recovery: kAborted once max_recoveries_without_commit is used up.
   absl::Status CountRecovery(const absl::Status& why);
   absl::StatusOr<int64_t> LeaderPropose();
@@ -266,7 +268,6 @@ class ElasticGroup {
   Transition transition_;
   std::atomic<int64_t> committed_{-1};
   int recoveries_since_commit_ = 0;       // training thread only (Commit, AtStepBoundary)
-  std::string last_recovery_cause_;
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
   std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
   // Refuses connections once this group is gone (others probe it in a recovery);

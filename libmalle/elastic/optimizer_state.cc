@@ -38,15 +38,13 @@ struct Codec {
   void (*set_options)(optim::OptimizerOptions&, const std::vector<double>&);
   size_t num_options;
   ParamRecord (*get_state)(const optim::OptimizerParamState&);
+  // Keeps the record's tensors themselves (views of the unpacked segments, no
+  // copy): the optimizer's state is then one buffer per dtype, which the next
+  // state sync sends as it is.
   std::unique_ptr<optim::OptimizerParamState> (*make_state)(const ParamRecord&);
   size_t num_ints;
   size_t num_tensors;
 };
-
-// The optimizer keeps views of the unpacked segments (no copy): they stay
-// alive with it, and its state is then one buffer per dtype, which the next
-// state sync sends as it is.
-at::Tensor Own(const at::Tensor& t) { return t; }
 
 template <typename Options, typename State>
 struct AdamLike {
@@ -66,9 +64,9 @@ struct AdamLike {
   static std::unique_ptr<optim::OptimizerParamState> MakeState(const ParamRecord& r) {
     auto s = std::make_unique<State>();
     s->step(r.ints[0]);
-    s->exp_avg(Own(r.tensors[0]));
-    s->exp_avg_sq(Own(r.tensors[1]));
-    s->max_exp_avg_sq(Own(r.tensors[2]));
+    s->exp_avg(r.tensors[0]);
+    s->exp_avg_sq(r.tensors[1]);
+    s->max_exp_avg_sq(r.tensors[2]);
     return s;
   }
 };
@@ -86,7 +84,7 @@ ParamRecord SgdState(const optim::OptimizerParamState& s) {
 }
 std::unique_ptr<optim::OptimizerParamState> MakeSgdState(const ParamRecord& r) {
   auto s = std::make_unique<optim::SGDParamState>();
-  s->momentum_buffer(Own(r.tensors[0]));
+  s->momentum_buffer(r.tensors[0]);
   return s;
 }
 
@@ -105,9 +103,9 @@ ParamRecord RmspropState(const optim::OptimizerParamState& s) {
 std::unique_ptr<optim::OptimizerParamState> MakeRmspropState(const ParamRecord& r) {
   auto s = std::make_unique<optim::RMSpropParamState>();
   s->step(r.ints[0]);
-  s->square_avg(Own(r.tensors[0]));
-  s->momentum_buffer(Own(r.tensors[1]));
-  s->grad_avg(Own(r.tensors[2]));
+  s->square_avg(r.tensors[0]);
+  s->momentum_buffer(r.tensors[1]);
+  s->grad_avg(r.tensors[2]);
   return s;
 }
 
@@ -126,7 +124,7 @@ ParamRecord AdagradState(const optim::OptimizerParamState& s) {
 std::unique_ptr<optim::OptimizerParamState> MakeAdagradState(const ParamRecord& r) {
   auto s = std::make_unique<optim::AdagradParamState>();
   s->step(r.ints[0]);
-  s->sum(Own(r.tensors[0]));
+  s->sum(r.tensors[0]);
   return s;
 }
 
