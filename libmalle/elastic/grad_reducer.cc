@@ -159,7 +159,9 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
     std::unordered_map<size_t, std::string> names;
     auto reducer = std::make_unique<FixedLayoutReducer>(
         params, std::move(indices), state->local_group, std::vector<bool>(params.size(), false),
-        bucket_bytes, /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false,
+        // The gradients become views of the buckets, so a reduced bucket is
+        // the gradient: no copy back after the backward (DDP's default copies).
+        bucket_bytes, /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/true,
         std::move(names), /*first_bucket_bytes_cap=*/bucket_bytes,
         /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
         std::vector<int64_t>(static_cast<size_t>(state->num_buckets), bucket_bytes));

@@ -3,8 +3,9 @@
 // The Reducer installs autograd hooks on the parameters, copies gradients into
 // buckets as they become ready during backward and hands each full bucket to
 // a communication hook, so communication overlaps the rest of the backward
-// pass; at the end of backward it waits for every bucket and copies the
-// results back into the gradients. The Reducer is bound, for its whole life,
+// pass; at the end of backward it waits for every bucket. The gradients are
+// views of the buckets (c10d's gradient_as_bucket_view), so the reduced
+// buckets are the gradients, with no copy back. The Reducer is bound, for its whole life,
 // to a one-rank process group it never communicates through (as in
 // python/malletrain/elastic.py); the hook sends each bucket to whatever
 // generation's Communicator the step runs in, so membership changes never

@@ -271,7 +271,10 @@ def _fixed_layout_reducer(params: List[torch.nn.Parameter], bucket_cap_mb: float
     indices, limits = dist._compute_bucket_assignment_by_size(rev, [first_cap, cap], sparse)
     reducer = dist.Reducer(rev, indices, limits, _dummy_process_group(), sparse, cap,
                            False,  # find_unused_parameters
-                           False,  # gradient_as_bucket_view
+                           # The gradients become views of the buckets: the reduced
+                           # bucket is the gradient, with no copy back after the
+                           # backward (DDP's default copies each bucket into .grad).
+                           True,  # gradient_as_bucket_view
                            {}, first_cap, False, False, [])
     reducer._push_all_rebuilt_params()
     if not reducer._rebuild_buckets():

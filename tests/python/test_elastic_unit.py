@@ -243,8 +243,11 @@ def test_loader_rejects_a_dataset_smaller_than_the_global_batch():
     job.close()
 
 
-def test_single_rank_job_trains_and_matches_plain_accumulation():
-    """One rank running all 4 logical workers equals plain 4-micro-batch averaging."""
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_single_rank_job_trains_and_matches_plain_accumulation(set_to_none):
+    """One rank running all 4 logical workers equals plain 4-micro-batch averaging, whether
+    zero_grad drops the gradients or zeroes them in place (then they stay views of the
+    Reducer's buckets, and the no-sync micro-batches accumulate into those)."""
     store = malletrain._C.ControlStore.serve()
     torch.manual_seed(0)
     x = torch.randn(64, 5)
@@ -253,14 +256,14 @@ def test_single_rank_job_trains_and_matches_plain_accumulation():
 
     def net():
         torch.manual_seed(1)
-        return torch.nn.Linear(5, 1)
+        return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
     job = malletrain.init(logical_workers=4, store=f"127.0.0.1:{store.port}",
-                          bootstrap_size=1, job_id="one", seed=5)
+                          bootstrap_size=1, job_id="one", seed=5, bucket_cap_mb=0.0001)
     model = job.wrap_model(net())
     opt = job.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     for xb, yb in job.loader(data, batch_size=2, steps=6):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         torch.nn.functional.mse_loss(model(xb), yb).backward()
         opt.step()
     assert job.step == 6 and job.size == 1 and list(job.workers) == [0, 1, 2, 3]
