@@ -18,9 +18,10 @@ One run measures, on this machine, a ~21 M-parameter MLP with Adam on CPU rank p
   kill -9 of one worker -> first completed step after the restart, steps redone; and a
   second agent joining (`--nnodes=1:2`) -> first step at the new size.
 * steady-state step time, malletrain (L = world size, one micro-batch per rank) versus
-  `torch.nn.parallel.DistributedDataParallel` (Gloo), same model and world size: both in
-  the same rank processes, in alternating blocks of steps, so that the load other programs
-  put on the machine hits both alike.
+  `torch.nn.parallel.DistributedDataParallel` (Gloo), same model and world size, with DDP's
+  defaults and with `gradient_as_bucket_view=True` (what malletrain's reducer uses): all
+  three in the same rank processes, in rotating blocks of steps, so that the load other
+  programs put on the machine hits each alike; a bootstrap 95 % interval over the blocks.
 
     PYTHONPATH=python .venv/bin/python tests/bench/resize_bench.py [--json out.json]
     .venv/bin/python tests/bench/resize_bench.py --report-from out.json   # tables again
@@ -35,6 +36,7 @@ import ctypes
 import glob
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -230,13 +232,17 @@ def ddp_rank(args) -> int:
     return 0
 
 
-def steady_rank(args) -> int:
-    """DDP and malletrain in the same process, in alternating blocks of steps.
+STEADY_SYSTEMS = ("malletrain", "ddp", "ddp_view")
 
-    Each process holds both: a DistributedDataParallel replica on a torch.distributed
-    Gloo group (env://) and a malletrain job (L = world size, one micro-batch per rank),
-    same model, same Adam. Blocks alternate A-B, B-A, ... so that a change in the load
-    from other programs on the machine hits both about equally."""
+
+def steady_rank(args) -> int:
+    """DDP (twice) and malletrain in the same process, in rotating blocks of steps.
+
+    Each process holds: two DistributedDataParallel replicas on a torch.distributed Gloo
+    group (env://), one with DDP's defaults and one with gradient_as_bucket_view=True, and
+    a malletrain job (L = world size, one micro-batch per rank); same model, same Adam.
+    Blocks rotate A-B-C, B-C-A, ... so that a change in the load from other programs on
+    the machine hits each about equally."""
     die_with_parent()
     log = os.path.join(args.dir, f"{os.environ['MALLE_MEMBER_ID']}.jsonl")
     append(log, {"type": "start", "pid": os.getpid(), "t": time.time()})
@@ -249,15 +255,16 @@ def steady_rank(args) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    ddp = DDP(build_model())
-    dopt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
+    ddps = {"ddp": DDP(build_model()), "ddp_view": DDP(build_model(), gradient_as_bucket_view=True)}
+    dopts = {k: torch.optim.Adam(v.parameters(), lr=1e-4) for k, v in ddps.items()}
     job = malletrain.init(logical_workers=n, seed=0)
     model = job.wrap_model(build_model())
     mopt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
     it = iter(job.loader(dataset(), batch_size=args.batch, steps=args.blocks * args.block))
     data = dataset()
 
-    def ddp_step(step: int) -> dict:
+    def ddp_step(step: int, system: str) -> dict:
+        ddp, dopt = ddps[system], dopts[system]
         t0 = time.perf_counter()
         base = (step * n + rank) * args.batch % (len(data) - args.batch)
         x, y = data[base:base + args.batch]
@@ -280,13 +287,16 @@ def steady_rank(args) -> int:
             raise RuntimeError(f"malletrain step {step} was not committed")
         return {"loader": t1 - t0, "compute": t2 - t1, "opt": time.perf_counter() - t2}
 
-    steps = {"ddp": 0, "malletrain": 0}
+    steps = {k: 0 for k in STEADY_SYSTEMS}
+    k = len(STEADY_SYSTEMS)
     for b in range(args.blocks):
-        order = ("malletrain", "ddp") if b % 2 == 0 else ("ddp", "malletrain")
-        for system in order:
-            fn = malle_step if system == "malletrain" else ddp_step
+        for j in range(k):
+            system = STEADY_SYSTEMS[(b + j) % k]
             for i in range(args.block):
-                split = fn(steps[system])
+                if system == "malletrain":
+                    split = malle_step(steps[system])
+                else:
+                    split = ddp_step(steps[system], system)
                 steps[system] += 1
                 append(log, {"type": "commit", "system": system, "block": b, "i": i,
                              "t": time.time(), "rank": rank, "split": split})
@@ -652,7 +662,7 @@ def steady(args, d: str, n: int) -> dict:
         raise RuntimeError(f"steady-state run failed: {codes}; logs in {d}")
     recs = [r for i in range(n) for r in j.log(f"s{i}") if r["type"] == "commit" and r["rank"] == 0]
     out: Dict[str, Any] = {}
-    for system in ("malletrain", "ddp"):
+    for system in STEADY_SYSTEMS:
         # Block 0 is the warm-up; within a block, commit-to-commit intervals only.
         per_block = []
         for b in range(1, args.blocks):
@@ -675,6 +685,60 @@ def sec(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def verdict_check(verdicts: List[Dict[str, Any]]):
+    """A function that prints one target's verdict and appends it to verdicts."""
+    def check(label: str, value: float, target: str, ok: bool) -> None:
+        verdicts.append({"what": label, "value": value, "target": target, "ok": ok})
+        print(f"  {label:66} {value:8.2f}   target {target:9} {'ok' if ok else 'MISSED'}")
+    return check
+
+
+def ratio_interval(num: List[float], den: List[float], draws: int = 4000) -> tuple:
+    """Ratio of the block means num/den and its bootstrap 95 % interval over paired blocks."""
+    rnd = random.Random(0)
+    n = len(num)
+    rs = []
+    for _ in range(draws):
+        idx = [rnd.randrange(n) for _ in range(n)]
+        rs.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
+    rs.sort()
+    return sum(num) / sum(den), rs[int(0.025 * draws)], rs[int(0.975 * draws) - 1]
+
+
+def report_steady(a: Dict[str, Any], st: Dict[str, Any], check) -> None:
+    """The steady-state table and its verdicts; adds the ratios to st."""
+    n = st["ranks"]
+    systems = [k for k in STEADY_SYSTEMS if k in st]  # JSON of older runs: no ddp_view
+    names = {"malletrain": "malletrain", "ddp": "DDP", "ddp_view": "DDP, views"}
+    print(f"\nsteady state, {n} ranks, L = {n} (one micro-batch of {a['batch']} per rank); "
+          f"malletrain, DDP (defaults) and DDP with gradient_as_bucket_view=True in the same {n} "
+          f"processes,\nrotating blocks of {a['block']} steps, {a['blocks'] - 1} measured blocks "
+          f"each (the first is warm-up); rank 0's commit-to-commit times, ms:")
+    med = {k: statistics.median(st[k]["step_s"]) for k in systems}
+    for k in systems:
+        sp = st[k]["split_s"]
+        print(f"  {names[k]:11} median {ms(med[k])}   split: next(loader) incl. step boundary "
+              f"{ms(sp['loader'])}, forward+backward incl. gradient allreduce "
+              f"{ms(sp['compute'])}, optimizer.step {ms(sp['opt'])}")
+    m = st["malletrain"]["block_median_s"]
+    for ref in systems[1:]:
+        d = st[ref]["block_median_s"]
+        pooled = med["malletrain"] / med[ref]
+        pair = [x / y for x, y in zip(m, d)]
+        mean, lo, hi = ratio_interval(m, d)
+        print(f"  malletrain / {names[ref]}: pooled medians {pooled:.3f}; per-block ratios "
+              f"median {statistics.median(pair):.3f} (range {min(pair):.3f}-{max(pair):.3f}); "
+              f"mean of block medians {mean:.3f}, 95 % interval {lo:.3f}-{hi:.3f}")
+        st[f"vs_{ref}"] = {"pooled": pooled, "block_ratios": pair, "mean": mean, "lo": lo, "hi": hi}
+        if ref == "ddp":
+            check("steady state: malletrain / DDP step time (pooled medians)", pooled,
+                  "<= 1.02x", pooled <= 1.02)
+            check("steady state: median of per-block ratios", statistics.median(pair),
+                  "<= 1.02x", statistics.median(pair) <= 1.02)
+            check("steady state: upper end of the 95 % interval", hi, "<= 1.02x", hi <= 1.02)
+    st.update(ratio=st["vs_ddp"]["pooled"], block_ratios=st["vs_ddp"]["block_ratios"])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=["driver", "malle", "ddp", "steady"], default="driver")
@@ -689,9 +753,11 @@ def main() -> int:
     p.add_argument("--small-grace", type=float, default=0.05,
                    help="recovery_grace (s) of the extra kill -9 run (0: skip it)")
     p.add_argument("--steady-ranks", type=int, default=2)
-    p.add_argument("--blocks", type=int, default=11,
+    p.add_argument("--blocks", type=int, default=31,
                    help="steady state: blocks per system, the first one is the warm-up")
-    p.add_argument("--block", type=int, default=6, help="steady state: steps per block")
+    p.add_argument("--block", type=int, default=4, help="steady state: steps per block")
+    p.add_argument("--steady-only", action="store_true",
+                   help="measure only the steady state (malletrain vs DDP), no resizes")
     p.add_argument("--torchrun-wait", type=float, default=90.0,
                    help="seconds to wait for torchrun to recover (then it is reported as hung)")
     p.add_argument("--skip-torchrun-grow", action="store_true")
@@ -716,6 +782,17 @@ def main() -> int:
           f"{args.batch} per logical worker; torch {torch.__version__}; {os.cpu_count()} cores; "
           f"every rank a CPU process with 1 torch thread", flush=True)
     res: Dict[str, Any] = {"params": n_params, "torch": torch.__version__, "args": vars(args)}
+    if args.steady_only:
+        with tempfile.TemporaryDirectory(prefix="malle-steady-bench-") as d:
+            print(f"steady state, {args.steady_ranks} ranks ...", flush=True)
+            st = steady(args, d, args.steady_ranks)
+        st["ranks"] = args.steady_ranks
+        res.update(steady=st, measure_s=time.time() - t_start)
+        report(args, res)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+        return 0
     with tempfile.TemporaryDirectory(prefix="malle-resize-bench-") as d:
         print("[1/5] malletrain: shrink, grow, kill -9, grow, reported kill -9 ...", flush=True)
         m = run_malletrain_resizes(args, os.path.join(d, "m"))
@@ -731,7 +808,7 @@ def main() -> int:
             print("[4/5] torchrun: a second node joins ...", flush=True)
             tg = run_torchrun_grow(args, os.path.join(d, "tg"))
         print(f"[5/5] steady state, {args.steady_ranks} ranks: malletrain and DDP in "
-              f"alternating blocks ...", flush=True)
+              f"rotating blocks ...", flush=True)
         n = args.steady_ranks
         st = steady(args, os.path.join(d, "s"), n)
         st["ranks"] = n
@@ -753,10 +830,15 @@ def _int_keys(d: Dict[Any, Any]) -> Dict[Any, Any]:
 
 def report(args, res: Dict[str, Any]) -> None:
     """Prints the tables and the verdicts; adds rows and verdicts to res."""
+    a = res["args"]  # the options of the run that measured (also with --report-from)
+    if "malletrain" not in res:  # --steady-only
+        print("\ntargets (issue 3)")
+        res["verdicts"] = []
+        report_steady(a, res["steady"], verdict_check(res["verdicts"]))
+        print(f"\nmeasurements took {res['measure_s']:.0f} s")
+        return
     m, tk, tg, st = res["malletrain"], res["torchrun_kill"], res["torchrun_grow"], res["steady"]
     m["bandwidth"], m["step_s"] = _int_keys(m["bandwidth"]), _int_keys(m["step_s"])
-    n = st["ranks"]
-    a = res["args"]  # the options of the run that measured (also with --report-from)
     # ---- bandwidth and floor
     bw2, bw3 = m["bandwidth"][2], m["bandwidth"][3]
     bw = bw2["Bps"]
@@ -856,11 +938,8 @@ def report(args, res: Dict[str, Any]) -> None:
 
     # ---- targets
     print("\ntargets (issue 3)")
-    verdicts = []
-
-    def check(label: str, value: float, target: str, ok: bool) -> None:
-        verdicts.append({"what": label, "value": value, "target": target, "ok": ok})
-        print(f"  {label:66} {value:8.2f}   target {target:9} {'ok' if ok else 'MISSED'}")
+    verdicts: List[Dict[str, Any]] = []
+    check = verdict_check(verdicts)
 
     for name in paths:
         if name.startswith("planned shrink") or name.startswith("kill"):
@@ -881,28 +960,7 @@ def report(args, res: Dict[str, Any]) -> None:
     for name in paths:
         check(f"{name}: change->resume / floor", rows[name]["resume_over_floor"], "<= 2x",
               rows[name]["resume_over_floor"] <= 2)
-    sm, sd = st["malletrain"], st["ddp"]
-    all_m, all_d = statistics.median(sm["step_s"]), statistics.median(sd["step_s"])
-    ratio = all_m / all_d
-    pair = [a / b for a, b in zip(sm["block_median_s"], sd["block_median_s"])]
-    print(f"\nsteady state, {n} ranks, L = {n} (one micro-batch of {a['batch']} per rank); both "
-          f"systems in the same {n} processes, alternating blocks of {a['block']} steps; block 1 "
-          f"is warm-up;\nrank 0's commit-to-commit times, ms:")
-    for name, x, med in (("malletrain", sm, all_m), ("DDP", sd, all_d)):
-        blocks = ", ".join(ms(b) for b in x["block_median_s"])
-        print(f"  {name:10} median {ms(med)} (per block {blocks})")
-    print(f"  per-block ratio malletrain / DDP: {', '.join(f'{x:.3f}' for x in pair)}; median "
-          f"{statistics.median(pair):.3f}")
-    for name, x in (("malletrain", sm), ("DDP", sd)):
-        sp = x["split_s"]
-        print(f"  {name:10} median split: next(loader) incl. step boundary {ms(sp['loader'])}, "
-              f"forward+backward incl. gradient allreduce {ms(sp['compute'])}, "
-              f"optimizer.step {ms(sp['opt'])}")
-    check("steady state: malletrain / DDP step time (pooled medians)", ratio, "<= 1.02x",
-          ratio <= 1.02)
-    check("steady state: median of per-block ratios", statistics.median(pair), "<= 1.02x",
-          statistics.median(pair) <= 1.02)
-    st.update(ratio=ratio, block_ratios=pair)
+    report_steady(a, st, check)
     res["rows"] = rows
     res["verdicts"] = verdicts
     print(f"\nmeasurements took {res['measure_s']:.0f} s")
