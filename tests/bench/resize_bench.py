@@ -661,7 +661,7 @@ def steady(args, d: str, n: int) -> dict:
     if any(c != 0 for c in codes.values()):
         raise RuntimeError(f"steady-state run failed: {codes}; logs in {d}")
     recs = [r for i in range(n) for r in j.log(f"s{i}") if r["type"] == "commit" and r["rank"] == 0]
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = {"ranks": n}
     for system in STEADY_SYSTEMS:
         # Block 0 is the warm-up; within a block, commit-to-commit intervals only.
         per_block = []
@@ -785,14 +785,22 @@ def main() -> int:
     if args.steady_only:
         with tempfile.TemporaryDirectory(prefix="malle-steady-bench-") as d:
             print(f"steady state, {args.steady_ranks} ranks ...", flush=True)
-            st = steady(args, d, args.steady_ranks)
-        st["ranks"] = args.steady_ranks
-        res.update(steady=st, measure_s=time.time() - t_start)
-        report(args, res)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1, default=str)
-        return 0
+            res["steady"] = steady(args, d, args.steady_ranks)
+    else:
+        res.update(measure_resizes_and_steady(args))
+    res["measure_s"] = time.time() - t_start
+    if args.json:  # the raw figures, before any formatting can fail
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    report(args, res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return 0
+
+
+def measure_resizes_and_steady(args) -> Dict[str, Any]:
+    """Every measurement of a full run, in order."""
     with tempfile.TemporaryDirectory(prefix="malle-resize-bench-") as d:
         print("[1/5] malletrain: shrink, grow, kill -9, grow, reported kill -9 ...", flush=True)
         m = run_malletrain_resizes(args, os.path.join(d, "m"))
@@ -809,19 +817,8 @@ def main() -> int:
             tg = run_torchrun_grow(args, os.path.join(d, "tg"))
         print(f"[5/5] steady state, {args.steady_ranks} ranks: malletrain and DDP in "
               f"rotating blocks ...", flush=True)
-        n = args.steady_ranks
-        st = steady(args, os.path.join(d, "s"), n)
-        st["ranks"] = n
-    res.update(malletrain=m, torchrun_kill=tk, torchrun_grow=tg, steady=st,
-               measure_s=time.time() - t_start)
-    if args.json:  # the raw figures, before any formatting can fail
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-    report(args, res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-    return 0
+        st = steady(args, os.path.join(d, "s"), args.steady_ranks)
+    return dict(malletrain=m, torchrun_kill=tk, torchrun_grow=tg, steady=st)
 
 
 def _int_keys(d: Dict[Any, Any]) -> Dict[Any, Any]:
