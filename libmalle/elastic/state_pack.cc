@@ -19,6 +19,15 @@
 namespace malle::elastic {
 namespace {
 
+// Tensors in a flat buffer start on 64-byte boundaries (FlattenTensors).
+constexpr int64_t kFlatAlignBytes = 64;
+
+// `numel` rounded up to the flat-buffer alignment: what a tensor takes in one.
+int64_t PaddedNumel(int64_t numel, int64_t element_size) {
+  const int64_t align = std::max<int64_t>(1, kFlatAlignBytes / element_size);
+  return (numel + align - 1) / align * align;
+}
+
 constexpr char kMagic[4] = {'M', 'S', 'K', '2'};
 constexpr int64_t kHeaderMagic = 0x4d414c4c45535432;  // "MALLEST2"
 constexpr size_t kSpecBytes = 9;                       // i8 dtype + i64 numel
@@ -177,7 +186,7 @@ PackedState StatePacker::Finish() && {
       ok = ok && t.scalar_type() == first.scalar_type() && t.is_contiguous();
       lo = std::min(lo, t.storage_offset());
       hi = std::max(hi, t.storage_offset() + t.numel());
-      used += t.numel();
+      used += PaddedNumel(t.numel(), static_cast<int64_t>(t.element_size()));  // gaps of a flat buffer are not slack
     }
     const int64_t bytes = (hi - lo) * static_cast<int64_t>(first.element_size());
     if (!ok || bytes < direct_min_bytes_ || static_cast<double>(hi - lo) > 1.25 * static_cast<double>(used)) continue;
@@ -289,13 +298,22 @@ bool FlattenTensors(const std::vector<at::Tensor>& tensors) {
       storage = t->storage().data();
     }
     if (flat) continue;
-    at::Tensor buffer = at::empty({total}, list.front()->options().requires_grad(false));
+    // Each tensor starts on a 64-byte boundary (the CPU allocator's alignment
+    // of the buffer): vectorised kernels over it (the optimizer's update) do
+    // not straddle cache lines at every load, as behind a 1-element tensor
+    // such as Adam's step. The gaps are zeros. The same rule as
+    // python/malletrain/state.py, so both APIs lay out a state alike.
+    const auto elsize = static_cast<int64_t>(c10::elementSize(dtype));
+    auto padded = [elsize](int64_t n) { return PaddedNumel(n, elsize); };
+    total = 0;
+    for (const at::Tensor* t : list) total += padded(t->numel());
+    at::Tensor buffer = at::zeros({total}, list.front()->options().requires_grad(false));
     int64_t offset = 0;
     for (const at::Tensor* t : list) {
       at::Tensor view = buffer.narrow(0, offset, t->numel()).view(t->sizes());
       view.copy_(t->detach());
       const_cast<at::Tensor*>(t)->set_data(view);
-      offset += t->numel();
+      offset += padded(t->numel());
     }
     changed = true;
   }

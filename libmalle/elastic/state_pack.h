@@ -109,7 +109,8 @@ absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton
 // those tensors. Errors: kInvalidArgument for a corrupt skeleton.
 absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, absl::string_view skeleton);
 
-// Makes `tensors` (dense, one device) views of one new buffer per dtype,
+// Makes `tensors` (dense, one device) views of one new buffer per dtype, each
+// starting on a 64-byte boundary (zeros in between),
 // keeping their values and TensorImpls (set_data), so that a packer sends
 // them as one direct segment. Non-contiguous ones (e.g. channels_last) are
 // left as they are. Returns false if nothing changed.

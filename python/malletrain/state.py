@@ -42,6 +42,18 @@ __all__ = ["pack", "unpack", "read_skeleton", "in_place_targets", "flatten_modul
 DIRECT_MIN_BYTES = 1 << 20
 _DIRECT_MAX_SLACK = 1.25
 
+# Each tensor in a flat buffer starts on a 64-byte boundary (the CPU allocator's
+# alignment of the buffer itself), so vectorised kernels over it (an optimizer's
+# update, a gradient's scaling) never straddle cache lines at every load, as they
+# would behind a 1-element tensor such as Adam's ``step``. The gaps are zeros.
+_ALIGN_BYTES = 64
+
+
+def _padded(numel: int, element_size: int) -> int:
+    """``numel`` rounded up to the alignment: what a tensor takes in a flat buffer."""
+    align = max(1, _ALIGN_BYTES // element_size)
+    return -(-numel // align) * align
+
 
 @dataclass(frozen=True)
 class TensorRef:
@@ -121,7 +133,7 @@ def _plan(state: Any, direct_min_bytes: int) -> Tuple[Any, List[Segment], List[A
             continue
         lo = min(t.storage_offset() for t in ts)
         hi = max(t.storage_offset() + t.numel() for t in ts)
-        used = sum(t.numel() for t in ts)
+        used = sum(_padded(t.numel(), t.element_size()) for t in ts)  # a flat buffer's gaps
         if (hi - lo) * ts[0].element_size() < direct_min_bytes or hi - lo > _DIRECT_MAX_SLACK * used:
             continue
         span = ts[0].detach().as_strided((hi - lo,), (1,), lo)
@@ -256,14 +268,17 @@ def _flat_views(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         groups.setdefault((t.dtype, t.device), []).append(i)
     out: List[Optional[torch.Tensor]] = [None] * len(tensors)
     for (dtype, device), idx in groups.items():
-        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
-        off = 0
+        offsets = []
+        end = 0
         for i in idx:
+            offsets.append(end)
+            end += _padded(tensors[i].numel(), tensors[i].element_size())
+        flat = torch.zeros(end, dtype=dtype, device=device)
+        for i, off in zip(idx, offsets):
             t = tensors[i]
             view = flat[off:off + t.numel()].view(t.shape)
             view.copy_(t.detach())
             out[i] = view
-            off += t.numel()
     return [t for t in out if t is not None]
 
 
