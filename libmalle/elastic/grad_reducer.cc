@@ -3,22 +3,25 @@
 #include "libmalle/elastic/grad_reducer.h"
 
 #include <algorithm>
-#include <deque>
+#include <atomic>
+#include <cmath>
 #include <exception>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
-#include <ATen/core/ivalue.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/elastic/bucket_sync.h"
 
 namespace malle::elastic {
 namespace {
@@ -28,77 +31,63 @@ std::string FirstLine(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
+// What the parameters' DivideGradHooks share with the GradReducer.
+struct GradScaling {
+  // The armed backward's divisor; 0: off (micro-batches that only accumulate,
+  // a step that already failed). Stored with release after `views` is set.
+  std::atomic<double> divisor{0.0};
+  // Each parameter's view of its bucket, known after the first reducing
+  // backward (the Reducer keeps its buckets for life); undefined before.
+  std::vector<at::Tensor> views;
+};
+
+// Divides a parameter's gradient right after autograd accumulated it, while
+// it is still in cache, then runs the hook that was there before, if any.
+// A gradient that is not (any more) its bucket view, e.g. after
+// zero_grad(set_to_none=true), is scaled straight into the bucket, one pass
+// instead of a division and the Reducer's copy. DDP's Reducer does the same
+// when it has no comm hook.
+class DivideGradHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  DivideGradHook(std::shared_ptr<GradScaling> scaling, size_t index,
+                 std::unique_ptr<torch::autograd::PostAccumulateGradHook> next)
+      : scaling_(std::move(scaling)), index_(index), next_(std::move(next)) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    const double d = scaling_->divisor.load(std::memory_order_acquire);
+    const at::Tensor& grad = param.grad();
+    if (d != 0.0 && grad.defined()) {
+      const at::Tensor& view = scaling_->views[index_];
+      if (view.defined() && grad.data_ptr() != view.data_ptr() && grad.sizes() == view.sizes()) {
+        at::mul_out(const_cast<at::Tensor&>(view), grad, at::scalar_tensor(1.0 / d, grad.options()));
+        param.mutable_grad() = view;
+      } else {
+        grad.mul_(1.0 / d);
+      }
+    }
+    if (next_) (*next_)(param);
+  }
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> TakeNext() { return std::move(next_); }
+
+ private:
+  std::shared_ptr<GradScaling> scaling_;
+  size_t index_;
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> next_;
+};
+
 }  // namespace
 
 struct GradReducer::State {
-  // One bucket in flight: its collective, the buffer it reduces in place and
-  // the future the Reducer waits on.
-  struct InFlight {
-    comm::PendingCollective pending;
-    at::Tensor buffer;
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-  };
-
   std::unique_ptr<c10d::Reducer> reducer;
   c10::intrusive_ptr<c10d::ProcessGroup> local_group;
   int num_buckets = 0;
-
+  // The comm hook: the collectives and the futures' waiter thread.
+  std::shared_ptr<BucketSync> sync = std::make_shared<BucketSync>();
+  // Read by the parameters' DivideGradHooks.
+  std::shared_ptr<GradScaling> scaling = std::make_shared<GradScaling>();
+  std::vector<at::Tensor> params;
+  std::vector<DivideGradHook*> hooks;  // owned by the parameters' autograd metadata
   absl::Mutex mu;
-  comm::Communicator* comm ABSL_GUARDED_BY(mu) = nullptr;
-  double divisor ABSL_GUARDED_BY(mu) = 1.0;
   bool armed ABSL_GUARDED_BY(mu) = false;
-  int launched ABSL_GUARDED_BY(mu) = 0;   // buckets handed to the hook in this backward
-  int completed ABSL_GUARDED_BY(mu) = 0;  // their futures completed
-  absl::Status error ABSL_GUARDED_BY(mu);
-  std::deque<InFlight> queue ABSL_GUARDED_BY(mu);
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  std::thread waiter;
-
-  // On the autograd thread: start the bucket's allreduce, or hand it back at
-  // once when there is nothing to reduce over (failed step, no communicator).
-  c10::intrusive_ptr<c10::ivalue::Future> RunHook(at::Tensor& buffer) {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-    absl::MutexLock lock(&mu);
-    ++launched;
-    if (comm != nullptr && error.ok()) {
-      // Divide before the sum, on this (the autograd) thread, as DDP's
-      // built-in allreduce does; the waiter thread only waits.
-      buffer.div_(divisor);
-      std::vector<at::Tensor> tensors = {buffer};
-      absl::StatusOr<comm::PendingCollective> pending = comm->AllReduceAsync(tensors);
-      if (pending.ok()) {
-        queue.push_back({*std::move(pending), buffer, future});
-        return future;
-      }
-      error = pending.status();
-    }
-    ++completed;
-    future->markCompleted(c10::IValue(buffer));
-    return future;
-  }
-
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || !queue.empty(); }
-
-  // The waiter thread: completes the futures in launch order.
-  void WaitLoop() {
-    for (;;) {
-      InFlight item;
-      {
-        absl::MutexLock lock(&mu);
-        mu.Await(absl::Condition(this, &State::HasWork));
-        if (queue.empty()) return;  // stopping
-        item = std::move(queue.front());
-        queue.pop_front();
-      }
-      absl::Status s = item.pending.Wait();
-      {
-        absl::MutexLock lock(&mu);
-        if (!s.ok() && error.ok()) error = s;
-        ++completed;
-      }
-      item.future->markCompleted(c10::IValue(item.buffer));
-    }
-  }
 };
 
 namespace {
@@ -117,20 +106,6 @@ class FixedLayoutReducer : public c10d::Reducer {
     for (size_t i = num_params; i-- > 0;) push_rebuilt_params(i);
     return rebuild_buckets();
   }
-};
-
-class ElasticCommHook : public c10d::CommHookInterface {
- public:
-  explicit ElasticCommHook(GradReducer::State* state) : state_(state) {}
-  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
-    return state_->RunHook(bucket.getBufferRef());
-  }
-  at::Tensor parseHookResult(const c10::IValue& result) override {
-    return c10d::detail::parseCppCommHookResult(result);
-  }
-
- private:
-  GradReducer::State* state_;
 };
 
 }  // namespace
@@ -169,42 +144,53 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
       return absl::InternalError("GradReducer: c10d::Reducer refused to fix its bucket layout");
     }
     state->num_buckets = static_cast<int>(reducer->get_grad_buckets(/*return_zero_tensors=*/true).size());
-    reducer->register_comm_hook(std::make_unique<ElasticCommHook>(state.get()));
+    MALLE_RETURN_IF_ERROR(RegisterCommHook(*reducer, state->sync));
     state->reducer = std::move(reducer);
+    state->scaling->views.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto hook = std::make_unique<DivideGradHook>(
+          state->scaling, i, std::move(torch::autograd::impl::post_acc_grad_hooks(params[i])));
+      state->hooks.push_back(hook.get());
+      torch::autograd::impl::set_post_acc_grad_hooks(params[i], std::move(hook));
+    }
+    state->params = params;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("GradReducer: c10d::Reducer: ", FirstLine(e)));
   }
-  State* raw = state.get();
-  state->waiter = std::thread([raw] { raw->WaitLoop(); });
   return std::unique_ptr<GradReducer>(new GradReducer(std::move(state)));
 }
 
 GradReducer::GradReducer(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 GradReducer::~GradReducer() {
-  {
-    absl::MutexLock lock(&state_->mu);
-    state_->stopping = true;
-  }
-  // The waiter drains what is queued (each Wait() is bounded by the
-  // communicator's op timeout or its abort) and exits.
-  state_->waiter.join();
+  // The Reducer first (no hook runs after this); then State's BucketSync
+  // completes what is in flight (each wait is bounded by the communicator's op
+  // timeout or its abort) and joins its waiter.
   state_->reducer.reset();
+  // Give the parameters back their previous post-accumulate hooks, where ours
+  // is still the one installed.
+  for (size_t i = 0; i < state_->params.size(); ++i) {
+    auto& slot = torch::autograd::impl::post_acc_grad_hooks(state_->params[i]);
+    if (slot.get() == state_->hooks[i]) slot = state_->hooks[i]->TakeNext();
+  }
 }
 
 absl::Status GradReducer::Arm(comm::Communicator* comm, double divisor) {
+  if (!(divisor > 0.0) || !std::isfinite(divisor)) {
+    return absl::InvalidArgumentError(absl::StrCat("GradReducer::Arm: divisor must be finite and > 0, got ", divisor));
+  }
   {
     absl::MutexLock lock(&state_->mu);
     if (state_->armed) {
       return absl::FailedPreconditionError("GradReducer::Arm: already armed (Finish() was not called)");
     }
-    state_->comm = comm;
-    state_->divisor = divisor;
     state_->armed = true;
-    state_->launched = 0;
-    state_->completed = 0;
-    state_->error = absl::OkStatus();
   }
+  state_->sync->Take();  // a fresh tally for this backward
+  state_->sync->Arm(comm);
+  // Nothing to divide by 1 (one logical worker): the hooks stay off.
+  state_->scaling->divisor.store(comm != nullptr && divisor != 1.0 ? divisor : 0.0,
+                                 std::memory_order_release);
   try {
     state_->reducer->prepare_for_backward({});
   } catch (const std::exception& e) {
@@ -220,13 +206,21 @@ absl::Status GradReducer::Finish(absl::Status* sync_error) {
   *sync_error = absl::OkStatus();
   if (!state_->armed) return absl::FailedPreconditionError("GradReducer::Finish: not armed");
   state_->armed = false;
-  state_->comm = nullptr;
-  if (state_->launched != state_->num_buckets || state_->completed != state_->launched) {
+  state_->sync->Arm(nullptr);
+  state_->scaling->divisor.store(0.0, std::memory_order_relaxed);
+  BucketSync::Tally t = state_->sync->Take();
+  if (t.launched != state_->num_buckets || t.completed != t.launched) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "GradReducer::Finish: the backward pass reduced ", state_->launched, " of ", state_->num_buckets,
+        "GradReducer::Finish: the backward pass reduced ", t.completed, " of ", state_->num_buckets,
         " gradient buckets (every parameter must get a gradient in the step's last micro-batch)"));
   }
-  *sync_error = state_->error;
+  *sync_error = t.error;
+  // The first reducing backward made every gradient a view of its bucket.
+  std::vector<at::Tensor>& views = state_->scaling->views;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const at::Tensor& g = state_->params[i].grad();
+    if (!views[i].defined() && g.defined() && g.is_view()) views[i] = g;
+  }
   return absl::OkStatus();
 }
 

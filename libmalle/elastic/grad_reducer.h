@@ -26,8 +26,9 @@
 // receive a gradient in an armed backward (as with DDP without
 // find_unused_parameters).
 //
-// Thread-safety: Arm/Finish on the training thread; the hook runs on the
-// autograd thread; a private waiter thread completes the buckets' futures.
+// Thread-safety: Arm/Finish on the training thread; the hooks run on the
+// autograd thread; the comm hook is a BucketSync (bucket_sync.h), whose
+// private waiter thread completes the buckets' futures.
 #ifndef MALLE_ELASTIC_GRAD_REDUCER_H_
 #define MALLE_ELASTIC_GRAD_REDUCER_H_
 
@@ -54,10 +55,12 @@ class GradReducer {
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // Makes the next backward pass reduce: each bucket is summed over `comm`'s
-  // ranks (nullptr: not at all, e.g. after a failure) and divided by
-  // `divisor`. Errors: kFailedPrecondition (the previous armed backward did
-  // not finish; c10d's message).
+  // Makes the next backward pass reduce: each gradient is divided by
+  // `divisor` right after autograd accumulated it (a post-accumulate-grad
+  // hook, while it is still in cache), then its bucket is summed over
+  // `comm`'s ranks (nullptr: neither, e.g. after a failure). Errors:
+  // kInvalidArgument (`divisor` not finite and > 0), kFailedPrecondition (the
+  // previous armed backward did not finish; c10d's message).
   absl::Status Arm(comm::Communicator* comm, double divisor);
   // After the armed backward; disarms. `*sync_error` receives OK when every
   // bucket was reduced, else the first collective's error (the step must be

@@ -272,6 +272,25 @@ def report_dead(store: ControlStore, job_id: str, member_id: str) -> None:
     """Reports that the process of ``member_id`` exited (its owner saw it), so a recovery
     stops waiting for its check-in."""
 
+# --- elastic comm hook (bind_bucket_sync.cc); used by malletrain.elastic.ElasticModel -------
+
+class BucketSync:
+    """The elastic comm hook (libmalle/elastic/bucket_sync.h)."""
+
+    def __init__(self) -> None: ...
+    def register(self, reducer: Any) -> None:
+        """Makes this the comm hook of ``reducer`` (a torch.distributed.Reducer)."""
+    def arm(self, group: ElasticGroup | None) -> None:
+        """The next buckets are summed over ``group``'s current generation (None: handed back
+        unreduced). Raises MalleError when the member left the group."""
+    def take(self) -> tuple[int, int, float | None]:
+        """(launched, completed, time.perf_counter() of the last bucket's hook or None) since
+        the last take(), and resets; raises the first failed collective's error (e.g.
+        RankFailureError)."""
+    def close(self) -> None:
+        """Completes the buckets in flight and stops the waiter thread."""
+
+
 # --- advisor (bind_advisor.cc) ----------------------------------------------------------------
 
 class Advisor:

@@ -49,7 +49,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import random
 import secrets
 import socket
@@ -119,39 +118,6 @@ class _StepState:
     failed: bool = False      # this step's gradient sync failed
     grads_pending: bool = False
     stepped: bool = True      # the optimizer stepped (or the step was given up) for the last step
-
-
-class _HookWaiter:
-    """Completes DDP's bucket futures when their allreduce finishes (one thread)."""
-
-    def __init__(self) -> None:
-        self._q: "queue.Queue[Any]" = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="malletrain-hook", daemon=True)
-        self._thread.start()
-
-    def submit(self, pending: Any, buf: torch.Tensor, fut: torch.futures.Future,
-               on_done: Callable[[torch.Tensor, Optional[BaseException]], None]) -> None:
-        self._q.put((pending, buf, fut, on_done))
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            pending, buf, fut, on_done = item
-            err: Optional[BaseException] = None
-            try:
-                pending.wait()
-            except MalleError as e:
-                err = e
-            try:
-                on_done(buf, err)
-            finally:
-                fut.set_result(buf)
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=10)
 
 
 class _StepProfile:
@@ -228,9 +194,17 @@ class ElasticModel(torch.nn.Module):
         # a state sync sends as it is (malletrain/state.py).
         _state.flatten_module(module)
         if not job.deterministic:
-            self._reducer = _fixed_layout_reducer(
-                [p for p in module.parameters() if p.requires_grad], bucket_cap_mb)
-            dist._register_comm_hook(self._reducer, job, ElasticJob._comm_hook)
+            params = [p for p in module.parameters() if p.requires_grad]
+            self._reducer = _fixed_layout_reducer(params, bucket_cap_mb)
+            # The elastic comm hook is C++ (libmalle/elastic/bucket_sync.h): no Python runs
+            # per bucket, and no Python thread waits on the buckets' sums.
+            job._bucket_sync = _C.BucketSync()
+            job._bucket_sync.register(self._reducer)
+            # Each gradient is divided by L right after autograd accumulated it, while it
+            # is still in cache, as DDP does with gradient_as_bucket_view; dividing whole
+            # buckets when they are handed over reads them from memory again.
+            for p in params:
+                p.register_post_accumulate_grad_hook(job._divide_grad)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         job = self._job
@@ -242,6 +216,7 @@ class ElasticModel(torch.nn.Module):
         # last of this rank's share); the others accumulate locally (DDP's no_sync).
         sync = grad and self._reducer is not None and job._is_last_micro()
         if sync:
+            job._arm_bucket_sync()
             self._reducer.prepare_for_forward()
         out = self.module(*args, **kwargs)
         if sync:
@@ -406,7 +381,9 @@ class ElasticJob:
         self._model: Optional[ElasticModel] = None
         self._optimizer: Optional[ElasticOptimizer] = None
         self._extras: Dict[str, Any] = {}
-        self._waiter: Optional[_HookWaiter] = None
+        self._bucket_sync: Optional[Any] = None  # _C.BucketSync: the comm hook's engine
+        self._grad_divisor: Optional[float] = None  # set while the reducing backward runs
+        self._grad_views: Dict[torch.Tensor, torch.Tensor] = {}  # parameter -> its bucket view
         self._st = _StepState()
         self._step = 0                    # next step to run
         self._position = 0                # follow mode: stream position at the start of _step
@@ -498,8 +475,6 @@ class ElasticJob:
         if self._model is not None:
             raise MalleValueError("wrap_model: this job already has a model")
         self._model = ElasticModel(self, model, self.bucket_cap_mb)
-        if not self.deterministic:
-            self._waiter = _HookWaiter()
         return self._model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> ElasticOptimizer:
@@ -737,6 +712,7 @@ class ElasticJob:
             self._st.workers = range(t.rank, t.rank + 1)
             self._apply_lr_scaling(t.size)
         self._st.micro = 0
+        self._take_bucket_errors(quiet=True)  # the failed step's buckets: handled by now
         self._st.failed = False
         self._st.grads_pending = False
         self._st.stepped = True
@@ -790,32 +766,62 @@ class ElasticJob:
         assert self._model is not None
         return [b for b in self._model.module.buffers()]
 
-    @staticmethod
-    def _comm_hook(job, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
-        buf = bucket.buffer()
-        job._profile.last_hook = time.perf_counter()
-        # A future that holds a CUDA tensor must name its device (stream sync on wait()).
-        fut: torch.futures.Future = torch.futures.Future(
-            devices=[buf.device] if buf.is_cuda else None)
-        if job._st.failed or job._waiter is None:
-            fut.set_result(buf)
-            return fut
+    def _arm_bucket_sync(self) -> None:
+        """Arms the comm hook for the backward that reduces: sum over the current generation
+        and divide by L (after a failure in this step: neither, the step is redone)."""
+        assert self._bucket_sync is not None
+        self._grad_divisor = None
         try:
-            pending = job._group.allreduce_async([buf])
+            self._bucket_sync.arm(None if self._st.failed else self._group)
+        except MalleError as e:  # no longer a member of a generation
+            self._mark_failed(e)
+            self._bucket_sync.arm(None)
+        if not self._st.failed:
+            n = self.logical_workers if self.logical_workers is not None else self.size
+            self._grad_divisor = float(n) if n != 1 else None
+
+    def _divide_grad(self, p: torch.Tensor) -> None:
+        # A post-accumulate-grad hook of every trained parameter (autograd thread), run
+        # before the Reducer takes the gradient into its bucket.
+        d = self._grad_divisor
+        g = p.grad
+        if d is None or g is None:
+            return
+        view = self._grad_views.get(p)
+        if view is not None and g.data_ptr() != view.data_ptr():
+            # A new gradient tensor (zero_grad(set_to_none=True) dropped the bucket view):
+            # scale it straight into its place in the bucket, one pass instead of a
+            # division and the Reducer's copy (DDP does the same without a comm hook).
+            torch.mul(g, 1.0 / d, out=view)
+            p.grad = view
+        else:
+            g.mul_(1.0 / d)
+
+    def _remember_grad_views(self) -> None:
+        # After the first reducing backward every gradient is a view of its bucket
+        # (gradient_as_bucket_view); the Reducer keeps its buckets for life.
+        assert self._model is not None
+        for p in self._model.module.parameters():
+            if p.requires_grad and p.grad is not None and p.grad._base is not None:
+                self._grad_views[p] = p.grad
+
+    def _take_bucket_errors(self, quiet: bool = False) -> None:
+        """After the backward that reduced: disarms the comm hook, notes when its last bucket
+        was launched and marks the step failed if a bucket's sum failed (``quiet``: only
+        clears the tally, at a new step)."""
+        if self._bucket_sync is None:
+            return
+        self._grad_divisor = None
+        self._bucket_sync.arm(None)
+        try:
+            launched, _, last = self._bucket_sync.take()
+            if last is not None and not quiet:
+                self._profile.last_hook = last
+            if launched and not quiet and not self._grad_views:
+                self._remember_grad_views()
         except MalleError as e:
-            job._mark_failed(e)
-            fut.set_result(buf)
-            return fut
-        n = float(job.logical_workers if job.logical_workers is not None else job.size)
-
-        def done(b: torch.Tensor, err: Optional[BaseException]) -> None:
-            if err is not None:
-                job._mark_failed(err)
-            else:
-                b.div_(n)
-
-        job._waiter.submit(pending, buf, fut, done)
-        return fut
+            if not quiet:
+                self._mark_failed(e)
 
     def _mark_failed(self, err: BaseException) -> None:
         if not self._st.failed:
@@ -906,6 +912,7 @@ class ElasticJob:
             return None
         prof = self._profile
         t_opt = time.perf_counter()
+        self._take_bucket_errors()
         ok = not st.failed
         if ok and self.deterministic:
             ok = self._reduce_rows()
@@ -1067,9 +1074,9 @@ class ElasticJob:
         self.closed = True
         if self._reporter is not None:
             self._reporter.stop()
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
+        if self._bucket_sync is not None:
+            self._bucket_sync.close()
+            self._bucket_sync = None
         if self._group is not None:
             self._group = _ClosedGroup(self._group)
 
@@ -1190,6 +1197,7 @@ class ElasticLoader:
                 raise StopIteration
             self._restart()
             st.micro = 0
+            job._take_bucket_errors(quiet=True)  # a step left without optimizer.step()
             st.failed = False
             st.stepped = False
             prof = job._profile

@@ -63,6 +63,7 @@ void BindBase(pybind11::module_& m);
 void BindAlloc(pybind11::module_& m);
 void BindSim(pybind11::module_& m);
 void BindElastic(pybind11::module_& m);
+void BindBucketSync(pybind11::module_& m);  // after BindElastic (takes its ElasticGroup)
 void BindAdvisor(pybind11::module_& m);
 void BindControl(pybind11::module_& m);
 

@@ -9,6 +9,7 @@ PYBIND11_MODULE(_C, m) {
   malle::python::BindAlloc(m);
   malle::python::BindSim(m);
   malle::python::BindElastic(m);
+  malle::python::BindBucketSync(m);
   malle::python::BindAdvisor(m);
   malle::python::BindControl(m);
 }

@@ -11,7 +11,7 @@ import torch
 
 import malletrain
 from malletrain import state as mstate
-from malletrain.errors import MalleValueError
+from malletrain.errors import MalleError, MalleValueError
 from malletrain.sampler import ElasticSampler, assign_workers, mix_seed
 
 
@@ -433,3 +433,32 @@ def test_model_without_trainable_parameters_is_refused():
     frozen = torch.nn.Linear(4, 4).requires_grad_(False)
     with pytest.raises(MalleValueError, match="no parameter that requires a gradient"):
         job.wrap_model(frozen)
+
+
+def test_comm_hook_binding_checks_its_reducer_and_hands_back_unarmed_buckets():
+    """The C++ comm hook refuses anything but a torch.distributed.Reducer, by name, and a
+    backward run while it is not armed (no group: a failed step being redone) hands every
+    bucket back as it is and counts it."""
+    sync = malletrain._C.BucketSync()
+    with pytest.raises(MalleValueError, match="expected a torch.distributed.Reducer, got .*Linear"):
+        sync.register(torch.nn.Linear(2, 2))
+    store = malletrain._C.ControlStore.serve()
+    job = malletrain.init(logical_workers=2, store=f"127.0.0.1:{store.port}",
+                          bootstrap_size=1, job_id="unarmed", bucket_cap_mb=1e-5)
+    model = job.wrap_model(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)))
+    reducer, hook = model._reducer, job._bucket_sync
+    with pytest.raises(MalleError, match="comm hook|register_comm_hook|already"):
+        malletrain._C.BucketSync().register(reducer)  # c10d allows one hook per Reducer
+    hook.arm(None)
+    reducer.prepare_for_forward()
+    out = model.module(torch.ones(2, 3)).sum()
+    reducer.prepare_for_backward([])
+    out.backward()
+    launched, completed, last = hook.take()
+    assert launched == completed == len(reducer._get_zeros_like_grad_buckets()) >= 2
+    assert last is not None and abs(last - time.perf_counter()) < 60
+    # Not divided: the plain gradient of sum(Linear(Linear(x))) w.r.t. the last bias.
+    assert torch.equal(model.module[1].bias.grad, torch.tensor([2.0]))
+    hook.close()
+    hook.close()  # idempotent
+    job.close()
