@@ -134,7 +134,8 @@ def main(argv=None) -> int:
             seen_events += 1
             print(f"[{job.member_id}] step {ev.resume_step}: {ev.kind} -> generation "
                   f"{ev.generation}, {ev.size} ranks, rank {ev.rank}, workers "
-                  f"{list(job.workers)}, state {ev.state_bytes} B ({ev.state_in_place} B in place), "
+                  f"{list(job.workers)}, state {ev.state_bytes} B ({ev.state_in_place} B in place, "
+                  f"{ev.state_landed} B into pre-faulted memory), "
                   f"pause "
                   f"{ev.phases['total'] * 1e3:.1f} ms (" +
                   ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ev.phases.items()

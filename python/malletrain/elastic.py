@@ -92,6 +92,12 @@ def progress_key(job_id: str) -> str:
     return f"malle/job/{job_id}/progress"
 
 
+def state_layout_key(job_id: str) -> str:
+    """Store key where rank 0 publishes the segments of the job state (JSON, state.py's
+    ``encode_layout``), so that a joiner can fault in its receive buffers while it warms up."""
+    return f"malle/job/{job_id}/state_layout"
+
+
 @dataclass
 class ResizeEvent:
     """One membership change as this rank saw it."""
@@ -109,6 +115,7 @@ class ResizeEvent:
     phases: Dict[str, float]
     reason: str = ""
     state_in_place: int = 0   # of state_bytes, received straight into this rank's own buffers
+    state_landed: int = 0     # of state_bytes, received into memory faulted in while warming up
 
 
 @dataclass
@@ -381,6 +388,10 @@ class ElasticJob:
         self._model: Optional[ElasticModel] = None
         self._optimizer: Optional[ElasticOptimizer] = None
         self._extras: Dict[str, Any] = {}
+        # Receive buffers faulted in during the warm-up, for the first state sync (a
+        # joiner's optimizer state); the last layout this rank published as the leader.
+        self._landing: List[torch.Tensor] = []
+        self._published_layout: Optional[bytes] = None
         self._bucket_sync: Optional[Any] = None  # _C.BucketSync: the comm hook's engine
         self._grad_divisor: Optional[float] = None  # set while the reducing backward runs
         self._grad_views: Dict[torch.Tensor, torch.Tensor] = {}  # parameter -> its bucket view
@@ -492,7 +503,46 @@ class ElasticJob:
         self._optimizer = ElasticOptimizer(self, optimizer)
         _state.flatten_optimizer(optimizer)  # a state loaded before wrapping, if any
         self._opt_state_count = len(optimizer.state)
+        self._prepare_landing()
         return self._optimizer
+
+    def _prepare_landing(self) -> None:
+        """Faults in, now (part of a joiner's warm-up: nobody waits for it), the memory
+        that the state the job's leader published will be received into (state.py's
+        ``landing_buffers``). Nothing when no layout is published (a new job)."""
+        self._landing = []
+        try:
+            data = self._store.try_get(state_layout_key(self.job_id))
+        except MalleError as e:  # the hint is optional; the sync works without it
+            log.warning("state layout not read (%s); receiving into fresh memory", e)
+            return
+        if data is None:
+            return
+        try:
+            expected = _state.decode_layout(data)
+        except ValueError as e:
+            log.warning("ignoring the published %s; receiving into fresh memory", e)
+            return
+        own = _state.segments_of(self.job_state(), direct_min_bytes=self._direct_min_bytes())
+        self._landing = _state.landing_buffers(expected, own,
+                                               min_bytes=self._direct_min_bytes())
+
+    def _publish_state_layout(self) -> None:
+        """Rank 0: publishes the segments of its state when they changed (after the
+        optimizer's state appeared and was flattened, i.e. once in most jobs)."""
+        data = _state.encode_layout(
+            _state.segments_of(self.job_state(), direct_min_bytes=self._direct_min_bytes()))
+        if data == self._published_layout:
+            return
+        try:
+            self._store.set(state_layout_key(self.job_id), data)
+            self._published_layout = data
+        except MalleError as e:  # advisory, like the progress key
+            log.warning("state layout not published (%s)", e)
+
+    @staticmethod
+    def _direct_min_bytes() -> int:
+        return _env_int("MALLE_STATE_DIRECT_MIN_BYTES", _state.DIRECT_MIN_BYTES)
 
     def track(self, name: str, obj: Any) -> None:
         """Adds ``obj`` (anything with ``state_dict()``/``load_state_dict()``, e.g. an LR
@@ -610,6 +660,7 @@ class ElasticJob:
         """
         g = self._group
         self._last_in_place = 0
+        self._last_landed = 0
         everyone = len(receivers) == g.size - 1
         if not receivers or (g.rank != source and g.rank not in receivers):
             return 0
@@ -637,7 +688,7 @@ class ElasticJob:
             else:
                 g.recv(tensor, source, tag)
 
-        min_direct = _env_int("MALLE_STATE_DIRECT_MIN_BYTES", _state.DIRECT_MIN_BYTES)
+        min_direct = self._direct_min_bytes()
         if g.rank == source:
             skeleton, segments = _state.pack(self.job_state(), direct_min_bytes=min_direct)
             header = torch.tensor([len(skeleton), _STATE_VERSION], dtype=torch.int64)
@@ -659,9 +710,18 @@ class ElasticJob:
         if in_place:
             targets = _state.in_place_targets(self.job_state(), skeleton, specs,
                                               direct_min_bytes=min_direct)
-        bufs = [t if t is not None else
-                torch.empty(s.numel, dtype=_state._dtype(s.dtype), device=_device_of(s.device_type))
-                for s, t in zip(specs, targets)]
+        # The rest lands in the buffers this rank faulted in while it warmed up, if one
+        # fits, else in fresh memory.
+        bufs = []
+        for s, t in zip(specs, targets):
+            if t is None:
+                t = _state.take_landing(self._landing, s)
+                if t is not None:
+                    self._last_landed += t.numel() * t.element_size()
+            if t is None:
+                t = torch.empty(s.numel, dtype=_state._dtype(s.dtype),
+                                device=_device_of(s.device_type))
+            bufs.append(t)
         for i, b in enumerate(bufs):
             into(b, 2 + i)
         self._load_state(_state.unpack(skeleton, bufs))
@@ -703,6 +763,7 @@ class ElasticJob:
         moved = self._sync_state(t.state_source_rank, self._state_receivers(t),
                                  in_place=list(t.committed_by_rank)[t.rank] < 0)
         state_s = time.perf_counter() - s0
+        self._landing = []  # what the first sync did not use is not needed any more
         if t.resume_step < self._step:
             self.redone_steps += self._step - t.resume_step
         self._step = t.resume_step
@@ -722,7 +783,8 @@ class ElasticJob:
         ev = ResizeEvent(kind=t.kind, generation=t.generation, size=t.size, rank=t.rank,
                          resume_step=t.resume_step, joined=list(t.joined),
                          removed=list(t.removed), state_bytes=moved, phases=phases,
-                         reason=t.reason, state_in_place=self._last_in_place)
+                         reason=t.reason, state_in_place=self._last_in_place,
+                         state_landed=self._last_landed)
         self.history.append(ev)
         log.info("generation %d: %s, size %d, rank %d, resume at step %d, state %d B in %.3f s",
                  t.generation, t.kind, t.size, t.rank, t.resume_step, moved, state_s)
@@ -934,6 +996,8 @@ class ElasticJob:
             # buffer, so a state sync sends them without packing.
             _state.flatten_optimizer(self._optimizer.optimizer)
             self._opt_state_count = len(self._optimizer.optimizer.state)
+            if self.rank == 0:
+                self._publish_state_layout()
         self._group.commit(self._step)
         self._record_step(prof, t_opt, t_reduced)
         self._step += 1
@@ -949,6 +1013,7 @@ class ElasticJob:
     _batch_size_for_position = 0
     _opt_state_count = 0
     _last_in_place = 0
+    _last_landed = 0
 
     # --- profiling advisor ------------------------------------------------------------
     def _record_step(self, prof: "_StepProfile", t_opt: float, t_reduced: float) -> None:

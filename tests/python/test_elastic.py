@@ -50,13 +50,15 @@ RESIZE = "step=8 leave 2, step=14 join 1, step=20 join 1"
 DIRECT = {"MALLE_STATE_DIRECT_MIN_BYTES": "4096"}
 
 
-def in_place_bytes(tmp: pathlib.Path, name: str) -> dict:
-    """member -> bytes of state it received in place, from the example's resize lines."""
+def received_bytes(tmp: pathlib.Path, name: str) -> dict:
+    """member -> (bytes of state received in place, bytes received into memory it faulted
+    in while warming up), from the example's resize lines."""
     found = {}
     for p in sorted((tmp / f"{name}-logs").glob("*.log")):
-        got = [int(m.group(2)) for m in
-               re.finditer(r"state (\d+) B \((\d+) B in place\)", p.read_text())]
-        found[p.stem] = sum(got)
+        got = [(int(m.group(2)), int(m.group(3))) for m in re.finditer(
+            r"state (\d+) B \((\d+) B in place, (\d+) B into pre-faulted memory\)",
+            p.read_text())]
+        found[p.stem] = (sum(g[0] for g in got), sum(g[1] for g in got))
     return found
 
 
@@ -68,10 +70,14 @@ def test_resize_4_2_3_4_matches_the_fixed_run(tmp_path, fixed):
     assert sizes_seen(rows) == [4, 2, 3, 4]
     assert rel_diff(final_params(out), fixed[0]) < 1e-5
     check_replicas_and_data(rows)
-    # Both joiners received the model straight into their parameters.
-    placed = in_place_bytes(tmp_path, "resize")
-    joiners = [m for m in placed if m not in ("node0", "node1", "node2", "node3")]
-    assert len(joiners) == 2 and all(placed[m] >= 17_000 * 4 for m in joiners), placed
+    # Both joiners received the model straight into their parameters, and Adam's state
+    # (which a joiner has not got before its first step) into memory they faulted in
+    # while warming up, from the layout the leader published.
+    got = received_bytes(tmp_path, "resize")
+    joiners = [m for m in got if m not in ("node0", "node1", "node2", "node3")]
+    assert len(joiners) == 2, got
+    assert all(got[m][0] >= 17_000 * 4 for m in joiners), got
+    assert all(got[m][1] >= 2 * 17_000 * 4 for m in joiners), got
 
 
 def test_deterministic_mode_is_bitwise_equal_across_schedules(tmp_path, fixed):

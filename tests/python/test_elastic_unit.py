@@ -462,3 +462,91 @@ def test_comm_hook_binding_checks_its_reducer_and_hands_back_unarmed_buckets():
     hook.close()
     hook.close()  # idempotent
     job.close()
+
+
+def _seg(dtype, numel, direct=True, device="cpu"):
+    return mstate.Segment(dtype, numel, device, direct)
+
+
+def test_landing_buffers_cover_what_the_joiners_own_buffers_will_not_take():
+    P = 300_000  # parameters, float32: 1.2 MB
+    own = [_seg("float32", P), _seg("int64", 3, direct=False)]
+    # Adam: parameters, the moments (2 P, padded), a small packed rest.
+    adam = [_seg("float32", P), _seg("float32", 2 * P + 16), _seg("float32", 10, direct=False)]
+    got = mstate.landing_buffers(adam, own, min_bytes=1 << 20)
+    assert [(b.dtype, b.numel()) for b in got] == [(torch.float32, 2 * P + 16)]
+    assert not got[0].any()  # zero-filled, i.e. every page written once
+    # SGD with momentum: the momentum buffer has exactly the parameters' length; own
+    # buffers are counted as a multiset, so one of the two still gets a landing.
+    sgd = [_seg("float32", P), _seg("float32", P)]
+    assert [b.numel() for b in mstate.landing_buffers(sgd, own, min_bytes=1 << 20)] == [P]
+    # Small segments, CUDA segments: nothing (fresh small or GPU memory costs no faults).
+    assert mstate.landing_buffers([_seg("float32", 1000), _seg("float32", 2 * P, device="cuda")],
+                                  own, min_bytes=1 << 20) == []
+    landing = mstate.landing_buffers(adam, [], min_bytes=1 << 20)
+    assert len(landing) == 2
+    assert mstate.take_landing(landing, _seg("float32", 7)) is None
+    assert mstate.take_landing(landing, _seg("float64", P)) is None  # dtype must match
+    b = mstate.take_landing(landing, _seg("float32", P, direct=False))
+    assert b is not None and b.numel() == P and len(landing) == 1
+    assert mstate.take_landing(landing, _seg("float32", P)) is None  # taken once
+
+
+def test_state_layout_round_trips_and_bad_layouts_are_named():
+    segs = [_seg("float32", 12), _seg("bfloat16", 0, direct=False), _seg("int64", 5, device="cuda")]
+    assert mstate.decode_layout(mstate.encode_layout(segs)) == segs
+    for data, message in [
+        (b"\xff\xfe", "state layout: .*codec"),
+        (b"{not json", "state layout: "),
+        (b'{"a": 1}', "expected a list, got dict"),
+        (b'[["float32", -1, "cpu", true]]', "segment 0: expected"),
+        (b'[["float32", 1.5, "cpu", true]]', "segment 0: expected"),
+        (b'[["float32", 4, "tpu", true]]', "segment 0: expected"),
+        (b'[["float32", 4, "cpu", true], ["float32", 4, "cpu"]]', "segment 1: expected"),
+        (b'[["complex512", 4, "cpu", true]]', "unknown dtype 'complex512'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            mstate.decode_layout(data)
+
+
+def test_the_leader_publishes_its_state_layout_and_a_joiner_faults_in_its_landing(monkeypatch):
+    """After the first step (Adam's state appears), rank 0 publishes the segments of its
+    state; a rank that wraps its optimizer afterwards (a joiner, warming up) prepares one
+    buffer for the moments, which its own parameters' buffer cannot take. A corrupt
+    published layout is ignored with a warning: it only saves page faults."""
+    monkeypatch.setenv("MALLE_STATE_DIRECT_MIN_BYTES", "4096")
+    store = malletrain._C.ControlStore.serve()
+    addr = f"127.0.0.1:{store.port}"
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(40, 50), torch.nn.Linear(50, 4))
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 40), torch.randn(16, 4))
+    job = malletrain.init(logical_workers=1, store=addr, bootstrap_size=1, job_id="layout")
+    model = job.wrap_model(net())
+    opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+    assert job._landing == []  # nothing published yet: a new job
+    key = malletrain.elastic.state_layout_key("layout")
+    assert store.try_get(key) is None
+    for x, y in job.loader(data, batch_size=4, steps=2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    published = mstate.decode_layout(store.try_get(key))
+    assert published == mstate.segments_of(job.job_state(), direct_min_bytes=4096)
+    moments = [s for s in published if s.direct and s.numel > 2 * 2254]  # 2 x 2254 parameters
+    assert len(moments) == 1
+
+    joiner = malletrain.init(logical_workers=1, store=addr, job_id="layout")
+    joiner.wrap_model(net())
+    joiner.wrap_optimizer(torch.optim.Adam(joiner._model.parameters(), lr=1e-3))
+    assert [b.numel() for b in joiner._landing] == [moments[0].numel]
+
+    store.set(key, b'[["float32", "many", "cpu", true]]')
+    late = malletrain.init(logical_workers=1, store=addr, job_id="layout")
+    late.wrap_model(net())
+    late.wrap_optimizer(torch.optim.Adam(late._model.parameters(), lr=1e-3))
+    assert late._landing == []
+    for j in (job, joiner, late):
+        j.close()
