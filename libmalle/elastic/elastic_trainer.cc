@@ -48,6 +48,7 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
 }  // namespace
 
 std::string ProgressKey(absl::string_view job_id) { return absl::StrCat(comm::JobPrefix(job_id), "progress"); }
+std::string StateLayoutKey(absl::string_view job_id) { return absl::StrCat(comm::JobPrefix(job_id), "state_layout"); }
 
 absl::Status ElasticTrainerOptions::Validate() const {
   if (logical_workers < 1) {
@@ -158,6 +159,7 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(std::shar
   MALLE_RETURN_IF_ERROR(group_options.Validate());
   trainer->store_ = std::move(store);
   trainer->group_options_ = std::move(group_options);
+  trainer->PrepareLanding();
   return trainer;
 }
 
@@ -368,10 +370,11 @@ std::vector<int> StateReceivers(const Transition& t) {
 }  // namespace
 
 absl::Status ElasticTrainer::SyncState(int source, const std::vector<int>& receivers, bool in_place,
-                                       int64_t* bytes, int64_t* in_place_bytes) {
+                                       int64_t* bytes, int64_t* in_place_bytes, int64_t* landed_bytes) {
   comm::Communicator& comm = group_->comm();
   *bytes = 0;
   *in_place_bytes = 0;
+  *landed_bytes = 0;
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
   if (comm.rank() != source && !receives) return absl::OkStatus();
   std::optional<PackedState> mine, own;
@@ -382,14 +385,50 @@ absl::Status ElasticTrainer::SyncState(int source, const std::vector<int>& recei
     MALLE_ASSIGN_OR_RETURN(PackedState packed, PackJobState());  // direct segments: no copy
     own = std::move(packed);
   }
+  std::set<const void*> landing;
+  for (const at::Tensor& b : landing_) landing.insert(b.data_ptr());
   MALLE_ASSIGN_OR_RETURN(PackedState got, TransferState(comm, source, receivers, mine ? &*mine : nullptr,
-                                                        own ? &*own : nullptr));
+                                                        own ? &*own : nullptr, &landing_));
   *bytes = got.bytes();
   if (comm.rank() == source) return absl::OkStatus();
   for (size_t i = 0; i < got.buffers.size(); ++i) {
-    if (got.direct[i]) *in_place_bytes += got.buffers[i].numel() * static_cast<int64_t>(got.buffers[i].element_size());
+    const int64_t n = got.buffers[i].numel() * static_cast<int64_t>(got.buffers[i].element_size());
+    if (got.direct[i]) *in_place_bytes += n;
+    if (landing.count(got.buffers[i].data_ptr())) *landed_bytes += n;
   }
   return LoadJobState(std::move(got));
+}
+
+void ElasticTrainer::PrepareLanding() {
+  landing_.clear();
+  absl::StatusOr<std::optional<std::string>> data = store_->TryGet(StateLayoutKey(group_options_.job_id));
+  if (!data.ok()) {
+    MALLE_LOG(WARNING) << "state layout not read (" << data.status() << "); receiving into fresh memory";
+    return;
+  }
+  if (!data->has_value()) return;  // a new job
+  absl::StatusOr<std::vector<SegmentLayout>> expected = DecodeLayout(**data);
+  absl::StatusOr<PackedState> own = PackJobState();  // direct segments: no copy
+  absl::StatusOr<std::vector<SegmentLayout>> mine = own.ok() ? LayoutOf(*own) : own.status();
+  if (!expected.ok() || !mine.ok()) {
+    MALLE_LOG(WARNING) << "ignoring the published state layout ("
+                       << (expected.ok() ? mine.status() : expected.status()) << "); receiving into fresh memory";
+    return;
+  }
+  landing_ = LandingBuffers(*expected, *mine, options_.state_direct_min_bytes);
+}
+
+void ElasticTrainer::PublishLayout() {
+  absl::StatusOr<PackedState> packed = PackJobState();
+  absl::StatusOr<std::vector<SegmentLayout>> layout = packed.ok() ? LayoutOf(*packed) : packed.status();
+  absl::Status s = layout.status();
+  if (s.ok()) {
+    std::string data = EncodeLayout(*layout);
+    if (data == published_layout_) return;
+    s = store_->Set(StateLayoutKey(group_->job_id()), data);
+    if (s.ok()) published_layout_ = std::move(data);
+  }
+  if (!s.ok()) MALLE_LOG(WARNING) << "state layout not published: " << s;  // advisory
 }
 
 absl::Status ElasticTrainer::FlattenOptimizerState() {
@@ -449,11 +488,13 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   const absl::Time s0 = absl::Now();
   int64_t moved = 0;
   int64_t in_place = 0;
+  int64_t landed = 0;
   if (!receivers.empty()) {
-    MALLE_RETURN_IF_ERROR(
-        SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &moved, &in_place));
+    MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &moved,
+                                    &in_place, &landed));
   }
   const absl::Duration state_time = absl::Now() - s0;
+  landing_.clear();  // what the first sync did not use is not needed any more
   if (t.resume_step < step_) redone_steps_ += step_ - t.resume_step;
   step_ = t.resume_step;
   workers_ = AssignWorkers(options_.logical_workers, t.size, t.rank);
@@ -467,6 +508,7 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   ev.removed = t.removed;
   ev.state_bytes = moved;
   ev.state_in_place = in_place;
+  ev.state_landed = landed;
   ev.phases = {t.phases.detect, t.phases.wait, t.phases.agree, t.phases.build, t.phases.sync, state_time,
                t.phases.total + state_time};
   ev.reason = t.reason;
@@ -757,6 +799,7 @@ absl::StatusOr<bool> ElasticTrainer::FinishStep() {
     // dtype, so a state sync sends them without packing.
     absl::Status flat = FlattenOptimizerState();
     if (!flat.ok()) MALLE_LOG(WARNING) << "optimizer state not flattened: " << flat;  // only slower syncs
+    if (store_ != nullptr && group_->rank() == 0) PublishLayout();
   }
   group_->Commit(step_);
   ++step_;

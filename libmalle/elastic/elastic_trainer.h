@@ -155,6 +155,7 @@ struct ResizeEvent {
   std::vector<std::string> removed;
   int64_t state_bytes = 0;  // job state received or sent (0: no transfer needed)
   int64_t state_in_place = 0;  // of which received straight into this rank's own tensors
+  int64_t state_landed = 0;    // of which received into memory faulted in while warming up
   struct Phases {
     absl::Duration detect, wait, agree, build, sync;  // from the membership protocol
     absl::Duration state;                       // state transfer
@@ -165,11 +166,19 @@ struct ResizeEvent {
 
 // "malle/job/<id>/progress".
 std::string ProgressKey(absl::string_view job_id);
+// "malle/job/<id>/state_layout": rank 0 publishes the segments of its state
+// there (state_pack.h's EncodeLayout) when they change, i.e. once the
+// optimizer's state exists; a trainer created afterwards (a joiner) faults in
+// memory for the segments it cannot receive in place (LandingBuffers) before
+// it joins, so that its first state sync does not wait on page faults.
+std::string StateLayoutKey(absl::string_view job_id);
 
 class ElasticTrainer {
  public:
   // Joins later, at the first NextStep(). `group_options.max_size` is capped
   // at L. The model's tensors and the optimizer must outlive the trainer.
+  // Reads StateLayoutKey and zero-fills the memory the first state sync will
+  // land in (the job's optimizer state: tens of ms per 100 MB; blocks).
   // Errors: kInvalidArgument (options; bootstrap_size > L; an optimizer
   // parameter that is not in the model), kUnimplemented (an optimizer whose
   // state cannot be synced).
@@ -261,7 +270,11 @@ class ElasticTrainer {
   // `in_place`: this rank holds no committed state (a joiner); it may receive
   // into its own tensors (`*in_place_bytes`).
   absl::Status SyncState(int source, const std::vector<int>& receivers, bool in_place, int64_t* bytes,
-                         int64_t* in_place_bytes);
+                         int64_t* in_place_bytes, int64_t* landed_bytes);
+  // StateLayoutKey: a joiner's landing_ before it joins; rank 0 publishing.
+  // Both only save time; failures are logged.
+  void PrepareLanding();
+  void PublishLayout();
   // Moves the optimizer's state tensors into one buffer per dtype (after its
   // first step creates them), so a state sync sends them without packing.
   absl::Status FlattenOptimizerState();
@@ -300,6 +313,8 @@ class ElasticTrainer {
   bool left_ = false;
   int64_t redone_steps_ = 0;
   size_t optimizer_state_count_ = 0;  // optimizer_.state().size() when last flattened
+  std::vector<at::Tensor> landing_;   // receive memory for the first state sync
+  std::string published_layout_;      // rank 0: what it last wrote to StateLayoutKey
   std::vector<ResizeEvent> history_;
 
   std::unique_ptr<GradReducer> reducer_;  // use_reducer and not deterministic

@@ -4,11 +4,14 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -258,6 +261,69 @@ absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton
   return specs;
 }
 
+absl::StatusOr<std::vector<SegmentLayout>> LayoutOf(const PackedState& state) {
+  MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> specs, SegmentSpecs(state.skeleton));
+  std::vector<SegmentLayout> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const bool direct = i < state.direct.size() && state.direct[i];
+    const bool cuda = i < state.buffers.size() && state.buffers[i].defined() && state.buffers[i].is_cuda();
+    out.push_back({specs[i].dtype, specs[i].numel, cuda ? "cuda" : "cpu", direct});
+  }
+  return out;
+}
+
+std::string EncodeLayout(const std::vector<SegmentLayout>& layout) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const SegmentLayout& s : layout) {
+    out.push_back({c10::getDtypeNames(s.dtype).first, s.numel, s.device_type, s.direct});
+  }
+  return out.dump();
+}
+
+absl::StatusOr<std::vector<SegmentLayout>> DecodeLayout(absl::string_view json) {
+  const nlohmann::json doc = nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("state layout: not JSON");
+  if (!doc.is_array()) return absl::InvalidArgumentError(absl::StrCat("state layout: expected a list, got ", doc.type_name()));
+  const auto& names = c10::getStringToDtypeMap();
+  std::vector<SegmentLayout> out;
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const nlohmann::json& item = doc[i];
+    if (!item.is_array() || item.size() != 4 || !item[0].is_string() || !item[1].is_number_integer() ||
+        item[1].get<int64_t>() < 0 || !item[2].is_string() || !item[3].is_boolean() ||
+        (item[2] != "cpu" && item[2] != "cuda")) {
+      return absl::InvalidArgumentError(absl::StrCat("state layout: segment ", i,
+                                                     ": expected [dtype, numel >= 0, 'cpu'|'cuda', direct], got ",
+                                                     item.dump()));
+    }
+    auto dtype = names.find(item[0].get<std::string>());
+    if (dtype == names.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state layout: segment ", i, ": unknown dtype '", item[0].get<std::string>(), "'"));
+    }
+    out.push_back({dtype->second, item[1].get<int64_t>(), item[2].get<std::string>(), item[3].get<bool>()});
+  }
+  return out;
+}
+
+std::vector<at::Tensor> LandingBuffers(const std::vector<SegmentLayout>& expected,
+                                       const std::vector<SegmentLayout>& own, int64_t min_bytes) {
+  std::map<std::tuple<at::ScalarType, int64_t, std::string>, int> spare;
+  for (const SegmentLayout& s : own) {
+    if (s.direct) ++spare[{s.dtype, s.numel, s.device_type}];
+  }
+  std::vector<at::Tensor> out;
+  for (const SegmentLayout& s : expected) {
+    auto mine = spare.find({s.dtype, s.numel, s.device_type});
+    if (mine != spare.end() && mine->second > 0) {
+      --mine->second;
+      continue;
+    }
+    if (s.device_type != "cpu" || s.numel * static_cast<int64_t>(c10::elementSize(s.dtype)) < min_bytes) continue;
+    out.push_back(at::zeros({s.numel}, at::TensorOptions().dtype(s.dtype)));  // every page written once
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, absl::string_view skeleton) {
   MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> theirs, SegmentSpecs(skeleton));
   MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> mine, SegmentSpecs(own.skeleton));
@@ -401,7 +467,7 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
 
 absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
                                           const std::vector<int>& receivers, PackedState* mine,
-                                          const PackedState* own) {
+                                          const PackedState* own, std::vector<at::Tensor>* landing) {
   const bool is_root = comm.rank() == root;
   MALLE_CHECK(is_root == (mine != nullptr)) << "TransferState: state given on a non-root rank or missing on the root";
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
@@ -445,7 +511,18 @@ absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
     }
     for (size_t i = 0; i < specs.size(); ++i) {
       const bool in_place = targets[i].defined();
-      out.buffers.push_back(in_place ? targets[i] : at::empty({specs[i].numel}, at::TensorOptions().dtype(specs[i].dtype)));
+      at::Tensor buffer = targets[i];
+      if (!in_place && landing != nullptr) {
+        auto fits = std::find_if(landing->begin(), landing->end(), [&](const at::Tensor& b) {
+          return b.scalar_type() == specs[i].dtype && b.numel() == specs[i].numel;
+        });
+        if (fits != landing->end()) {
+          buffer = *fits;
+          landing->erase(fits);
+        }
+      }
+      if (!buffer.defined()) buffer = at::empty({specs[i].numel}, at::TensorOptions().dtype(specs[i].dtype));
+      out.buffers.push_back(buffer);
       out.direct.push_back(in_place);
     }
   } else if (out.buffers.size() != specs.size()) {

@@ -109,6 +109,36 @@ absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton
 // those tensors. Errors: kInvalidArgument for a corrupt skeleton.
 absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, absl::string_view skeleton);
 
+// One segment of a job state as the job's leader publishes it (the trainer's
+// StateLayoutKey), so that a joiner can fault in, while it warms up, the
+// memory the segments it cannot receive in place will land in.
+struct SegmentLayout {
+  at::ScalarType dtype = at::kFloat;
+  int64_t numel = 0;
+  std::string device_type = "cpu";  // "cpu" or "cuda" (C++ states are CPU)
+  bool direct = false;              // sent from the source's own buffer
+};
+
+// The segments of a packed state, in skeleton order. Errors: kInvalidArgument
+// for a corrupt skeleton.
+absl::StatusOr<std::vector<SegmentLayout>> LayoutOf(const PackedState& state);
+
+// JSON, the format of python/malletrain/state.py's encode_layout:
+// [["float32", numel, "cpu", direct], ...] (torch's dtype names).
+std::string EncodeLayout(const std::vector<SegmentLayout>& layout);
+// Errors: kInvalidArgument naming the segment and what is wrong with it.
+absl::StatusOr<std::vector<SegmentLayout>> DecodeLayout(absl::string_view json);
+
+// Receive memory for a joiner, faulted in now (zero-filled), while nobody
+// waits: one CPU buffer per `expected` segment of at least `min_bytes` that
+// `own`'s direct segments (same dtype, length and device, counted as a
+// multiset) will not take in place. A joiner has no optimizer state before its
+// first step, and receiving it into fresh memory costs more than the transfer
+// (168 MiB: 165-577 ms into fresh pages, 50-87 ms into touched ones, on the
+// 2-core VM). Pass them to TransferState's `landing`.
+std::vector<at::Tensor> LandingBuffers(const std::vector<SegmentLayout>& expected,
+                                       const std::vector<SegmentLayout>& own, int64_t min_bytes);
+
 // Makes `tensors` (dense, one device) views of one new buffer per dtype, each
 // starting on a 64-byte boundary (zeros in between),
 // keeping their values and TensorImpls (set_data), so that a packer sends
@@ -157,10 +187,13 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
 // A receiver passing `own` (its own state, packed with the same
 // direct_min_bytes) receives matching segments into its own tensors
 // (InPlaceTargets): only for a rank whose state may be lost, since a
-// transfer cut by a failure leaves them half overwritten.
+// transfer cut by a failure leaves them half overwritten. A receiver passing
+// `landing` (LandingBuffers) receives each other segment into one of those of
+// the same dtype and length, which it removes from the list.
 absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
                                           const std::vector<int>& receivers, PackedState* mine,
-                                          const PackedState* own = nullptr);
+                                          const PackedState* own = nullptr,
+                                          std::vector<at::Tensor>* landing = nullptr);
 
 }  // namespace malle::elastic
 

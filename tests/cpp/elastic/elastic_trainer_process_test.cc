@@ -214,15 +214,19 @@ class ElasticTrainerProcessTest : public ::testing::Test {
     }
     EXPECT_THAT(sizes, ::testing::ElementsAre(4, 2, 3, 4));
     for (const char* m : {"w4", "w5"}) {
-      bool got_state = false, in_place = false;
+      bool got_state = false, in_place = false, landed = false;
       for (const json& e : Events(Key(job, m))) {
         if (e["ev"] == "transition" && e["kind"] == "joined") {
           got_state = e["state_bytes"].get<int64_t>() > 0;
           in_place = e["state_in_place"].get<int64_t>() > 0;  // its parameters, received into them
+          // Adam's state (a joiner has none yet), into memory it faulted in
+          // before joining, from the layout rank 0 published.
+          landed = e["state_landed"].get<int64_t>() > 0;
         }
       }
       EXPECT_TRUE(got_state) << m << " joined without receiving state";
       EXPECT_TRUE(in_place) << m << " received nothing in place";
+      EXPECT_TRUE(landed) << m << " received its optimizer state into fresh memory";
     }
     return params;
   }

@@ -141,6 +141,7 @@ int Run(Events& events) {
                    {"resume", ev.resume_step},
                    {"state_bytes", ev.state_bytes},
                    {"state_in_place", ev.state_in_place},
+                   {"state_landed", ev.state_landed},
                    {"state_ms", absl::ToDoubleMilliseconds(ev.phases.state)},
                    {"total_ms", absl::ToDoubleMilliseconds(ev.phases.total)}});
     }

@@ -5,6 +5,8 @@
 // the state of a different model with "model mismatch".
 #include "libmalle/elastic/state_pack.h"
 
+#include <thread>
+
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -17,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
+#include "libmalle/comm/elastic_group.h"
 #include "libmalle/elastic/elastic_trainer.h"
 #include "libmalle/elastic/optimizer_state.h"
 
@@ -153,6 +156,148 @@ TEST(StatePackTest, FlatTensorsAreSentAsTheyAreAndReceivedInPlace) {
   }
   ASSERT_OK_AND_ASSIGN(at::Tensor small, in.Tensor());
   EXPECT_TRUE(at::equal(small, at::arange(4, at::kLong)));
+}
+
+bool SameLayout(const std::vector<SegmentLayout>& a, const std::vector<SegmentLayout>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].dtype != b[i].dtype || a[i].numel != b[i].numel || a[i].device_type != b[i].device_type ||
+        a[i].direct != b[i].direct) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST(StateLayoutTest, RoundTripsInPythonsFormatAndBadLayoutsAreNamed) {
+  std::vector<at::Tensor> ts = {at::randn({300, 1000}), at::randn({3})};
+  FlattenTensors(ts);
+  StatePacker p;
+  for (const at::Tensor& t : ts) p.PutTensor(t);
+  p.PutTensor(at::arange(4, at::kLong));
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentLayout> layout, LayoutOf(std::move(p).Finish()));
+  const std::string json = EncodeLayout(layout);
+  // What python/malletrain/state.py's encode_layout writes for the same state.
+  EXPECT_EQ(json, R"([["float32",300003,"cpu",true],["int64",4,"cpu",false]])");
+  ASSERT_OK_AND_ASSIGN(std::vector<SegmentLayout> back, DecodeLayout(json));
+  EXPECT_TRUE(SameLayout(back, layout));
+  ASSERT_OK_AND_ASSIGN(back, DecodeLayout(R"([["bfloat16", 0, "cuda", false]])"));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].dtype, at::kBFloat16);
+  EXPECT_EQ(back[0].device_type, "cuda");
+  for (auto [bad, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{not json", "not JSON"},
+           {R"({"a": 1})", "expected a list, got object"},
+           {R"([["float32", -1, "cpu", true]])", "segment 0: expected"},
+           {R"([["float32", 1.5, "cpu", true]])", "segment 0: expected"},
+           {R"([["float32", 4, "tpu", true]])", "segment 0: expected"},
+           {R"([["float32", 4, "cpu", true], ["float32", 4, "cpu"]])", "segment 1: expected"},
+           {R"([["complex512", 4, "cpu", true]])", "unknown dtype 'complex512'"}}) {
+    EXPECT_THAT(DecodeLayout(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message))) << bad;
+  }
+}
+
+TEST(StateLayoutTest, LandingBuffersCoverWhatOwnBuffersWillNotTake) {
+  constexpr int64_t kP = 300000;  // parameters, float32: 1.2 MB
+  const std::vector<SegmentLayout> own = {{at::kFloat, kP, "cpu", true}, {at::kLong, 3, "cpu", false}};
+  // Adam: parameters, the moments, a small packed rest.
+  const std::vector<SegmentLayout> adam = {
+      {at::kFloat, kP, "cpu", true}, {at::kFloat, 2 * kP + 16, "cpu", true}, {at::kFloat, 10, "cpu", false}};
+  std::vector<at::Tensor> got = LandingBuffers(adam, own, 1 << 20);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].numel(), 2 * kP + 16);
+  EXPECT_EQ(got[0].scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(got[0], at::zeros({2 * kP + 16})));  // zero-filled: every page written once
+  // SGD with momentum: one momentum buffer exactly as long as the parameters;
+  // own buffers count as a multiset, so it still gets one.
+  const std::vector<SegmentLayout> sgd = {{at::kFloat, kP, "cpu", true}, {at::kFloat, kP, "cpu", true}};
+  got = LandingBuffers(sgd, own, 1 << 20);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].numel(), kP);
+  // Small and CUDA segments: nothing.
+  EXPECT_TRUE(LandingBuffers({{at::kFloat, 1000, "cpu", true}, {at::kFloat, 2 * kP, "cuda", true}}, own, 1 << 20)
+                  .empty());
+}
+
+TEST(StateLayoutTest, TransferStateReceivesIntoLandingBuffers) {
+  auto store = comm::ControlStore::InMemory();
+  auto flat = [](int seed) {
+    at::manual_seed(seed);
+    std::vector<at::Tensor> params = {at::randn({300, 1000}), at::randn({1000})};
+    std::vector<at::Tensor> moments = {at::randn({300, 1000}), at::randn({1000}), at::randn({300, 1000}),
+                                       at::randn({1000})};
+    FlattenTensors(params);
+    FlattenTensors(moments);
+    return std::make_pair(params, moments);
+  };
+  auto pack = [](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& moments) {
+    StatePacker p;
+    for (const at::Tensor& t : params) p.PutTensor(t);
+    for (const at::Tensor& t : moments) p.PutTensor(t);
+    return std::move(p).Finish();
+  };
+  auto [src_params, src_moments] = flat(1);
+  std::vector<absl::Status> status(2);
+  PackedState received;
+  std::vector<at::Tensor> landing;
+  const void* landing_ptr = nullptr;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      comm::ElasticGroupOptions g;
+      g.job_id = "landing";
+      g.member_id = "m" + std::to_string(i);
+      g.bootstrap_size = 2;
+      g.rendezvous_timeout = absl::Seconds(20);
+      g.heartbeat_timeout = absl::Seconds(5);
+      auto group = comm::ElasticGroup::Join(store, g);
+      if (!group.ok()) {
+        status[i] = group.status();
+        return;
+      }
+      const int source = 0;
+      if ((*group)->rank() == source) {
+        PackedState mine = pack(src_params, src_moments);
+        status[i] = TransferState((*group)->comm(), source, {1}, &mine).status();
+      } else {
+        // A joiner: parameters of its own (received in place), no moments yet;
+        // it faulted in their memory from the source's layout.
+        auto [params, unused] = flat(2);
+        StatePacker p;
+        for (const at::Tensor& t : params) p.PutTensor(t);
+        PackedState own = std::move(p).Finish();
+        auto expected = LayoutOf(pack(src_params, src_moments));
+        auto mine = LayoutOf(own);
+        if (!expected.ok() || !mine.ok()) {
+          status[i] = expected.ok() ? mine.status() : expected.status();
+          return;
+        }
+        landing = LandingBuffers(*expected, *mine, 1 << 20);
+        if (landing.size() == 1) landing_ptr = landing[0].data_ptr();
+        auto got = TransferState((*group)->comm(), source, {1}, nullptr, &own, &landing);
+        status[i] = got.status();
+        if (got.ok()) received = *std::move(got);
+      }
+      (*group)->Finish();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_OK(status[0]);
+  ASSERT_OK(status[1]);
+  ASSERT_NE(landing_ptr, nullptr) << "one landing buffer expected: the moments";
+  EXPECT_TRUE(landing.empty()) << "the landing buffer was not taken";
+  ASSERT_EQ(received.buffers.size(), 2u);
+  EXPECT_EQ(received.buffers[1].data_ptr(), landing_ptr) << "the moments landed in fresh memory";
+  EXPECT_EQ(received.direct, std::vector<bool>({true, false}));  // only the parameters are the joiner's own
+  ASSERT_OK_AND_ASSIGN(StateUnpacker in, StateUnpacker::Open(std::move(received)));
+  for (const at::Tensor& t : src_params) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor got, in.Tensor());
+    EXPECT_TRUE(at::equal(got, t));
+  }
+  for (const at::Tensor& t : src_moments) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor got, in.Tensor());
+    EXPECT_TRUE(at::equal(got, t));
+  }
 }
 
 // Two parameters with gradients from a fixed function of the parameters.
