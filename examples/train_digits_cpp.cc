@@ -61,6 +61,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/elastic/elastic_trainer.h"
@@ -76,6 +77,9 @@ ABSL_FLAG(double, lr, 1e-2, "Adam learning rate");
 ABSL_FLAG(uint64_t, seed, 0, "data order and the logical workers' RNG streams");
 ABSL_FLAG(bool, deterministic, false, "bitwise the same result whatever the schedule");
 ABSL_FLAG(std::string, out, "", "rank 0 writes result.json and params.bin here");
+ABSL_FLAG(absl::Duration, step_sleep, absl::ZeroDuration(),
+          "time to sleep after each committed step (e.g. 100ms): paces the job so that joiners "
+          "are in before a schedule's later events (a demo, a test on a loaded machine)");
 
 namespace {
 
@@ -200,6 +204,7 @@ absl::Status Run() {
       MALLE_RETURN_IF_ERROR(trainer->EndMicroBatch());
     }
     MALLE_ASSIGN_OR_RETURN(bool committed, trainer->FinishStep());
+    if (committed) absl::SleepFor(absl::GetFlag(FLAGS_step_sleep));
     if (committed && plan->rank == 0 && plan->step % 10 == 0) {
       std::cout << absl::StrFormat("step %d: size %d, loss %.4f", plan->step, plan->size,
                                    last_loss.item<float>())
