@@ -16,10 +16,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
+#include "libmalle/comm/testing/group_options.h"
 
 namespace malle::comm {
 namespace {
 
+using ::malle::comm::testing::GroupOptions;
 using ::malle::testing::IsOk;
 using ::malle::testing::IsOkAndHolds;
 using ::malle::testing::StatusIs;
@@ -39,16 +41,6 @@ int UnusedPort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-ElasticGroupOptions Options(const std::string& job, const std::string& member, int bootstrap) {
-  ElasticGroupOptions o;
-  o.job_id = job;
-  o.member_id = member;
-  o.bootstrap_size = bootstrap;
-  o.rendezvous_timeout = absl::Seconds(20);
-  o.heartbeat_timeout = absl::Seconds(5);
-  return o;
 }
 
 TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
@@ -73,7 +65,7 @@ TEST(ElasticGroupOptionsTest, EachInvalidFieldIsNamed) {
       {[](auto& o) { o.max_recoveries_without_commit = 0; }, "max_recoveries_without_commit"},
   };
   for (const Case& c : cases) {
-    ElasticGroupOptions o = Options("job", "m0", 1);
+    ElasticGroupOptions o = GroupOptions("job", "m0", 1);
     EXPECT_THAT(o.Validate(), IsOk());
     c.mutate(o);
     EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)));
@@ -125,7 +117,7 @@ TEST(ControlStoreTest, HostedStoreIsLoopbackAndAtomic) {
 
 TEST(ElasticGroupTest, JoiningAJobThatDoesNotExistIsNotFound) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions o = Options("no-such-job", "m0", /*bootstrap=*/0);
+  ElasticGroupOptions o = GroupOptions("no-such-job", "m0", /*bootstrap=*/0);
   o.rendezvous_timeout = absl::Milliseconds(500);
   const absl::Time start = absl::Now();
   EXPECT_THAT(ElasticGroup::Join(store, o),
@@ -135,7 +127,7 @@ TEST(ElasticGroupTest, JoiningAJobThatDoesNotExistIsNotFound) {
 
 TEST(ElasticGroupTest, IncompleteBootstrapTimesOutAndSaysHowManyCame) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions o = Options("job", "m0", /*bootstrap=*/2);
+  ElasticGroupOptions o = GroupOptions("job", "m0", /*bootstrap=*/2);
   o.rendezvous_timeout = absl::Milliseconds(500);
   EXPECT_THAT(ElasticGroup::Join(store, o),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("only 1 of 2")));
@@ -143,9 +135,9 @@ TEST(ElasticGroupTest, IncompleteBootstrapTimesOutAndSaysHowManyCame) {
 
 TEST(ElasticGroupTest, DuplicateMemberIdIsRejected) {
   auto store = ControlStore::InMemory();
-  ASSERT_OK_AND_ASSIGN(auto first, ElasticGroup::Join(store, Options("job", "m0", 1)));
+  ASSERT_OK_AND_ASSIGN(auto first, ElasticGroup::Join(store, GroupOptions("job", "m0", 1)));
   EXPECT_EQ(first->size(), 1);
-  EXPECT_THAT(ElasticGroup::Join(store, Options("job", "m0", 1)),
+  EXPECT_THAT(ElasticGroup::Join(store, GroupOptions("job", "m0", 1)),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("'m0'")));
 }
 
@@ -157,7 +149,7 @@ TEST(ElasticGroupTest, ThreadsGoThroughPlannedLeaveAndJoin) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      auto g = ElasticGroup::Join(store, Options("threads", "t" + std::to_string(i), 3));
+      auto g = ElasticGroup::Join(store, GroupOptions("threads", "t" + std::to_string(i), 3));
       errors[i] = g.status();
       if (g.ok()) groups[i] = *std::move(g);
     });
@@ -189,7 +181,7 @@ TEST(ElasticGroupTest, ThreadsGoThroughPlannedLeaveAndJoin) {
   ASSERT_OK(ElasticGroup::RequestLeave(*store, "threads", "t1"));
   std::vector<Transition> seen(4);
   threads.emplace_back([&] {
-    auto g = ElasticGroup::Join(store, Options("threads", "t3", 3));
+    auto g = ElasticGroup::Join(store, GroupOptions("threads", "t3", 3));
     errors[3] = g.status();
     if (g.ok()) {
       seen[3] = (*g)->last_transition();
@@ -290,7 +282,7 @@ std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGro
 // queued request agrees on it as usual.
 TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
   auto store = ControlStore::InMemory();
-  auto groups = BootstrapThreads(store, Options("early", "", 3), 3);
+  auto groups = BootstrapThreads(store, GroupOptions("early", "", 3), 3);
   ASSERT_EQ(groups.size(), 3u);
   std::vector<std::vector<Transition::Kind>> kinds(3);
   std::vector<absl::Status> errors(3);
@@ -343,7 +335,7 @@ TEST(ElasticGroupTest, EarlyVoteAppliesQueuedRequestsAndNothingElse) {
 // recovers without it.
 TEST(ElasticGroupTest, EarlyVoteOfAGenerationThatFailsRecovers) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions base = Options("early-fail", "", 3);
+  ElasticGroupOptions base = GroupOptions("early-fail", "", 3);
   base.recovery_grace = absl::Seconds(2);
   auto groups = BootstrapThreads(store, base, 3);
   ASSERT_EQ(groups.size(), 3u);
@@ -377,7 +369,7 @@ TEST(ElasticGroupTest, EarlyVoteOfAGenerationThatFailsRecovers) {
 // whose default action would end this process too (a survivor exiting 141).
 TEST(ElasticGroupTest, BuildingAGroupIgnoresSigpipe) {
   auto store = ControlStore::InMemory();
-  auto groups = BootstrapThreads(store, Options("sigpipe", "", 1), 1);
+  auto groups = BootstrapThreads(store, GroupOptions("sigpipe", "", 1), 1);
   ASSERT_NE(groups[0], nullptr);
   struct sigaction current {};
   ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &current), 0);
@@ -386,7 +378,7 @@ TEST(ElasticGroupTest, BuildingAGroupIgnoresSigpipe) {
 
 TEST(ElasticGroupTest, SendAndRecvPointToPointAndBadPeersAreNamed) {
   auto store = ControlStore::InMemory();
-  auto groups = BootstrapThreads(store, Options("p2p", "", 3), 3);
+  auto groups = BootstrapThreads(store, GroupOptions("p2p", "", 3), 3);
   for (const auto& g : groups) ASSERT_NE(g, nullptr);
   // Rank of each group (the bootstrap order decides it).
   std::vector<Communicator*> by_rank(3);
@@ -420,7 +412,7 @@ TEST(ElasticGroupTest, SendAndRecvPointToPointAndBadPeersAreNamed) {
 
 TEST(ElasticGroupTest, MemberThatClosesItsGroupIsNotInTheNextGeneration) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions o = Options("closing", "", 3);
+  ElasticGroupOptions o = GroupOptions("closing", "", 3);
   o.recovery_grace = absl::Seconds(8);
   o.heartbeat_timeout = absl::Seconds(8);
   auto groups = BootstrapThreads(store, o, 3);
@@ -442,7 +434,7 @@ TEST(ElasticGroupTest, MemberThatClosesItsGroupIsNotInTheNextGeneration) {
 // the survivors decided: its check-in must not make it a survivor.
 TEST(ElasticGroupTest, MemberThatCheckedInAndThenClosedIsNotInTheNextGeneration) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions o = Options("checked-in-then-closed", "", 3);
+  ElasticGroupOptions o = GroupOptions("checked-in-then-closed", "", 3);
   o.recovery_grace = absl::Seconds(8);
   o.heartbeat_timeout = absl::Seconds(8);
   auto groups = BootstrapThreads(store, o, 3);
@@ -470,7 +462,7 @@ TEST(ElasticGroupTest, MemberThatCheckedInAndThenClosedIsNotInTheNextGeneration)
 // in a row, naming the failure. A committed step starts the count again.
 TEST(ElasticGroupTest, RepeatedFailureWithoutACommitGivesUp) {
   auto store = ControlStore::InMemory();
-  ElasticGroupOptions o = Options("gives-up", "solo", 1);
+  ElasticGroupOptions o = GroupOptions("gives-up", "solo", 1);
   o.max_recoveries_without_commit = 3;
   o.recovery_grace = absl::Milliseconds(100);
   ASSERT_OK_AND_ASSIGN(auto group, ElasticGroup::Join(store, o));

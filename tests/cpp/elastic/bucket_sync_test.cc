@@ -14,22 +14,14 @@
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/comm/testing/group_options.h"
 
 namespace malle::elastic {
 namespace {
 
+using ::malle::comm::testing::GroupOptions;
 using ::malle::testing::StatusIs;
 using ::testing::HasSubstr;
-
-comm::ElasticGroupOptions Group(const std::string& job, const std::string& member, int bootstrap) {
-  comm::ElasticGroupOptions g;
-  g.job_id = job;
-  g.member_id = member;
-  g.bootstrap_size = bootstrap;
-  g.rendezvous_timeout = absl::Seconds(20);
-  g.heartbeat_timeout = absl::Seconds(5);
-  return g;
-}
 
 // Blocks until `future` completes (bounded: a sum on loopback takes
 // milliseconds) and returns its tensor.
@@ -48,7 +40,7 @@ TEST(BucketSyncTest, TwoRanksGetTheSumOfTheirBuckets) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      auto g = comm::ElasticGroup::Join(store, Group("sum", "m" + std::to_string(i), 2));
+      auto g = comm::ElasticGroup::Join(store, GroupOptions("sum", "m" + std::to_string(i), 2));
       if (!g.ok()) {
         status[i] = g.status();
         return;
@@ -99,7 +91,7 @@ TEST(BucketSyncTest, UnarmedOrDisarmedHandsTheBucketBackUnchanged) {
 
 TEST(BucketSyncTest, AFailedSumIsKeptUntilTakeAndLaterBucketsSkipTheSum) {
   auto store = comm::ControlStore::InMemory();
-  ASSERT_OK_AND_ASSIGN(auto g, comm::ElasticGroup::Join(store, Group("abort", "m0", 1)));
+  ASSERT_OK_AND_ASSIGN(auto g, comm::ElasticGroup::Join(store, GroupOptions("abort", "m0", 1)));
   BucketSync sync;
   g->comm().Abort(absl::UnavailableError("test: peer lost"));
   sync.Arm(&g->comm());
@@ -119,7 +111,7 @@ TEST(BucketSyncTest, AFailedSumIsKeptUntilTakeAndLaterBucketsSkipTheSum) {
 
 TEST(BucketSyncTest, AfterCloseBucketsAreHandedBackWithoutACollective) {
   auto store = comm::ControlStore::InMemory();
-  ASSERT_OK_AND_ASSIGN(auto g, comm::ElasticGroup::Join(store, Group("close", "m0", 1)));
+  ASSERT_OK_AND_ASSIGN(auto g, comm::ElasticGroup::Join(store, GroupOptions("close", "m0", 1)));
   BucketSync sync;
   sync.Arm(&g->comm());
   at::Tensor a = at::tensor({3.0f});

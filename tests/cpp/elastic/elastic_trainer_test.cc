@@ -20,23 +20,15 @@
 #include "gtest/gtest.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/base/testing/status_matchers.h"
+#include "libmalle/comm/testing/group_options.h"
 
 namespace malle::elastic {
 namespace {
 
+using ::malle::comm::testing::GroupOptions;
 using ::malle::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-comm::ElasticGroupOptions Group(const std::string& job, const std::string& member, int bootstrap) {
-  comm::ElasticGroupOptions g;
-  g.job_id = job;
-  g.member_id = member;
-  g.bootstrap_size = bootstrap;
-  g.rendezvous_timeout = absl::Seconds(20);
-  g.heartbeat_timeout = absl::Seconds(5);
-  return g;
-}
 
 ElasticTrainerOptions Options(bool deterministic, bool use_reducer = true) {
   ElasticTrainerOptions o;
@@ -77,7 +69,7 @@ std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic,
       me.b = at::randn({2}, init, at::TensorOptions()).set_requires_grad(true);
       me.adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{me.w, me.b},
                                                      torch::optim::AdamOptions(0.05));
-      auto trainer = ElasticTrainer::Create(store, Group(job, "m" + std::to_string(r), n), Options(deterministic, use_reducer),
+      auto trainer = ElasticTrainer::Create(store, GroupOptions(job, "m" + std::to_string(r), n), Options(deterministic, use_reducer),
                                             ModelState::FromTensors({me.w, me.b}), *me.adam);
       if (!trainer.ok()) {
         me.status = trainer.status();
@@ -153,7 +145,7 @@ TEST(ElasticTrainerTest, LastMicroBatchWithoutBackwardIsNamed) {
   at::Tensor w = at::randn({5, 2}).set_requires_grad(true);
   torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
   ElasticTrainerOptions o = Options(false);
-  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("nograd", "m0", 1),
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions("nograd", "m0", 1),
                                                             o, ModelState::FromTensors({w}), adam));
   ASSERT_OK_AND_ASSIGN(std::optional<StepPlan> plan, trainer->NextStep());
   ASSERT_TRUE(plan.has_value());
@@ -173,7 +165,7 @@ TEST(ElasticTrainerTest, FailedReductionIsRedoneWithTheReducer) {
   torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
   ElasticTrainerOptions o = Options(false);
   o.logical_workers = 1;
-  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("abort", "m0", 1),
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions("abort", "m0", 1),
                                                             o, ModelState::FromTensors({w}), adam));
   const at::Tensor x = at::randn({40, 5});
   auto run_step = [&](bool abort_first) -> absl::StatusOr<bool> {
@@ -205,7 +197,7 @@ TEST(ElasticTrainerTest, PlanAndMisuse) {
   torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.1));
   ElasticTrainerOptions o = Options(false);
   o.logical_workers = 3;
-  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), Group("misuse", "m0", 1),
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions("misuse", "m0", 1),
                                                             o, ModelState::FromTensors({w}), adam));
   EXPECT_EQ(trainer->rank(), -1);  // joins at the first NextStep
   EXPECT_THAT(trainer->FinishStep(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("NextStep")));

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/comm/testing/group_options.h"
 
 namespace malle::elastic {
 namespace {
@@ -24,13 +25,8 @@ using ::testing::HasSubstr;
 class GradReducerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    comm::ElasticGroupOptions g;
-    g.job_id = "reducer";
-    g.member_id = "m0";
-    g.bootstrap_size = 1;
-    g.rendezvous_timeout = absl::Seconds(20);
-    g.heartbeat_timeout = absl::Seconds(5);
-    ASSERT_OK_AND_ASSIGN(group_, comm::ElasticGroup::Join(store_, g));
+    ASSERT_OK_AND_ASSIGN(group_, comm::ElasticGroup::Join(
+                                     store_, comm::testing::GroupOptions("reducer", "m0", 1)));
     w_ = at::tensor({1.0f, 2.0f, 3.0f}).set_requires_grad(true);
     b_ = at::tensor({0.5f}).set_requires_grad(true);
     // Buckets of 4 bytes: b (the first in reverse order, 4 bytes) fills one,

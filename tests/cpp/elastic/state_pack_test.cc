@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/comm/testing/group_options.h"
 #include "libmalle/elastic/elastic_trainer.h"
 #include "libmalle/elastic/optimizer_state.h"
 
@@ -244,13 +245,8 @@ TEST(StateLayoutTest, TransferStateReceivesIntoLandingBuffers) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      comm::ElasticGroupOptions g;
-      g.job_id = "landing";
-      g.member_id = "m" + std::to_string(i);
-      g.bootstrap_size = 2;
-      g.rendezvous_timeout = absl::Seconds(20);
-      g.heartbeat_timeout = absl::Seconds(5);
-      auto group = comm::ElasticGroup::Join(store, g);
+      auto group = comm::ElasticGroup::Join(
+          store, comm::testing::GroupOptions("landing", "m" + std::to_string(i), 2));
       if (!group.ok()) {
         status[i] = group.status();
         return;
