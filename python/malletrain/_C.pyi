@@ -417,3 +417,32 @@ class Outbox:
     def send_job_complete(
         self, job: str, status: str, steps: int, samples: int, message: str
     ) -> None: ...
+
+# --- cluster: the rank environment contract (libmalle/cluster/rank_env.h) ---
+class RankEnv:
+    """The variables a starter sets for a rank process and the rank reads (MALLE_STORE, ...)."""
+    store: str
+    job_id: str
+    member_id: str
+    bootstrap_size: int
+    control_job: str
+    control_secret: str
+    node: str
+    min_nodes: int
+    max_nodes: int
+    backend: str
+    def __init__(self) -> None: ...
+    @property
+    def store_host(self) -> str: ...
+    @property
+    def store_port(self) -> int: ...
+    def validate(self) -> None:
+        """Raises MalleValueError naming the variable that is wrong."""
+    def vars(self) -> dict[str, str]:
+        """The environment variables a starter sets for this rank."""
+
+def read_rank_env(environ: dict[str, str]) -> RankEnv:
+    """Reads and validates the contract from a mapping (e.g. ``dict(os.environ)``).
+    Raises MalleValueError naming the variable."""
+def rank_env_names() -> list[str]: ...
+def generated_member_id() -> str: ...

@@ -66,6 +66,7 @@ void BindElastic(pybind11::module_& m);
 void BindBucketSync(pybind11::module_& m);  // after BindElastic (takes its ElasticGroup)
 void BindAdvisor(pybind11::module_& m);
 void BindControl(pybind11::module_& m);
+void BindCluster(pybind11::module_& m);
 
 }  // namespace malle::python
 

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_C, m) {
   malle::python::BindBucketSync(m);
   malle::python::BindAdvisor(m);
   malle::python::BindControl(m);
+  malle::python::BindCluster(m);
 }
