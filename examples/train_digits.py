@@ -93,7 +93,8 @@ def main(argv=None) -> int:
                    "is spread over the ranks like compute, so the job scales)")
     p.add_argument("--device", default="cpu",
                    help="where the model trains: cpu, or cuda (this rank's current CUDA device)")
-    p.add_argument("--out", default=None, help="directory for final.pt and trace-<member>.jsonl")
+    p.add_argument("--out", default=None, help="directory for final.pt (the model's, the optimizer's "
+                   "and the schedule's state_dict) and trace-<member>.jsonl")
     p.add_argument("--report", default=None,
                    help="rank 0 writes the advisor's scaling report (JSON) to this file at the end")
     p.add_argument("--step-log", default=None,
@@ -188,7 +189,9 @@ def main(argv=None) -> int:
               f"test accuracy {acc:.3f}, generations {job.generation + 1}, "
               f"steps redone {job.redone_steps}", flush=True)
         if args.out:
-            torch.save(model.module.state_dict(), os.path.join(args.out, "final.pt"))
+            # The whole state: parameters and buffers, the optimizer's, the schedule's.
+            torch.save({"model": model.module.state_dict(), "optimizer": opt.optimizer.state_dict(),
+                        "scheduler": sched.state_dict()}, os.path.join(args.out, "final.pt"))
             with open(os.path.join(args.out, "result.json"), "w") as f:
                 json.dump({"steps": job.step, "accuracy": acc, "loss": last_loss}, f)
         if args.report:

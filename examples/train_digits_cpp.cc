@@ -23,7 +23,8 @@
 //
 // Output: one line per membership change and per 10 steps; at the end rank 0
 // prints the test accuracy and, with --out, writes DIR/result.json (steps,
-// digest, accuracy, the resize history) and DIR/params.bin (the parameters as
+// digest, accuracy, the resize history, the tensors' names and sizes) and
+// DIR/params.bin (the parameters and Adam's moments as
 // raw float32 in named_parameters() order) so a run can be compared with
 // another schedule's.
 //
@@ -234,16 +235,30 @@ absl::Status Run() {
       history.push_back({{"kind", std::string(malle::comm::TransitionKindName(e.kind))}, {"generation", e.generation}, {"size", e.size},
                          {"pause_s", absl::ToDoubleSeconds(e.phases.total)}, {"state_bytes", e.state_bytes}});
     }
-    json result = {{"steps", trainer->step()},   {"redone", trainer->redone_steps()},
-                   {"digest", digest},          {"accuracy", accuracy},
-                   {"size", trainer->size()},   {"history", history}};
-    std::ofstream(out_dir + "/result.json") << result.dump(2) << "\n";
+    // The whole state, tensor by tensor: the parameters, then the optimizer's
+    // (Adam's moments), as float32; result.json names them and their sizes.
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& item : net->named_parameters()) tensors.emplace_back(item.key(), item.value());
+    for (const auto& item : net->named_parameters()) {
+      auto it = adam.state().find(item.value().unsafeGetTensorImpl());
+      if (it == adam.state().end()) continue;
+      const auto& st = static_cast<const torch::optim::AdamParamState&>(*it->second);
+      tensors.emplace_back("optimizer/" + item.key() + "/exp_avg", st.exp_avg());
+      tensors.emplace_back("optimizer/" + item.key() + "/exp_avg_sq", st.exp_avg_sq());
+    }
+    json manifest = json::array();
     std::ofstream params(out_dir + "/params.bin", std::ios::binary);
-    for (const at::Tensor& p : net->parameters()) {
-      at::Tensor c = p.detach().contiguous();
+    for (const auto& [name, t] : tensors) {
+      at::Tensor c = t.detach().to(at::kFloat).contiguous();
       params.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+      manifest.push_back({name, c.numel()});
     }
     if (!params.good()) return absl::DataLossError(absl::StrCat("--out: cannot write ", out_dir, "/params.bin"));
+    json result = {{"steps", trainer->step()},   {"redone", trainer->redone_steps()},
+                   {"digest", digest},          {"accuracy", accuracy},
+                   {"size", trainer->size()},   {"history", history},
+                   {"tensors", manifest}};
+    std::ofstream(out_dir + "/result.json") << result.dump(2) << "\n";
   }
   return absl::OkStatus();
 }

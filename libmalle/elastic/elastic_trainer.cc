@@ -495,7 +495,6 @@ absl::Status ElasticTrainer::OnChange(const Transition& t, absl::Time start) {
   }
   const absl::Duration state_time = absl::Now() - s0;
   landing_.clear();  // what the first sync did not use is not needed any more
-  if (t.resume_step < step_) redone_steps_ += step_ - t.resume_step;
   step_ = t.resume_step;
   workers_ = AssignWorkers(options_.logical_workers, t.size, t.rank);
   ResizeEvent ev;
@@ -526,6 +525,7 @@ absl::StatusOr<std::optional<StepPlan>> ElasticTrainer::NextStep() {
         absl::StrCat("NextStep: FinishStep() was not called for step ", step_));
   }
   if (left_ || finished_) return std::optional<StepPlan>();
+  RollBackFailedStep();
   if (step_ >= total_steps_ && group_ != nullptr) {
     // A last boundary, so no member exits while others still need it (a
     // member admitted now still receives the final state).
@@ -551,6 +551,7 @@ absl::StatusOr<std::optional<StepPlan>> ElasticTrainer::NextStep() {
     WorkerPlan w;
     w.worker = k;
     w.rng_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k});
+    w.data_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k, kDataStream});
     w.indices = sampler_.Indices(step_, k);
     plan.workers.push_back(std::move(w));
   }
@@ -558,7 +559,35 @@ absl::StatusOr<std::optional<StepPlan>> ElasticTrainer::NextStep() {
   in_step_ = true;
   begun_ = ended_ = 0;
   failed_ = false;
+  // A new attempt at this step: what it changes besides parameters and optimizer state
+  // (which change only when it commits) is snapshotted, so that a failed attempt leaves
+  // no trace (RollBackFailedStep). Buffers: at BeginMicroBatch(0).
+  if (step_ <= max_started_) ++redone_steps_;
+  max_started_ = std::max(max_started_, step_);
+  attempt_ = true;
+  extras0_.clear();
+  for (const Extra& e : extras_) extras0_.push_back(e.save());
+  // The optimizer's state changes only when a step commits; its options (a
+  // schedule sets the learning rate) may change after any step.
+  absl::StatusOr<std::vector<std::vector<double>>> options = OptimizerOptions(optimizer_);
+  if (options.ok()) optimizer_options0_ = *std::move(options);
   return std::optional<StepPlan>(std::move(plan));
+}
+
+void ElasticTrainer::RollBackFailedStep() {
+  if (!attempt_) return;
+  attempt_ = false;
+  if (buffers0_.size() == model_.buffers.size()) {
+    for (size_t i = 0; i < model_.buffers.size(); ++i) model_.buffers[i].second.detach().copy_(buffers0_[i]);
+  }
+  for (size_t i = 0; i < extras_.size() && i < extras0_.size(); ++i) {
+    absl::Status s = extras_[i].load(extras0_[i]);
+    if (!s.ok()) MALLE_LOG(WARNING) << "tracked state '" << extras_[i].name << "' not rolled back: " << s;
+  }
+  if (absl::Status s = SetOptimizerOptions(optimizer_, optimizer_options0_); !s.ok()) {
+    MALLE_LOG(WARNING) << "optimizer options not rolled back: " << s;
+  }
+  buffers_w0_.clear();
 }
 
 // --- micro-batches ------------------------------------------------------------
@@ -802,6 +831,7 @@ absl::StatusOr<bool> ElasticTrainer::FinishStep() {
     if (store_ != nullptr && group_->rank() == 0) PublishLayout();
   }
   group_->Commit(step_);
+  attempt_ = false;
   ++step_;
   if (options_.publish_progress && store_ != nullptr && group_->rank() == 0) {
     absl::Status s = store_->Set(ProgressKey(group_->job_id()), absl::StrCat(step_));

@@ -130,9 +130,16 @@ struct ExtraState {
   std::string bytes;
 };
 
+// A logical worker's random streams at a step: the model stream (dropout,
+// anything drawn between BeginMicroBatch and EndMicroBatch) and the data stream
+// (augmentation of its micro-batch, wherever that is fetched: a loader thread
+// seeds its own generator with it). The same numbers as the Python API's.
+inline constexpr int64_t kDataStream = 0x64617461;  // "data"
+
 struct WorkerPlan {
   int worker = 0;                // logical worker id
   uint64_t rng_seed = 0;         // MixSeed(seed, step, worker); BeginMicroBatch seeds with it
+  uint64_t data_seed = 0;        // MixSeed(seed, step, worker, kDataStream)
   std::vector<int64_t> indices;  // its B dataset indices at this step
 };
 
@@ -194,8 +201,11 @@ class ElasticTrainer {
   ~ElasticTrainer();
 
   // Adds user state to what joiners receive. `save` runs on the state source,
-  // `load` on receivers. Call before the first NextStep(), in the same order
-  // on every rank. Errors: kInvalidArgument (empty or duplicate name).
+  // `load` on receivers. It is job state like the model's: `save` also runs
+  // when a step starts and `load` puts that back if the step does not commit
+  // (a failure), so a schedule stepped after FinishStep() whatever it
+  // returned is not stepped twice. Call before the first NextStep(), in the
+  // same order on every rank. Errors: kInvalidArgument (empty or duplicate name).
   absl::Status Track(std::string name, std::function<ExtraState()> save,
                      std::function<absl::Status(const ExtraState&)> load);
 
@@ -210,8 +220,10 @@ class ElasticTrainer {
   absl::StatusOr<std::optional<StepPlan>> NextStep();
 
   // Before micro-batch `index` of the plan: seeds the default CPU generator
-  // with the worker's seed and restores the buffers to their start-of-step
-  // values. Does not block. MALLE_CHECK: index in range, in order.
+  // with the worker's seed (rng_seed) and restores the buffers to their
+  // start-of-step values. A batch fetched after it, on this thread, draws from
+  // the model stream; one fetched elsewhere should use data_seed. Does not
+  // block. MALLE_CHECK: index in range, in order.
   void BeginMicroBatch(size_t index);
   // After its backward. Deterministic mode moves the gradients into the
   // worker's row; with use_reducer the last micro-batch's backward has
@@ -251,6 +263,8 @@ class ElasticTrainer {
   int64_t step() const { return step_; }  // the step being run, or next to run
   int64_t total_steps() const { return total_steps_; }
   bool left() const { return left_; }
+  // Steps this rank started again: a failed attempt redone (or a step whose result
+  // was lost). Counted when NextStep returns the plan of such a step.
   int64_t redone_steps() const { return redone_steps_; }
   const std::vector<int>& workers() const { return workers_; }
   const std::vector<ResizeEvent>& history() const { return history_; }
@@ -283,6 +297,10 @@ class ElasticTrainer {
   bool SyncBuffers();
   std::vector<at::Tensor> TrainedParams() const;
   void MarkFailed(const absl::Status& why);
+  // Before a step boundary: undoes what an attempt that did not commit changed
+  // (buffers, tracked extras, the optimizer's options), so the redo, or a
+  // state sync from this rank, starts from the committed state.
+  void RollBackFailedStep();
   void ZeroGrads();
 
   ElasticTrainerOptions options_;
@@ -312,6 +330,10 @@ class ElasticTrainer {
   bool finished_ = false;  // the final boundary ran
   bool left_ = false;
   int64_t redone_steps_ = 0;
+  int64_t max_started_ = -1;         // the highest step this rank started
+  bool attempt_ = false;             // a step started and not committed yet
+  std::vector<ExtraState> extras0_;  // tracked extras at the start of that attempt
+  std::vector<std::vector<double>> optimizer_options0_;  // the optimizer's options then
   size_t optimizer_state_count_ = 0;  // optimizer_.state().size() when last flattened
   std::vector<at::Tensor> landing_;   // receive memory for the first state sync
   std::string published_layout_;      // rank 0: what it last wrote to StateLayoutKey

@@ -269,4 +269,26 @@ absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimiz
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::vector<double>>> OptimizerOptions(const torch::optim::Optimizer& optimizer) {
+  const Codec* codec = Find(optimizer);
+  if (codec == nullptr) return Unsupported(optimizer);
+  std::vector<std::vector<double>> out;
+  for (const optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    out.push_back(codec->get_options(group.options()));
+  }
+  return out;
+}
+
+absl::Status SetOptimizerOptions(torch::optim::Optimizer& optimizer, const std::vector<std::vector<double>>& options) {
+  const Codec* codec = Find(optimizer);
+  if (codec == nullptr) return Unsupported(optimizer);
+  auto& groups = optimizer.param_groups();
+  if (options.size() != groups.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer mismatch: ", options.size(),
+                                                   " groups of options for ", groups.size(), " groups"));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) codec->set_options(groups[g].options(), options[g]);
+  return absl::OkStatus();
+}
+
 }  // namespace malle::elastic

@@ -18,8 +18,10 @@
 #define MALLE_ELASTIC_OPTIMIZER_STATE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "libmalle/elastic/state_pack.h"
 
 namespace torch::optim {
@@ -40,6 +42,13 @@ absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker
 // Errors: kInvalidArgument ("optimizer mismatch: ..." or a corrupt message),
 // kUnimplemented (unsupported optimizer).
 absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimizer);
+
+// Every parameter group's options (learning rate, betas, ...), in group
+// order, and back: what a step may change outside a commit (a schedule sets
+// the learning rate). Errors: kUnimplemented (unsupported optimizer),
+// kInvalidArgument (another number of groups).
+absl::StatusOr<std::vector<std::vector<double>>> OptimizerOptions(const torch::optim::Optimizer& optimizer);
+absl::Status SetOptimizerOptions(torch::optim::Optimizer& optimizer, const std::vector<std::vector<double>>& options);
 
 }  // namespace malle::elastic
 

@@ -46,6 +46,7 @@ at each resize by ``f(n_new) / f(n_old)`` with ``f(n) = n`` or ``sqrt(n)``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -56,7 +57,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -85,6 +86,23 @@ __all__ = [
 log = logging.getLogger("malletrain")
 
 _STATE_VERSION = 2  # 2: segments (flat buffers sent as they are) instead of one buffer per dtype
+
+# A logical worker has two random streams per step: the data stream (what the dataset's
+# __getitem__, a collate_fn and DataLoader worker processes draw while its micro-batch is
+# fetched) is mix_seed(seed, step, worker, _DATA_STREAM); the model stream (dropout and
+# anything else drawn between the fetch and optimizer.step()) is mix_seed(seed, step,
+# worker). Two streams, so that augmentation noise and dropout masks are not the same
+# numbers.
+_DATA_STREAM = 0x64617461  # "data"
+
+
+def _seed_all(seed: int) -> None:
+    """Seeds the RNGs user code draws from: torch (CPU and CUDA), Python's, NumPy's."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % (2**32))
 
 
 def progress_key(job_id: str) -> str:
@@ -406,7 +424,13 @@ class ElasticJob:
         self.history: List[ResizeEvent] = []
         self.closed = False
         self.left = False
+        # Steps this rank started again (a failed attempt redone, or a step it had run and
+        # whose result was lost): counted when an attempt starts.
         self.redone_steps = 0
+        self._max_started = -1
+        self._attempt: Optional[int] = None  # the step of an attempt not committed yet
+        self._extras0: Dict[str, Any] = {}   # tracked objects' state when it started
+        self._groups0: List[Dict[str, Any]] = []  # the optimizer's hyperparameters then
         # Job profiling advisor (docs/advisor.md): one sample per committed step.
         self._advisor: Any = None
         self._profile = _StepProfile()
@@ -764,8 +788,6 @@ class ElasticJob:
                                  in_place=list(t.committed_by_rank)[t.rank] < 0)
         state_s = time.perf_counter() - s0
         self._landing = []  # what the first sync did not use is not needed any more
-        if t.resume_step < self._step:
-            self.redone_steps += self._step - t.resume_step
         self._step = t.resume_step
         if self.logical_workers is not None:
             self._st.workers = assign_workers(self.logical_workers, t.size, t.rank)
@@ -806,12 +828,21 @@ class ElasticJob:
 
     def _begin_micro(self, worker: int, index: int) -> None:
         """Before micro-batch ``index`` (logical worker ``worker``) of this rank's share."""
-        seed = mix_seed(self.seed, self._step, worker)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np = sys.modules.get("numpy")
-        if np is not None:
-            np.random.seed(seed % (2**32))
+        _seed_all(mix_seed(self.seed, self._step, worker))
+        if index == 0:
+            # A new attempt at this step: everything it changes besides parameters and
+            # optimizer state (which change only when it commits) is snapshotted, so that a
+            # failed attempt leaves no trace (_roll_back_failed_step).
+            if self._step <= self._max_started:
+                self.redone_steps += 1
+            self._max_started = max(self._max_started, self._step)
+            self._attempt = self._step
+            self._extras0 = {k: copy.deepcopy(v.state_dict()) for k, v in self._extras.items()}
+            # The optimizer's state changes only when a step commits; its hyperparameters
+            # (a scheduler sets the learning rate) may change after any step.
+            assert self._optimizer is not None
+            self._groups0 = [copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                             for g in self._optimizer.optimizer.param_groups]
         bufs = self._buffer_list()
         if bufs:
             if index == 0:
@@ -823,6 +854,25 @@ class ElasticJob:
                 with torch.no_grad():
                     for b, b0 in zip(bufs, self._buffers0 or []):
                         b.copy_(b0)
+
+    def _roll_back_failed_step(self) -> None:
+        """Before a step boundary: if the last attempt at a step did not commit, undo what it
+        changed (buffers such as BatchNorm's running statistics and counter, tracked objects,
+        the optimizer's hyperparameters), so the redo, or a state sync from this rank, starts
+        from the committed state."""
+        if self._attempt is None:
+            return
+        self._attempt = None
+        if self._buffers0 is not None:
+            with torch.no_grad():
+                for b, b0 in zip(self._buffer_list(), self._buffers0):
+                    b.copy_(b0)
+        for k, sd in self._extras0.items():
+            self._extras[k].load_state_dict(sd)
+        assert self._optimizer is not None
+        for g, g0 in zip(self._optimizer.optimizer.param_groups, self._groups0):
+            g.update(g0)
+        self._buffers_w0 = None
 
     def _buffer_list(self) -> List[torch.Tensor]:
         assert self._model is not None
@@ -999,6 +1049,7 @@ class ElasticJob:
             if self.rank == 0:
                 self._publish_state_layout()
         self._group.commit(self._step)
+        self._attempt = None
         self._record_step(prof, t_opt, t_reduced)
         self._step += 1
         if self.logical_workers is None:
@@ -1211,19 +1262,20 @@ class ElasticLoader:
         return self
 
     def _index_lists(self, first_step: int, workers: range, position: int,
-                     size: int) -> Iterator[List[int]]:
-        """Index lists of this rank's micro-batches from ``first_step`` on, for a
-        membership of ``size`` ranks (bound now: the iterator must not follow later
+                     size: int) -> Iterator[Tuple[int, List[int]]]:
+        """(data seed, index list) of this rank's micro-batches from ``first_step`` on, for
+        a membership of ``size`` ranks (bound now: the iterator must not follow later
         changes)."""
         job = self.job
         s = first_step
         while s < self.total_steps:
             for k in workers:
+                seed = mix_seed(job.seed, s, k, _DATA_STREAM)
                 if job.logical_workers is not None:
-                    yield self.sampler.indices(s, k)
+                    yield seed, self.sampler.indices(s, k)
                 else:
                     pos = position + (s - first_step) * size * self.batch_size
-                    yield self.sampler.stream(pos + k * self.batch_size, self.batch_size)
+                    yield seed, self.sampler.stream(pos + k * self.batch_size, self.batch_size)
             s += 1
 
     def _restart(self) -> None:
@@ -1232,10 +1284,12 @@ class ElasticLoader:
         key = (job._step, job._st.workers, job._position, job.size)
         if self._it is not None and self._it_key == key:
             return  # the running iterator already serves this step
+        # One item per micro-batch: the DataLoader (or its worker process) fetches and
+        # collates the whole micro-batch under its logical worker's data stream.
         self._it = iter(torch.utils.data.DataLoader(
-            self.dataset,
-            batch_sampler=_LazyBatches(self._index_lists(*key)),
-            num_workers=self.num_workers, collate_fn=self.collate_fn,
+            _MicroBatches(self.dataset, self.collate_fn),
+            sampler=_LazyKeys(self._index_lists(*key)), batch_size=None,
+            num_workers=self.num_workers, collate_fn=_as_fetched,
             pin_memory=self.pin_memory))
         self._it_key = key
 
@@ -1254,6 +1308,7 @@ class ElasticLoader:
                 raise StopIteration
             events = len(job.history)
             t_boundary = time.perf_counter()
+            job._roll_back_failed_step()
             if not job._boundary():
                 raise StopIteration  # this member left the job
             if job._step >= self.total_steps:
@@ -1288,14 +1343,42 @@ class ElasticLoader:
         return batch
 
 
-class _LazyBatches:
-    """A batch sampler over a generator (for DataLoader workers: no upfront list)."""
+class _LazyKeys:
+    """A sampler over a generator of (data seed, indices) keys (no upfront list)."""
 
-    def __init__(self, gen: Iterator[List[int]]) -> None:
+    def __init__(self, gen: Iterator[Tuple[int, List[int]]]) -> None:
         self._gen = gen
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def __iter__(self) -> Iterator[Tuple[int, List[int]]]:
         return self._gen
+
+
+class _MicroBatches(torch.utils.data.Dataset):
+    """The user's dataset seen one micro-batch at a time: ``[(seed, indices)]`` seeds
+    torch, ``random`` and NumPy with the logical worker's data stream, then fetches the
+    samples and collates them, in the process that fetches (the loop's, or a DataLoader
+    worker's). So every random draw of ``__getitem__`` and ``collate_fn`` belongs to the
+    logical worker whatever the physical size and ``num_workers``."""
+
+    def __init__(self, dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn if collate_fn is not None \
+            else torch.utils.data.default_collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: Tuple[int, List[int]]) -> Any:
+        seed, indices = key
+        _seed_all(seed)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
+        return self.collate_fn(samples)
+
+
+def _as_fetched(batch: Any) -> Any:
+    # _MicroBatches already collated it (a module-level function: picklable for workers).
+    return batch
 
 
 def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic: bool = False,

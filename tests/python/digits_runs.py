@@ -47,14 +47,9 @@ def read_traces(out: pathlib.Path):
     return rows
 
 
-def final_params(out: pathlib.Path):
+def final_state(out: pathlib.Path):
+    """The whole final state rank 0 saved: {"model", "optimizer", "scheduler"} state_dicts."""
     return torch.load(out / "final.pt")
-
-
-def rel_diff(a, b) -> float:
-    num = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
-    den = sum(float((a[k] ** 2).sum()) for k in a) ** 0.5
-    return num / den
 
 
 def check_replicas_and_data(rows, steps=STEPS, workers=4):

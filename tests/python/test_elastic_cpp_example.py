@@ -1,8 +1,8 @@
 """examples/train_digits_cpp.cc: the C++ digits job under the local launcher.
 
 A LibTorch C++ loop on ElasticTrainer, run through grows, a planned leave and a kill -9, must
-end with the fixed-size run's model (bitwise in deterministic mode, relative difference < 1e-5
-otherwise), and bad data must be refused with a message naming the file and line. The binary
+end with the fixed-size run's whole state, parameters and optimizer state (bitwise in
+deterministic mode, relative difference < 1e-5 per tensor otherwise), and bad data must be refused with a message naming the file and line. The binary
 comes from the CMake build the suite made (tests/run_all.sh: build/ci).
 """
 
@@ -59,13 +59,20 @@ def test_resizes_and_a_kill_end_with_the_fixed_size_model(tmp_path, deterministi
     # may arrive at different boundaries): it grew past 2 and changed size more than once.
     sizes = {h["size"] for h in elastic["history"]}
     assert len(sizes) >= 2 and max(sizes) >= 3, elastic["history"]
-    assert p_fixed.size == p_elastic.size > 0
+    # The whole state, tensor by tensor: parameters and the optimizer's moments.
+    assert fixed["tensors"] == elastic["tensors"]
+    names = [name for name, _ in fixed["tensors"]]
+    assert any(n.startswith("optimizer/") for n in names), names
+    assert p_fixed.size == p_elastic.size == sum(n for _, n in fixed["tensors"]) > 0
     if deterministic:
         assert fixed["digest"] == elastic["digest"]
         assert np.array_equal(p_fixed, p_elastic)
-    else:
-        rel = float(np.linalg.norm(p_fixed - p_elastic) / np.linalg.norm(p_fixed))
-        assert rel < 1e-5, rel
+    offset = 0
+    for name, n in fixed["tensors"]:
+        a, b = p_fixed[offset:offset + n], p_elastic[offset:offset + n]
+        offset += n
+        rel = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+        assert rel < 1e-5, (name, rel)
     assert elastic["accuracy"] > 0.85, elastic["accuracy"]
     assert "test accuracy" in logs
 

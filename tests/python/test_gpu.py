@@ -13,7 +13,8 @@ import os
 import pytest
 import torch
 
-from digits_runs import (check_replicas_and_data, final_params, logs, read_traces, rel_diff,
+from state_compare import assert_same_state
+from digits_runs import (check_replicas_and_data, final_state, logs, read_traces,
                          run_job, sizes_seen)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -29,7 +30,7 @@ def fixed_cuda(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fixed-cuda")
     out, res = run_job(tmp, "fixed4", 4, extra=CUDA)
     assert res.ok, logs(tmp, "fixed4")
-    return final_params(out)
+    return final_state(out)
 
 
 def test_cuda_resize_4_2_3_4_matches_the_fixed_run(tmp_path, fixed_cuda):
@@ -41,7 +42,7 @@ def test_cuda_resize_4_2_3_4_matches_the_fixed_run(tmp_path, fixed_cuda):
     assert res.ok, logs(tmp_path, "resize")
     rows = read_traces(out)
     assert sizes_seen(rows) == [4, 2, 3, 4]
-    assert rel_diff(final_params(out), fixed_cuda) < 1e-5
+    assert_same_state(final_state(out), fixed_cuda)
     check_replicas_and_data(rows)
 
 
@@ -49,7 +50,7 @@ def test_cuda_kill_9_matches_the_fixed_run(tmp_path, fixed_cuda):
     out, res = run_job(tmp_path, "kills", 4, "step=6 kill 1, step=12 join 1, step=30 kill 1",
                        extra=CUDA, step_sleep=0.15, env=dict(os.environ, **DIRECT))
     assert res.ok, logs(tmp_path, "kills")
-    assert rel_diff(final_params(out), fixed_cuda) < 1e-5
+    assert_same_state(final_state(out), fixed_cuda)
     check_replicas_and_data(read_traces(out))
 
 

@@ -31,7 +31,8 @@ from malletrain.slurm import (AgentJob, Forecast, Harvester, HarvestOptions, Par
                               parse_reservations, parse_slurm_time, parse_squeue_start,
                               slots_to_submit)
 
-from digits_runs import check_replicas_and_data, final_params, read_traces, rel_diff, sizes_seen
+from state_compare import assert_same_state
+from digits_runs import check_replicas_and_data, final_state, read_traces, sizes_seen
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "slurm"))
@@ -363,7 +364,7 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     r = launcher.run_local(train_cmd(fixed_out, 0.0), nodes=3, job_id="fixed", timeout=300,
                            log_dir=str(tmp_path / "fixed-logs"))
     assert r.ok
-    fixed = final_params(fixed_out)
+    fixed = final_state(fixed_out)
 
     out = tmp_path / "digits"
     logs = tmp_path / "agents"
@@ -450,7 +451,7 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     i2 = sizes.index(2, sizes.index(3))
     assert 3 in sizes[i2:], sizes  # grew, shrank, grew back
     check_replicas_and_data(read_traces(out), steps=STEPS, workers=3)
-    assert rel_diff(final_params(out), fixed) < 1e-5
+    assert_same_state(final_state(out), fixed)
     # The preempted agent job ended by itself, with exit 0, before Slurm's kill (a job Slurm
     # kills at the end of the grace time is PREEMPTED); its rank left rather than being killed.
     assert (victim_state, victim_exit) == ("COMPLETED", "0:0"), (victim_state, victim_exit)

@@ -4,9 +4,14 @@
 //     by the test) ends with the parameters of a fixed 4-rank run: relative
 //     difference < 1e-5, bitwise in deterministic mode;
 //   - all finishing replicas hold the same state digest;
+//   - kill -9 of a member during a step and of the rank-0 process: the whole
+//     state (parameters, batch-norm statistics and counter, a tracked
+//     counter) ends as in the fixed run, and redone_steps counts the steps
+//     each rank ran twice;
 //   - a joiner with a different model fails with "model mismatch".
 // The test orders resizes by step through the "ctl/gate" key the workers
 // honour. Every wait is bounded; TearDown kills leftovers by pid.
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -163,6 +168,10 @@ class ElasticTrainerProcessTest : public ::testing::Test {
       EXPECT_EQ(done.value("how", ""), "finished") << key;
       EXPECT_EQ(done.value("step", int64_t{-1}), kSteps) << key;
       EXPECT_LE(done.value("redone", int64_t{99}), max_redone) << key;
+      EXPECT_EQ(done.value("redone", int64_t{-1}), done.value("repeated", int64_t{-2})) << key;
+      // The tracked counter is stepped after every FinishStep(), committed or
+      // not: the failed attempts' increments are rolled back.
+      EXPECT_EQ(done.value("schedule", int64_t{-1}), kSteps) << key;
       if (digest.empty()) {
         digest = done.value("digest", "");
         params = Params(key);
@@ -184,6 +193,24 @@ class ElasticTrainerProcessTest : public ::testing::Test {
   std::vector<float> RunFixed(const std::string& job, bool deterministic) {
     for (int i = 0; i < 4; ++i) Start(job, absl::StrCat("w", i), 4, deterministic, {kSameStart});
     return CheckFinished(job, {"w0", "w1", "w2", "w3"}, 0);
+  }
+
+  // kill -9 of w2 after the forward of its first micro-batch of step 8 (the
+  // survivors' buffers have moved, nothing is reduced) and of w0, rank 0,
+  // after its last backward of step 20 (its buckets may have been reduced;
+  // the buffer broadcast from rank 0 fails). Both steps are redone.
+  std::vector<float> RunKilled(const std::string& job, bool deterministic) {
+    Start(job, "w0", 4, deterministic, {kSameStart, "--die_at=20:backward"});
+    Start(job, "w1", 4, deterministic, {kSameStart});
+    Start(job, "w2", 4, deterministic, {kSameStart, "--die_at=8:forward"});
+    Start(job, "w3", 4, deterministic, {kSameStart});
+    EXPECT_EQ(WaitExit(Key(job, "w2")), 128 + SIGKILL);
+    EXPECT_EQ(WaitExit(Key(job, "w0")), 128 + SIGKILL);
+    std::vector<float> params = CheckFinished(job, {"w1", "w3"}, 2);
+    for (const char* m : {"w1", "w3"}) {
+      EXPECT_EQ(Done(Key(job, m)).value("redone", int64_t{-1}), 2) << m << ": steps 8 and 20 redone";
+    }
+    return params;
   }
 
   // 4 -> 2 (step 10) -> 3 (step 20) -> 4 (step 30) -> end at step 40.
@@ -262,6 +289,29 @@ TEST_F(ElasticTrainerProcessTest, Resize_4_2_3_4_DeterministicIsBitwise) {
   ASSERT_FALSE(fixed.empty());
   EXPECT_EQ(std::memcmp(fixed.data(), elastic.data(), fixed.size() * sizeof(float)), 0)
       << "max relative difference " << MaxRelativeDifference(fixed, elastic);
+}
+
+// kill -9 of w2 after the forward of its first micro-batch of step 8 (the
+// survivors' buffers have moved, nothing is reduced) and of w0, rank 0, after
+// its last backward of step 20 (its gradients may have been reduced; the
+// buffer broadcast from rank 0 fails).
+TEST_F(ElasticTrainerProcessTest, KillsDuringStepsKeepTheWholeStateExact) {
+  std::vector<float> fixed = RunFixed("fixed", /*deterministic=*/false);
+  std::vector<float> killed = RunKilled("killed", /*deterministic=*/false);
+  ASSERT_EQ(fixed.size(), killed.size());
+  ASSERT_FALSE(fixed.empty());
+  const double rel = MaxRelativeDifference(fixed, killed);
+  std::cout << "max relative difference killed vs fixed (parameters and buffers): " << rel << "\n";
+  EXPECT_LT(rel, 1e-5);
+}
+
+TEST_F(ElasticTrainerProcessTest, KillsDuringStepsDeterministicIsBitwise) {
+  std::vector<float> fixed = RunFixed("fixed", /*deterministic=*/true);
+  std::vector<float> killed = RunKilled("killed", /*deterministic=*/true);
+  ASSERT_EQ(fixed.size(), killed.size());
+  ASSERT_FALSE(fixed.empty());
+  EXPECT_EQ(std::memcmp(fixed.data(), killed.data(), fixed.size() * sizeof(float)), 0)
+      << "max relative difference " << MaxRelativeDifference(fixed, killed);
 }
 
 TEST_F(ElasticTrainerProcessTest, JoinerWithAnotherModelGetsModelMismatch) {

@@ -4,6 +4,8 @@
 // real processes are in elastic_trainer_process_test.
 #include "libmalle/elastic/elastic_trainer.h"
 
+#include <set>
+#include <string>
 #include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +16,7 @@
 #include <ATen/ops/mean.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <torch/optim/adam.h>
 
 #include "gmock/gmock.h"
@@ -188,8 +191,93 @@ TEST(ElasticTrainerTest, FailedReductionIsRedoneWithTheReducer) {
   ASSERT_OK_AND_ASSIGN(committed, run_step(false));  // recovered: step 1 again
   EXPECT_TRUE(committed);
   EXPECT_EQ(trainer->step(), 2);
-  EXPECT_EQ(trainer->redone_steps(), 0);  // no committed step was lost
+  EXPECT_EQ(trainer->redone_steps(), 1);  // step 1 ran twice
   EXPECT_GE(trainer->generation(), 1);    // the abort was recovered from by a new generation
+}
+
+// One rank, L = 2, a model with buffers updated in every forward (a running
+// mean, a float64 counter), a tracked extra and a learning-rate decay stepped
+// after every FinishStep() whatever it returned (as users step a schedule).
+// Returns the final parameters, buffers, extra and learning rate, and the
+// trainer's redone_steps.
+struct BufferRun {
+  std::vector<at::Tensor> state;
+  int64_t extra = 0;
+  double lr = 0;
+  int64_t redone = 0;
+};
+
+BufferRun TrainWithBuffers(const std::string& job, const std::set<int64_t>& fail_steps) {
+  BufferRun out;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor x = at::randn({40, 5}, gen, at::TensorOptions());
+  at::Tensor w = at::randn({5, 2}, gen, at::TensorOptions()).set_requires_grad(true);
+  at::Tensor mean = at::zeros({5});
+  at::Tensor count = at::zeros({}, at::kDouble);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.05));
+  ElasticTrainerOptions o = Options(/*deterministic=*/true);
+  o.steps = 8;
+  auto trainer = ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(job, "m0", 1), o,
+                                        ModelState::FromTensors({w}, {mean, count}), adam);
+  EXPECT_OK(trainer.status());
+  if (!trainer.ok()) return out;
+  int64_t schedule = 0;  // the tracked extra
+  EXPECT_OK((*trainer)->Track(
+      "schedule", [&] { return ExtraState{{}, std::to_string(schedule)}; },
+      [&](const ExtraState& s) {
+        schedule = std::stoll(s.bytes);
+        return absl::OkStatus();
+      }));
+  std::set<int64_t> to_fail = fail_steps;
+  for (;;) {
+    auto plan = (*trainer)->NextStep();
+    EXPECT_OK(plan.status());
+    if (!plan.ok() || !plan->has_value()) break;
+    const bool fail = to_fail.erase((*plan)->step) > 0;
+    for (size_t i = 0; i < (*plan)->workers.size(); ++i) {
+      (*trainer)->BeginMicroBatch(i);
+      at::Tensor xb = x.index_select(0, at::tensor((*plan)->workers[i].indices, at::kLong));
+      mean.mul_(0.9).add_(xb.mean(0), 0.1);  // what BatchNorm does to its statistics
+      count.add_(xb.size(0));
+      if (fail && i + 1 == (*plan)->workers.size()) {
+        (*trainer)->group()->comm().Abort(absl::UnavailableError("test: peer lost"));
+      }
+      at::matmul(xb, w).pow(2).mean().backward();
+      EXPECT_OK((*trainer)->EndMicroBatch());
+    }
+    auto committed = (*trainer)->FinishStep();
+    EXPECT_OK(committed.status());
+    if (committed.ok()) EXPECT_EQ(*committed, !fail);
+    // Unguarded, as users step a schedule: the trainer undoes both when the
+    // step did not commit.
+    ++schedule;
+    adam.param_groups()[0].options().set_lr(adam.param_groups()[0].options().get_lr() * 0.9);
+  }
+  EXPECT_EQ((*trainer)->step(), 8);
+  out.state = {w.detach().clone(), mean.clone(), count.clone()};
+  out.extra = schedule;
+  out.lr = adam.param_groups()[0].options().get_lr();
+  out.redone = (*trainer)->redone_steps();
+  return out;
+}
+
+TEST(ElasticTrainerTest, AFailedStepLeavesNoTraceInBuffersOrTrackedState) {
+  const BufferRun clean = TrainWithBuffers("clean", {});
+  const BufferRun failed = TrainWithBuffers("failed", {2, 5});
+  EXPECT_EQ(clean.redone, 0);
+  EXPECT_EQ(failed.redone, 2);
+  ASSERT_EQ(failed.state.size(), 3u);
+  EXPECT_TRUE(at::equal(failed.state[0], clean.state[0])) << "parameters";
+  EXPECT_TRUE(at::equal(failed.state[1], clean.state[1])) << "running mean buffer";
+  EXPECT_EQ(failed.state[2].item<double>(), clean.state[2].item<double>()) << "counter buffer";
+  // Buffers keep logical worker 0's result each step (DDP with broadcast
+  // buffers over L ranks): 8 steps x its 4 samples.
+  EXPECT_EQ(clean.state[2].item<double>(), 8 * 4);
+  // 8 commits; the failed attempts' increments were rolled back. The last
+  // FinishStep's increment comes after the final snapshot: 8 in both runs.
+  EXPECT_EQ(failed.extra, clean.extra);
+  EXPECT_EQ(clean.extra, 8);
+  EXPECT_EQ(failed.lr, clean.lr) << "the optimizer's learning rate kept a failed step's decay";
 }
 
 TEST(ElasticTrainerTest, PlanAndMisuse) {

@@ -3,20 +3,33 @@
 // data (the same on every rank) through ElasticTrainer. Every rank starts
 // from different random weights: only the state sync makes them agree.
 //
+// The model's state is more than its parameters: a batch-normalisation layer
+// with running statistics and a counter (buffers), dropout, and a tracked
+// counter and a learning-rate decay the loop steps after every FinishStep()
+// whatever it returned (as users step a schedule).
+//
 // Test hooks: the job-prefixed store key "ctl/gate" (if present) holds the
 // step this rank may not start before it is raised, so the test can order
-// resizes by step; --hidden gives a rank a different model.
-// Output: JSON lines on --events, and the final parameters as raw float32 in
-// --params.
+// resizes by step; --hidden gives a rank a different model; --die_at=S:PHASE
+// makes the rank SIGKILL itself during step S, after the forward of its first
+// micro-batch (PHASE "forward") or after its last backward ("backward").
+// Output: JSON lines on --events, and the final parameters then buffers as
+// raw float32 in --params.
 //
 // Exit codes: 0 finished or left, 1 error, 2 bad flags, 5 model mismatch.
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
+#include <set>
 #include <iostream>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/batch_norm.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
@@ -42,7 +55,8 @@ ABSL_FLAG(bool, deterministic, false, "bitwise-reproducible mode");
 ABSL_FLAG(int, hidden, 32, "hidden width");
 ABSL_FLAG(int64_t, init_seed, -1, "seed of the initial weights (-1: the pid, a different start per process)");
 ABSL_FLAG(std::string, events, "", "JSON lines output");
-ABSL_FLAG(std::string, params, "", "final parameters output (raw float32)");
+ABSL_FLAG(std::string, params, "", "final parameters and buffers output (raw float32)");
+ABSL_FLAG(std::string, die_at, "", "STEP:PHASE (forward|backward): SIGKILL this rank during that step");
 
 namespace {
 
@@ -91,6 +105,17 @@ int Run(Events& events) {
   at::Tensor w2 = (at::randn({hidden, kClasses}, init, at::TensorOptions()) * 0.3).set_requires_grad(true);
   at::Tensor b2 = (at::randn({kClasses}, init, at::TensorOptions()) * 0.1).set_requires_grad(true);
   torch::optim::Adam adam({w1, b1, w2, b2}, torch::optim::AdamOptions(1e-2));
+  // Buffers: batch-normalisation statistics of the hidden layer and its counter.
+  at::Tensor running_mean = at::zeros({hidden});
+  at::Tensor running_var = at::ones({hidden});
+  at::Tensor batches = at::zeros({}, at::kLong);
+  int64_t die_step = -1;
+  std::string die_phase;
+  if (const std::string die = absl::GetFlag(FLAGS_die_at); !die.empty()) {
+    const size_t colon = die.find(':');
+    if (colon == std::string::npos || !absl::SimpleAtoi(die.substr(0, colon), &die_step)) return 2;
+    die_phase = die.substr(colon + 1);
+  }
 
   malle::comm::ElasticGroupOptions group;
   group.job_id = absl::GetFlag(FLAGS_job);
@@ -110,14 +135,25 @@ int Run(Events& events) {
   // The model is a few KB: send its flat buffers as they are (the default
   // packs anything under 1 MiB), so joiners receive their parameters in place.
   options.state_direct_min_bytes = 1024;
-  auto created = ElasticTrainer::Create(*store, group, options,
-                                        malle::elastic::ModelState::FromTensors({w1, b1, w2, b2}), adam);
+  auto created = ElasticTrainer::Create(
+      *store, group, options,
+      malle::elastic::ModelState::FromTensors({w1, b1, w2, b2}, {running_mean, running_var, batches}), adam);
   if (!created.ok()) {
     events.Emit({{"ev", "error"}, {"status", created.status().ToString()}});
     return 1;
   }
   ElasticTrainer& trainer = **created;
+  int64_t schedule = 0;  // the tracked counter
+  absl::Status tracked = trainer.Track(
+      "schedule", [&] { return malle::elastic::ExtraState{{}, absl::StrCat(schedule)}; },
+      [&](const malle::elastic::ExtraState& s) {
+        return absl::SimpleAtoi(s.bytes, &schedule) ? absl::OkStatus()
+                                                     : absl::InvalidArgumentError("schedule: not a number");
+      });
+  if (!tracked.ok()) return 1;
   events.Emit({{"ev", "start"}, {"member", group.member_id}});
+  std::set<int64_t> started;
+  int64_t repeated = 0;  // steps this rank started more than once
 
   size_t seen_events = 0;
   for (;;) {
@@ -150,15 +186,26 @@ int Run(Events& events) {
       return absl::IsInvalidArgument(plan.status()) ? 5 : 1;
     }
     if (!plan->has_value()) break;
-    for (size_t i = 0; i < (*plan)->workers.size(); ++i) {
+    const int64_t step = (*plan)->step;
+    if (!started.insert(step).second) ++repeated;
+    const size_t micro = (*plan)->workers.size();
+    for (size_t i = 0; i < micro; ++i) {
       trainer.BeginMicroBatch(i);
       const auto& idx = (*plan)->workers[i].indices;
       at::Tensor rows = at::tensor(idx, at::kLong);
       at::Tensor xb = x.index_select(0, rows);
       at::Tensor yb = y.index_select(0, rows);
+      // Normalised after the ReLU: a bias right before a normalisation gets a
+      // zero gradient whose rounding noise Adam turns into full steps, i.e. a
+      // parameter that depends on summation order.
       at::Tensor h = at::relu(at::matmul(xb, w1) + b1);
+      h = at::batch_norm(h, {}, {}, running_mean, running_var, /*training=*/true, 0.1, 1e-5, false);
+      batches.add_(1);
+      h = at::dropout(h, 0.2, /*train=*/true);
       at::Tensor loss = at::cross_entropy_loss(at::matmul(h, w2) + b2, yb);
+      if (step == die_step && i == 0 && die_phase == "forward") std::raise(SIGKILL);
       loss.backward();
+      if (step == die_step && i + 1 == micro && die_phase == "backward") std::raise(SIGKILL);
       absl::Status ended = trainer.EndMicroBatch();
       if (!ended.ok()) {
         events.Emit({{"ev", "error"}, {"status", ended.ToString()}});
@@ -170,6 +217,10 @@ int Run(Events& events) {
       events.Emit({{"ev", "error"}, {"status", committed.status().ToString()}});
       return 1;
     }
+    // Unguarded, as users step a schedule: the trainer undoes both when the step
+    // did not commit.
+    ++schedule;
+    for (auto& g : adam.param_groups()) g.options().set_lr(g.options().get_lr() * 0.97);
   }
   if (trainer.left()) {
     events.Emit({{"ev", "done"}, {"how", "left"}, {"step", trainer.step()}});
@@ -181,12 +232,14 @@ int Run(Events& events) {
                {"how", "finished"},
                {"step", trainer.step()},
                {"redone", trainer.redone_steps()},
+               {"repeated", repeated},
+               {"schedule", schedule},
                {"gen", trainer.generation()},
                {"members", members},
                {"digest", digest.ok() ? *digest : digest.status().ToString()}});
   std::ofstream out(absl::GetFlag(FLAGS_params), std::ios::binary);
-  for (const at::Tensor& p : {w1, b1, w2, b2}) {
-    at::Tensor c = p.detach().contiguous();
+  for (const at::Tensor& p : {w1, b1, w2, b2, running_mean, running_var, batches}) {
+    at::Tensor c = p.detach().to(at::kFloat).contiguous();
     out.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
   }
   return out.good() ? 0 : 1;
