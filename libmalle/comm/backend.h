@@ -18,6 +18,7 @@
 #define MALLE_COMM_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -65,6 +66,15 @@ struct GlooBackendOptions {
 };
 
 std::shared_ptr<const BackendFactory> MakeGlooBackend(GlooBackendOptions options = {});
+
+// Data backends by name, for code that chooses at run time (the elastic
+// engine, the Python API): "gloo" (nullptr: CPU tensors only, reduced by the
+// control group), "gloo-cuda" (CUDA tensors through Gloo and host memory)
+// and what programs registered, e.g. "nccl" (RegisterNcclBackend() in
+// nccl_backend.h: only programs that link the NCCL library load CUDA).
+// Thread-safe. Errors: kInvalidArgument naming the known backends.
+void RegisterDataBackend(const std::string& name, std::function<std::shared_ptr<const BackendFactory>()> make);
+absl::StatusOr<std::shared_ptr<const BackendFactory>> MakeDataBackend(const std::string& name);
 
 }  // namespace malle::comm
 

@@ -5,7 +5,9 @@
 #include <exception>
 #include <thread>
 
+#include <ATen/Context.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -334,6 +336,14 @@ absl::Status Communicator::PointToPoint(absl::string_view op, at::Tensor tensor,
     return absl::InvalidArgumentError(absl::StrCat(op, ": tensors on ", tensor.device().str(),
                                                    " need a data backend for that device"));
   }
+  // Gloo sends only host memory: a device tensor over a Gloo data backend
+  // goes through a host copy (both ends decide alike: same device, same backend).
+  at::Tensor device_tensor;
+  if (tensor.device().type() != c10::DeviceType::CPU && data_name_.rfind("gloo", 0) == 0) {
+    device_tensor = tensor;
+    tensor = op == "send" ? tensor.cpu() : at::empty(tensor.sizes(), tensor.options().device(c10::kCPU));
+    backend = control_.get();
+  }
   std::vector<at::Tensor> tensors{std::move(tensor)};
   try {
     c10::intrusive_ptr<c10d::Work> work =
@@ -347,6 +357,7 @@ absl::Status Communicator::PointToPoint(absl::string_view op, at::Tensor tensor,
         absl::StrCat(op, " failed in generation ", generation_, ": ", FirstLine(e.what()))));
     return abort_->reason();
   }
+  if (device_tensor.defined() && op == "recv") device_tensor.copy_(tensors.front());
   return absl::OkStatus();
 }
 
@@ -382,6 +393,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeLocalProcessGroup() {
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroup>(spec.store, 0, 1);
     pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+    // DDP's Reducer over CUDA parameters broadcasts its bucket layout on their
+    // device once (to nobody: one rank); the same Gloo backend serves it.
+    if (at::globalContext().hasCUDA()) {
+      pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, backend);
+    }
     pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     return pg;
   } catch (const std::exception& e) {

@@ -51,4 +51,6 @@ int CudaDeviceCount() {
 
 std::shared_ptr<const BackendFactory> MakeNcclBackend() { return std::make_shared<NcclFactory>(); }
 
+void RegisterNcclBackend() { RegisterDataBackend("nccl", MakeNcclBackend); }
+
 }  // namespace malle::comm

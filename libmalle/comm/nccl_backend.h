@@ -23,6 +23,10 @@ int CudaDeviceCount();
 // Create() fails with kFailedPrecondition when no CUDA device is visible.
 std::shared_ptr<const BackendFactory> MakeNcclBackend();
 
+// Makes "nccl" known to MakeDataBackend (backend.h), e.g. for the elastic
+// engine's `backend = "nccl"`. Call once, before creating the engine.
+void RegisterNcclBackend();
+
 }  // namespace malle::comm
 
 #endif  // MALLE_COMM_NCCL_BACKEND_H_
