@@ -4,7 +4,7 @@
 // An ordinary C++ loop (torch::nn modules, torch::optim::Adam) with the few
 // lines ElasticTrainer needs: it reads its identity from the environment the
 // launcher sets (MALLE_STORE, MALLE_JOB_ID, MALLE_MEMBER_ID,
-// MALLE_BOOTSTRAP_SIZE; libmalle/elastic/job_env.h), so it runs under
+// MALLE_BOOTSTRAP_SIZE; libmalle/cluster/rank_env.h), so it runs under
 // `malletrain local` and under the allocator's node agents exactly like the
 // Python example:
 //
@@ -66,7 +66,7 @@
 #include "absl/time/time.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/elastic/elastic_trainer.h"
-#include "libmalle/elastic/job_env.h"
+#include "libmalle/cluster/rank_env.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, data, "", "digits.csv.gz (or .csv) from scikit-learn's package (required)");
@@ -163,8 +163,9 @@ absl::Status Run() {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(absl::GetFlag(FLAGS_lr)));
 
   // The elastic part: identity from the launcher, then the trainer.
-  MALLE_ASSIGN_OR_RETURN(elastic::JobEnv env, elastic::ReadJobEnv());
-  MALLE_ASSIGN_OR_RETURN(auto store, elastic::ConnectStore(env, absl::Seconds(60)));
+  MALLE_ASSIGN_OR_RETURN(malle::cluster::RankEnv env, malle::cluster::ReadRankEnv());
+  MALLE_ASSIGN_OR_RETURN(auto store,
+                         malle::comm::ControlStore::Connect(env.store_host(), env.store_port(), absl::Seconds(60)));
   elastic::ElasticTrainerOptions o;
   o.logical_workers = absl::GetFlag(FLAGS_logical_workers);
   o.seed = absl::GetFlag(FLAGS_seed);
@@ -173,7 +174,7 @@ absl::Status Run() {
   o.batch_size = absl::GetFlag(FLAGS_batch);
   o.steps = absl::GetFlag(FLAGS_steps);
   MALLE_ASSIGN_OR_RETURN(auto trainer,
-                         elastic::ElasticTrainer::Create(store, env.GroupOptions(), o,
+                         elastic::ElasticTrainer::Create(store, elastic::GroupOptionsFor(env), o,
                                                          elastic::ModelState::FromModule(*net), adam));
 
   size_t shown = 0;

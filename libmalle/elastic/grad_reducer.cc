@@ -80,6 +80,7 @@ struct GradReducer::State {
   std::unique_ptr<c10d::Reducer> reducer;
   c10::intrusive_ptr<c10d::ProcessGroup> local_group;
   int num_buckets = 0;
+  std::vector<std::vector<size_t>> layout;  // parameter indices per bucket, in launch order
   // The comm hook: the collectives and the futures' waiter thread.
   std::shared_ptr<BucketSync> sync = std::make_shared<BucketSync>();
   // Read by the parameters' DivideGradHooks.
@@ -117,9 +118,10 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
     return absl::InvalidArgumentError(absl::StrCat("GradReducer: bucket_bytes must be > 0, got ", bucket_bytes));
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].defined() || params[i].is_sparse() || !params[i].device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GradReducer: parameter ", i, " is not a dense CPU tensor"));
+    if (!params[i].defined() || params[i].is_sparse() || params[i].device() != params.front().device() ||
+        (!params[i].is_cpu() && !params[i].is_cuda())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GradReducer: parameter ", i, " is not a dense tensor on the first one's device (CPU or CUDA)"));
     }
   }
   auto state = std::make_shared<State>();
@@ -131,6 +133,7 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
         params, {static_cast<size_t>(bucket_bytes)}, std::vector<bool>(params.size(), false));
     std::reverse(indices.begin(), indices.end());
     state->num_buckets = static_cast<int>(indices.size());
+    state->layout = indices;
     std::unordered_map<size_t, std::string> names;
     auto reducer = std::make_unique<FixedLayoutReducer>(
         params, std::move(indices), state->local_group, std::vector<bool>(params.size(), false),
@@ -171,7 +174,9 @@ GradReducer::~GradReducer() {
   // is still the one installed.
   for (size_t i = 0; i < state_->params.size(); ++i) {
     auto& slot = torch::autograd::impl::post_acc_grad_hooks(state_->params[i]);
-    if (slot.get() == state_->hooks[i]) slot = state_->hooks[i]->TakeNext();
+    if (slot.get() == state_->hooks[i] && dynamic_cast<DivideGradHook*>(slot.get()) != nullptr) {
+      slot = state_->hooks[i]->TakeNext();
+    }
   }
 }
 
@@ -185,6 +190,17 @@ absl::Status GradReducer::Arm(comm::Communicator* comm, double divisor) {
       return absl::FailedPreconditionError("GradReducer::Arm: already armed (Finish() was not called)");
     }
     state_->armed = true;
+  }
+  // A hook registered on a parameter later (Python's
+  // register_post_accumulate_grad_hook replaces the slot) would silently drop
+  // the division: put ours back in front of it.
+  for (size_t i = 0; i < state_->params.size(); ++i) {
+    auto& slot = torch::autograd::impl::post_acc_grad_hooks(state_->params[i]);
+    // By type too: a freed hook's address may be reused by its replacement.
+    if (slot.get() == state_->hooks[i] && dynamic_cast<DivideGradHook*>(slot.get()) != nullptr) continue;
+    auto hook = std::make_unique<DivideGradHook>(state_->scaling, i, std::move(slot));
+    state_->hooks[i] = hook.get();
+    torch::autograd::impl::set_post_acc_grad_hooks(state_->params[i], std::move(hook));
   }
   state_->sync->Take();  // a fresh tally for this backward
   state_->sync->Arm(comm);
@@ -201,7 +217,8 @@ absl::Status GradReducer::Arm(comm::Communicator* comm, double divisor) {
   return absl::OkStatus();
 }
 
-absl::Status GradReducer::Finish(absl::Status* sync_error) {
+absl::Status GradReducer::Finish(absl::Status* sync_error,
+                                 std::optional<std::chrono::steady_clock::time_point>* last_launch) {
   absl::MutexLock lock(&state_->mu);
   *sync_error = absl::OkStatus();
   if (!state_->armed) return absl::FailedPreconditionError("GradReducer::Finish: not armed");
@@ -215,6 +232,7 @@ absl::Status GradReducer::Finish(absl::Status* sync_error) {
         " gradient buckets (every parameter must get a gradient in the step's last micro-batch)"));
   }
   *sync_error = t.error;
+  if (last_launch != nullptr) *last_launch = t.last_launch;
   // The first reducing backward made every gradient a view of its bucket.
   std::vector<at::Tensor>& views = state_->scaling->views;
   for (size_t i = 0; i < views.size(); ++i) {
@@ -225,5 +243,7 @@ absl::Status GradReducer::Finish(absl::Status* sync_error) {
 }
 
 int GradReducer::num_buckets() const { return state_->num_buckets; }
+
+const std::vector<std::vector<size_t>>& GradReducer::buckets() const { return state_->layout; }
 
 }  // namespace malle::elastic

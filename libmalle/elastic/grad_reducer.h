@@ -22,9 +22,11 @@
 //
 // Buckets follow the reverse parameter order (the order in which gradients
 // usually become ready) and never change: every rank, including a joiner,
-// uses the same layout. Dense CPU parameters only; every parameter must
-// receive a gradient in an armed backward (as with DDP without
-// find_unused_parameters).
+// uses the same layout. Dense parameters on one device (CPU or CUDA); every
+// parameter must receive a gradient in an armed backward (as with DDP without
+// find_unused_parameters). A post-accumulate-grad hook registered on a
+// parameter after Create() (Python replaces the slot) runs after the
+// division: Arm() puts the division back in front of it.
 //
 // Thread-safety: Arm/Finish on the training thread; the hooks run on the
 // autograd thread; the comm hook is a BucketSync (bucket_sync.h), whose
@@ -32,8 +34,10 @@
 #ifndef MALLE_ELASTIC_GRAD_REDUCER_H_
 #define MALLE_ELASTIC_GRAD_REDUCER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -64,11 +68,18 @@ class GradReducer {
   absl::Status Arm(comm::Communicator* comm, double divisor);
   // After the armed backward; disarms. `*sync_error` receives OK when every
   // bucket was reduced, else the first collective's error (the step must be
-  // redone). Errors: kFailedPrecondition (not armed, or the backward did not
-  // reach every parameter).
-  absl::Status Finish(absl::Status* sync_error);
+  // redone); `*last_launch`, if given, when the last bucket was handed to the
+  // hook (the advisor's exposed-communication term). Errors:
+  // kFailedPrecondition (not armed, or the backward did not reach every
+  // parameter).
+  absl::Status Finish(absl::Status* sync_error,
+                      std::optional<std::chrono::steady_clock::time_point>* last_launch = nullptr);
 
   int num_buckets() const;
+  // The parameters (indices into Create's list) of each bucket, in the order
+  // buckets are launched: the same on every rank, whatever order gradients
+  // become ready in.
+  const std::vector<std::vector<size_t>>& buckets() const;
 
   struct State;  // grad_reducer.cc (public only for its comm hook class)
 

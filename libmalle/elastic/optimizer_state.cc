@@ -178,7 +178,7 @@ std::string OptimizerKind(const torch::optim::Optimizer& optimizer) {
   return c ? c->kind : "";
 }
 
-absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker& out) {
+absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, RecordWriter& out) {
   const Codec* codec = Find(optimizer);
   if (codec == nullptr) return Unsupported(optimizer);
   out.PutString(codec->kind);
@@ -202,7 +202,7 @@ absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker
   return absl::OkStatus();
 }
 
-absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimizer) {
+absl::Status UnpackOptimizer(RecordReader& in, torch::optim::Optimizer& optimizer) {
   const Codec* codec = Find(optimizer);
   if (codec == nullptr) return Unsupported(optimizer);
   MALLE_ASSIGN_OR_RETURN(std::string kind, in.String());
@@ -288,6 +288,19 @@ absl::Status SetOptimizerOptions(torch::optim::Optimizer& optimizer, const std::
                                                    " groups of options for ", groups.size(), " groups"));
   }
   for (size_t g = 0; g < groups.size(); ++g) codec->set_options(groups[g].options(), options[g]);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PartState> SaveOptimizer(const torch::optim::Optimizer& optimizer) {
+  RecordWriter out;
+  MALLE_RETURN_IF_ERROR(PackOptimizer(optimizer, out));
+  return PartState{std::move(out.tensors()), std::move(out.bytes())};
+}
+
+absl::Status LoadOptimizer(PartState state, torch::optim::Optimizer& optimizer) {
+  RecordReader in(state.bytes, std::move(state.tensors));
+  MALLE_RETURN_IF_ERROR(UnpackOptimizer(in, optimizer));
+  if (!in.done()) return absl::InvalidArgumentError("optimizer: trailing bytes after its state");
   return absl::OkStatus();
 }
 

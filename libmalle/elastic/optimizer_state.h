@@ -1,6 +1,7 @@
 // Optimizer state of torch::optim optimizers as StatePacker records.
 //
-// Defines PackOptimizer / UnpackOptimizer: every parameter group's options
+// Defines PackOptimizer / UnpackOptimizer (and SaveOptimizer / LoadOptimizer,
+// the same as a PartState of the job state): every parameter group's options
 // (learning rate, betas, momentum, ... so LR schedules survive a resize) and
 // every parameter's state (moments, momentum buffers, and non-tensor state
 // such as Adam's step count), in param_groups order. Supported: Adam, AdamW,
@@ -8,10 +9,9 @@
 // kUnimplemented naming the optimizer (torch::optim has no generic,
 // archive-free view of an optimizer's state).
 //
-//   StatePacker out;
-//   MALLE_RETURN_IF_ERROR(PackOptimizer(adam, out));
+//   MALLE_ASSIGN_OR_RETURN(PartState s, SaveOptimizer(adam));   // tensors referenced
 //   ...
-//   MALLE_RETURN_IF_ERROR(UnpackOptimizer(in, other_adam));   // same kind, same shapes
+//   MALLE_RETURN_IF_ERROR(LoadOptimizer(std::move(s), other_adam));   // same kind, same shapes
 //
 // Thread-safety: none; call with the optimizer not in use.
 #ifndef MALLE_ELASTIC_OPTIMIZER_STATE_H_
@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "libmalle/elastic/job_state.h"
 #include "libmalle/elastic/state_pack.h"
 
 namespace torch::optim {
@@ -34,14 +35,20 @@ namespace malle::elastic {
 std::string OptimizerKind(const torch::optim::Optimizer& optimizer);
 
 // Errors: kUnimplemented (unsupported optimizer).
-absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, StatePacker& out);
+absl::Status PackOptimizer(const torch::optim::Optimizer& optimizer, RecordWriter& out);
 
 // Reads what PackOptimizer wrote and, only if all of it matches `optimizer`
 // (kind, groups, parameter shapes and dtypes), replaces its options and state
 // (tensors are views of the unpacker's segments, which they keep alive).
 // Errors: kInvalidArgument ("optimizer mismatch: ..." or a corrupt message),
 // kUnimplemented (unsupported optimizer).
-absl::Status UnpackOptimizer(StateUnpacker& in, torch::optim::Optimizer& optimizer);
+absl::Status UnpackOptimizer(RecordReader& in, torch::optim::Optimizer& optimizer);
+
+// The optimizer's state as a part of the job state (tensors referenced, not
+// copied) and back (the optimizer keeps views of the part's tensors). Errors
+// as above; LoadOptimizer also refuses trailing records.
+absl::StatusOr<PartState> SaveOptimizer(const torch::optim::Optimizer& optimizer);
+absl::Status LoadOptimizer(PartState state, torch::optim::Optimizer& optimizer);
 
 // Every parameter group's options (learning rate, betas, ...), in group
 // order, and back: what a step may change outside a commit (a schedule sets

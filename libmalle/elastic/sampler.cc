@@ -13,7 +13,7 @@
 
 namespace malle::elastic {
 
-uint64_t MixSeed(std::initializer_list<int64_t> parts) {
+uint64_t MixSeed(absl::Span<const int64_t> parts) {
   constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
   uint64_t h = kGolden;
   for (int64_t part : parts) {

@@ -29,12 +29,13 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace malle::elastic {
 
 // A 63-bit seed from integers: the splitmix64 fold of
 // malletrain.sampler.mix_seed (negative parts enter as their two's complement).
-uint64_t MixSeed(std::initializer_list<int64_t> parts);
+uint64_t MixSeed(absl::Span<const int64_t> parts);
 
 // The logical workers rank `rank` of `world_size` runs: a contiguous block,
 // the first L mod n ranks one more, so rank 0 always runs worker 0.

@@ -31,9 +31,12 @@ int64_t PaddedNumel(int64_t numel, int64_t element_size) {
   return (numel + align - 1) / align * align;
 }
 
-constexpr char kMagic[4] = {'M', 'S', 'K', '2'};
-constexpr int64_t kHeaderMagic = 0x4d414c4c45535432;  // "MALLEST2"
-constexpr size_t kSpecBytes = 9;                       // i8 dtype + i64 numel
+constexpr char kMagic[4] = {'M', 'S', 'K', '3'};
+constexpr int64_t kHeaderMagic = 0x4d414c4c45535433;  // "MALLEST3"
+constexpr size_t kSpecBytes = 10;                      // i8 dtype + i64 numel + i8 device
+
+// A segment's device on the wire: the receiver uses its current device of that type.
+int8_t DeviceCode(c10::DeviceType d) { return d == c10::DeviceType::CUDA ? 1 : 0; }
 
 template <typename T>
 void Append(std::string& out, T value) {
@@ -155,6 +158,7 @@ void StatePacker::PutTensor(const at::Tensor& tensor) {
     return;
   }
   MALLE_CHECK(tensor.layout() == at::kStrided) << "job state: only dense tensors";
+  MALLE_CHECK(tensor.device().is_cpu() || tensor.device().is_cuda()) << "job state: CPU and CUDA tensors only";
   Append(body_, static_cast<int8_t>(1));
   Append(body_, static_cast<int8_t>(tensor.scalar_type()));
   Append(body_, static_cast<int32_t>(tensor.dim()));
@@ -194,7 +198,7 @@ PackedState StatePacker::Finish() && {
     const int64_t bytes = (hi - lo) * static_cast<int64_t>(first.element_size());
     if (!ok || bytes < direct_min_bytes_ || static_cast<double>(hi - lo) > 1.25 * static_cast<double>(used)) continue;
     const uint32_t segment = static_cast<uint32_t>(specs.size());
-    specs.push_back({first.scalar_type(), hi - lo});
+    specs.push_back({first.scalar_type(), hi - lo, first.device().type()});
     out.buffers.push_back(first.as_strided({hi - lo}, {1}, lo));
     out.direct.push_back(true);
     for (size_t i : idx) {
@@ -202,16 +206,17 @@ PackedState StatePacker::Finish() && {
       placed[i] = true;
     }
   }
-  // Packed segments: everything else, one per dtype, by copying.
-  std::map<at::ScalarType, uint32_t> packed;
+  // Packed segments: everything else, one per dtype and device, by copying.
+  std::map<std::pair<at::ScalarType, c10::DeviceType>, uint32_t> packed;
   std::vector<std::vector<at::Tensor>> parts(specs.size());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (placed[i]) continue;
     const at::Tensor& t = tensors_[i].tensor;
-    auto it = packed.find(t.scalar_type());
+    const std::pair<at::ScalarType, c10::DeviceType> key{t.scalar_type(), t.device().type()};
+    auto it = packed.find(key);
     if (it == packed.end()) {
-      it = packed.emplace(t.scalar_type(), static_cast<uint32_t>(specs.size())).first;
-      specs.push_back({t.scalar_type(), 0});
+      it = packed.emplace(key, static_cast<uint32_t>(specs.size())).first;
+      specs.push_back({t.scalar_type(), 0, t.device().type()});
       parts.emplace_back();
       out.buffers.emplace_back();
       out.direct.push_back(false);
@@ -233,6 +238,7 @@ PackedState StatePacker::Finish() && {
   for (const SegmentSpec& spec : specs) {
     Append(out.skeleton, static_cast<int8_t>(spec.dtype));
     Append(out.skeleton, spec.numel);
+    Append(out.skeleton, DeviceCode(spec.device));
   }
   out.skeleton += body_;
   body_.clear();
@@ -251,12 +257,16 @@ absl::StatusOr<std::vector<SegmentSpec>> SegmentSpecs(absl::string_view skeleton
   for (uint32_t i = 0; i < count; ++i) {
     int8_t code;
     int64_t numel;
+    int8_t device;
     std::memcpy(&code, skeleton.data() + 8 + i * kSpecBytes, 1);
     std::memcpy(&numel, skeleton.data() + 8 + i * kSpecBytes + 1, 8);
-    if (!KnownDtype(code) || numel < 0) {
-      return Corrupt(absl::StrCat("segment ", i, ": dtype ", static_cast<int>(code), ", numel ", numel));
+    std::memcpy(&device, skeleton.data() + 8 + i * kSpecBytes + 9, 1);
+    if (!KnownDtype(code) || numel < 0 || (device != 0 && device != 1)) {
+      return Corrupt(absl::StrCat("segment ", i, ": dtype ", static_cast<int>(code), ", numel ", numel, ", device ",
+                                  static_cast<int>(device)));
     }
-    specs.push_back({static_cast<at::ScalarType>(code), numel});
+    specs.push_back({static_cast<at::ScalarType>(code), numel,
+                     device == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU});
   }
   return specs;
 }
@@ -266,8 +276,7 @@ absl::StatusOr<std::vector<SegmentLayout>> LayoutOf(const PackedState& state) {
   std::vector<SegmentLayout> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const bool direct = i < state.direct.size() && state.direct[i];
-    const bool cuda = i < state.buffers.size() && state.buffers[i].defined() && state.buffers[i].is_cuda();
-    out.push_back({specs[i].dtype, specs[i].numel, cuda ? "cuda" : "cpu", direct});
+    out.push_back({specs[i].dtype, specs[i].numel, specs[i].device == c10::DeviceType::CUDA ? "cuda" : "cpu", direct});
   }
   return out;
 }
@@ -334,7 +343,8 @@ absl::StatusOr<std::vector<at::Tensor>> InPlaceTargets(const PackedState& own, a
   for (size_t i = 0; i < theirs.size(); ++i) {
     for (size_t j = 0; j < mine.size() && j < own.buffers.size(); ++j) {
       if (used[j] || j >= own.direct.size() || !own.direct[j] || mine[j].dtype != theirs[i].dtype ||
-          mine[j].numel != theirs[i].numel || my_layouts[j] != their_layouts[i]) {
+          mine[j].numel != theirs[i].numel || mine[j].device != theirs[i].device ||
+          my_layouts[j] != their_layouts[i]) {
         continue;
       }
       out[i] = own.buffers[j];
@@ -394,9 +404,11 @@ absl::StatusOr<StateUnpacker> StateUnpacker::Open(PackedState state) {
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     const at::Tensor& b = state.buffers[i];
-    if (!b.defined() || b.scalar_type() != specs[i].dtype || b.numel() != specs[i].numel || !b.is_contiguous()) {
+    if (!b.defined() || b.scalar_type() != specs[i].dtype || b.numel() != specs[i].numel || !b.is_contiguous() ||
+        b.device().type() != specs[i].device) {
       return absl::InvalidArgumentError(absl::StrCat("state: segment ", i, " is not ", specs[i].numel,
-                                                     " contiguous elements of ", c10::toString(specs[i].dtype)));
+                                                     " contiguous elements of ", c10::toString(specs[i].dtype),
+                                                     " on ", c10::DeviceTypeName(specs[i].device, true)));
     }
   }
   StateUnpacker out(std::move(state));
@@ -457,6 +469,71 @@ absl::StatusOr<at::Tensor> StateUnpacker::Tensor() {
   return state_.buffers[r.segment].narrow(0, r.offset, r.numel).view(r.shape);
 }
 
+void RecordWriter::PutInt(int64_t value) {
+  bytes_.push_back('i');
+  Append(bytes_, value);
+}
+
+void RecordWriter::PutDouble(double value) {
+  bytes_.push_back('d');
+  Append(bytes_, value);
+}
+
+void RecordWriter::PutString(absl::string_view value) {
+  bytes_.push_back('s');
+  Append(bytes_, static_cast<int64_t>(value.size()));
+  bytes_.append(value.data(), value.size());
+}
+
+void RecordWriter::PutTensor(const at::Tensor& tensor) {
+  bytes_.push_back('t');
+  Append(bytes_, static_cast<uint32_t>(tensors_.size()));
+  tensors_.push_back(tensor);  // the tensor itself: the engine may flatten it in place
+}
+
+absl::Status RecordReader::Expect(char tag, const char* what) {
+  if (pos_ >= bytes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("state: record ends where ", what, " was expected"));
+  }
+  if (bytes_[pos_] != tag) {
+    return absl::InvalidArgumentError(absl::StrCat("state: expected ", what, " at byte ", pos_,
+                                                   ", found record tag '", std::string(1, bytes_[pos_]), "'"));
+  }
+  ++pos_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RecordReader::Int() {
+  MALLE_RETURN_IF_ERROR(Expect('i', "an integer"));
+  return ReadRaw<int64_t>(bytes_, pos_, "an integer");
+}
+
+absl::StatusOr<double> RecordReader::Double() {
+  MALLE_RETURN_IF_ERROR(Expect('d', "a double"));
+  return ReadRaw<double>(bytes_, pos_, "a double");
+}
+
+absl::StatusOr<std::string> RecordReader::String() {
+  MALLE_RETURN_IF_ERROR(Expect('s', "a string"));
+  MALLE_ASSIGN_OR_RETURN(int64_t n, ReadRaw<int64_t>(bytes_, pos_, "a string length"));
+  if (n < 0 || static_cast<uint64_t>(n) > bytes_.size() - pos_) {
+    return absl::InvalidArgumentError(absl::StrCat("state: string of length ", n, " overruns the record"));
+  }
+  std::string out(bytes_.substr(pos_, n));
+  pos_ += n;
+  return out;
+}
+
+absl::StatusOr<at::Tensor> RecordReader::Tensor() {
+  MALLE_RETURN_IF_ERROR(Expect('t', "a tensor"));
+  MALLE_ASSIGN_OR_RETURN(uint32_t index, ReadRaw<uint32_t>(bytes_, pos_, "a tensor index"));
+  if (index >= tensors_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state: tensor ", index, " of a record that has ", tensors_.size()));
+  }
+  return tensors_[index];
+}
+
 absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, PackedState* mine) {
   std::vector<int> everyone;
   for (int r = 0; r < comm.size(); ++r) {
@@ -514,14 +591,18 @@ absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
       at::Tensor buffer = targets[i];
       if (!in_place && landing != nullptr) {
         auto fits = std::find_if(landing->begin(), landing->end(), [&](const at::Tensor& b) {
-          return b.scalar_type() == specs[i].dtype && b.numel() == specs[i].numel;
+          return b.scalar_type() == specs[i].dtype && b.numel() == specs[i].numel &&
+                 b.device().type() == specs[i].device;
         });
         if (fits != landing->end()) {
           buffer = *fits;
           landing->erase(fits);
         }
       }
-      if (!buffer.defined()) buffer = at::empty({specs[i].numel}, at::TensorOptions().dtype(specs[i].dtype));
+      if (!buffer.defined()) {
+        // A CUDA segment lands on this rank's current CUDA device.
+        buffer = at::empty({specs[i].numel}, at::TensorOptions().dtype(specs[i].dtype).device(specs[i].device));
+      }
       out.buffers.push_back(buffer);
       out.direct.push_back(in_place);
     }

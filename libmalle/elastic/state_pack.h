@@ -2,10 +2,8 @@
 //
 // Defines StatePacker / StateUnpacker (a typed record stream whose tensors are
 // references into a few flat segments) and TransferState (the transfer: a
-// header, the skeleton, one message per segment, whatever the model). Same
-// design as python/malletrain/state.py; the skeleton is a C++ byte format,
-// not a pickle, so C++ and Python ranks cannot exchange state (they never
-// share a job).
+// header, the skeleton, one message per segment, whatever the model). The
+// one wire format of job state (job_state.h builds on it), for both APIs.
 //
 // Segments: tensors that share one storage and reference at least
 // `direct_min_bytes` of it, densely, are sent from that storage as they are
@@ -24,8 +22,8 @@
 //   MALLE_ASSIGN_OR_RETURN(int64_t s, in.Int());
 //   MALLE_ASSIGN_OR_RETURN(at::Tensor w, in.Tensor());   // a view of the received segment
 //
-// Skeleton layout: magic "MSK2", u32 number of segments, then per segment
-// (i8 dtype, i64 numel), then the records. Every record starts with a tag
+// Skeleton layout: magic "MSK3", u32 number of segments, then per segment
+// (i8 dtype, i64 numel, i8 device: 0 CPU, 1 CUDA), then the records. Every record starts with a tag
 // byte ('i' int64, 'd' double, 's' string, 't' tensor: dtype, shape, u32
 // segment, i64 offset) so a reader out of step with the writer gets an error
 // naming what it expected, never garbage.
@@ -74,6 +72,7 @@ struct PackedState {
 struct SegmentSpec {
   at::ScalarType dtype;
   int64_t numel;
+  c10::DeviceType device = c10::DeviceType::CPU;  // CPU or CUDA
 };
 
 class StatePacker {
@@ -84,8 +83,8 @@ class StatePacker {
   void PutString(absl::string_view value);
   // Records shape and dtype; Finish() decides the tensor's segment. An
   // undefined tensor is allowed (it unpacks as undefined). Tensors must be
-  // dense and all on one device (MALLE_CHECK: job state is built by the
-  // library from parameters and optimizer state).
+  // dense, on the CPU or a CUDA device (MALLE_CHECK: job state is built by
+  // the library from parameters and optimizer state).
   void PutTensor(const at::Tensor& tensor);
   PackedState Finish() &&;
 
@@ -97,6 +96,43 @@ class StatePacker {
   int64_t direct_min_bytes_;
   std::string body_;
   std::vector<Pending> tensors_;
+};
+
+// Typed records whose tensors stay outside the bytes: how a C++ part of the
+// job state (an optimizer) writes itself into a PartState (job_state.h), so
+// that its tensors travel in the job's flat segments, not copied into bytes.
+// The same tags as the skeleton ('i', 'd', 's'; 't' is a u32 index into the
+// tensor list).
+class RecordWriter {
+ public:
+  void PutInt(int64_t value);
+  void PutDouble(double value);
+  void PutString(absl::string_view value);
+  void PutTensor(const at::Tensor& tensor);  // referenced, not copied
+  std::string& bytes() { return bytes_; }
+  std::vector<at::Tensor>& tensors() { return tensors_; }
+
+ private:
+  std::string bytes_;
+  std::vector<at::Tensor> tensors_;
+};
+
+class RecordReader {
+ public:
+  RecordReader(absl::string_view bytes, std::vector<at::Tensor> tensors)
+      : bytes_(bytes), tensors_(std::move(tensors)) {}
+  // kInvalidArgument if the next record is not of that kind or is truncated.
+  absl::StatusOr<int64_t> Int();
+  absl::StatusOr<double> Double();
+  absl::StatusOr<std::string> String();
+  absl::StatusOr<at::Tensor> Tensor();
+  bool done() const { return pos_ == bytes_.size(); }
+
+ private:
+  absl::Status Expect(char tag, const char* what);
+  absl::string_view bytes_;
+  std::vector<at::Tensor> tensors_;
+  size_t pos_ = 0;
 };
 
 // The segments a skeleton refers to.
@@ -172,7 +208,7 @@ class StateUnpacker {
 };
 
 // Sends `state` from `root` to every rank of `comm`: a 4 x int64 header, the
-// skeleton bytes, then one byte-view broadcast per dtype buffer (CPU). `mine`
+// skeleton bytes, then one byte-view broadcast per segment. `mine`
 // must be non-null exactly on the root. Blocks. Returns the received state
 // (the root's own, moved, on the root).
 // Errors: the Communicator's (a peer failed: kAborted / kUnavailable /

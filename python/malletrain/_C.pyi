@@ -171,7 +171,7 @@ def sim_run(
     """Replays `trace` with `mix`; returns {"summary": dict, "jobs": [dict], "timeline":
     [tuple], "events": [tuple]}. Releases the GIL for the replay."""
 
-# --- elastic group (bind_elastic.cc); used by malletrain.elastic and malletrain.launcher ---
+# --- comm (bind_comm.cc): the store and the elastic group; used by launchers, tools, tests ---
 
 class ControlStore:
     """A client of the deployment's key-value store (a c10d TCPStore)."""
@@ -272,24 +272,111 @@ def report_dead(store: ControlStore, job_id: str, member_id: str) -> None:
     """Reports that the process of ``member_id`` exited (its owner saw it), so a recovery
     stops waiting for its check-in."""
 
-# --- elastic comm hook (bind_bucket_sync.cc); used by malletrain.elastic.ElasticModel -------
+# --- elastic (bind_elastic.cc): the engine under malletrain.elastic (libmalle/elastic/engine.h) ---
 
-class BucketSync:
-    """The elastic comm hook (libmalle/elastic/bucket_sync.h)."""
+class WorkerPlan:
+    worker: int
+    rng_seed: int     # the model stream: seeded when the loader hands the micro-batch over
+    data_seed: int    # the data stream: seeded before the micro-batch is fetched
+    indices: list[int]
 
-    def __init__(self) -> None: ...
-    def register(self, reducer: Any) -> None:
-        """Makes this the comm hook of ``reducer`` (a torch.distributed.Reducer)."""
-    def arm(self, group: ElasticGroup | None) -> None:
-        """The next buckets are summed over ``group``'s current generation (None: handed back
-        unreduced). Raises MalleError when the member left the group."""
-    def take(self) -> tuple[int, int, float | None]:
-        """(launched, completed, time.perf_counter() of the last bucket's hook or None) since
-        the last take(), and resets; raises the first failed collective's error (e.g.
-        RankFailureError)."""
-    def close(self) -> None:
-        """Completes the buckets in flight and stops the waiter thread."""
+class StepPlan:
+    step: int
+    generation: int
+    rank: int
+    size: int
+    workers: list[WorkerPlan]
+    lr_rescale: float  # follow mode: multiply every learning rate by this before the step
 
+class ResizeEvent:
+    kind: str
+    generation: int
+    size: int
+    rank: int
+    resume_step: int
+    joined: list[str]
+    removed: list[str]
+    state_bytes: int
+    state_in_place: int
+    state_landed: int
+    reason: str
+    @property
+    def phases(self) -> dict[str, float]: ...
+
+class Engine:
+    """One process's membership in an elastic job and the engine that trains it. Checks its
+    options (MalleValueError naming the field) before it dials the store. Callbacks of parts
+    run on the calling thread; a Python exception inside one is re-raised as it is."""
+    def __init__(self, store_host: str, store_port: int, job_id: str, member_id: str,
+                 bootstrap_size: int, rendezvous_timeout: float, op_timeout: float,
+                 heartbeat_interval: float, heartbeat_timeout: float, recovery_grace: float,
+                 max_recoveries_without_commit: int, backend: str, logical_workers: int,
+                 lr_scaling: str, seed: int, deterministic: bool, bucket_bytes: int,
+                 state_direct_min_bytes: int, control_job: str, secret_path: str,
+                 min_nodes: int, max_nodes: int, report_interval: float,
+                 fault_exit_in_state_sync: str) -> None: ...
+    def set_model(self, parameters: list[tuple[str, Any]], buffers: list[tuple[str, Any]]) -> None:
+        """Flattens them (same tensor objects, new storage) and builds the Reducer."""
+    def add_part(self, name: str, save: Any, load: Any, checkpoint: Any = None,
+                 restore: Any = None) -> None:
+        """save() -> (tensors, bytes); load(tensors, bytes); checkpoint/restore: what a step
+        that does not commit must undo."""
+    def set_data(self, num_samples: int, batch_size: int, steps: int | None,
+                 epochs: float | None, shuffle: bool) -> None: ...
+    def prepare_landing(self) -> None: ...
+    def join(self) -> None: ...
+    def next_step(self) -> StepPlan | None:
+        """Rolls back a failed step, runs the step boundary (blocks), returns the plan."""
+    def begin_micro_batch(self, index: int) -> None: ...
+    def end_micro_batch(self) -> None: ...
+    def add_data_wait(self, seconds: float) -> None: ...
+    def synchronize(self) -> bool:
+        """Reduces gradients and buffers (blocks); False: the step failed and will be redone."""
+    def commit(self) -> None: ...
+    def request_leave(self) -> None: ...
+    def finish(self) -> None: ...
+    def close(self) -> None: ...
+    def state_digest(self) -> str: ...
+    def report_json(self) -> str: ...
+    def report_table(self) -> str: ...
+    def batch_key(self, step: int, worker: int, position: int) -> tuple[int, list[int]]: ...
+    def set_advisor_enabled(self, on: bool) -> None: ...
+    def history(self, index: int) -> ResizeEvent: ...
+    rank: int
+    size: int
+    generation: int
+    member_id: str
+    step: int
+    total_steps: int
+    micro_batch: int
+    in_step: bool
+    left: bool
+    redone_steps: int
+    workers: list[int]
+    position: int
+    landing_bytes: int
+    advisor_seconds: float
+    history_size: int
+    group: ElasticGroup | None
+
+class ElasticSampler:
+    def __init__(self, num_samples: int, logical_workers: int, batch_size: int, seed: int,
+                 shuffle: bool) -> None: ...
+    num_samples: int
+    logical_workers: int
+    batch_size: int
+    global_batch: int
+    def steps_for_epochs(self, epochs: float) -> int: ...
+    def epoch_of(self, step: int) -> int: ...
+    def indices(self, step: int, worker: int) -> list[int]: ...
+    def stream(self, position: int, count: int) -> list[int]: ...
+    def sample_epochs(self, step: int, worker: int) -> list[int]: ...
+
+def mix_seed(parts: list[int]) -> int: ...
+def assign_workers(logical_workers: int, world_size: int, rank: int) -> list[int]: ...
+def progress_key(job_id: str) -> str: ...
+def state_layout_key(job_id: str) -> str: ...
+def flatten_tensors(tensors: list[Any]) -> bool: ...
 
 # --- advisor (bind_advisor.cc) ----------------------------------------------------------------
 

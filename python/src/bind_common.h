@@ -62,8 +62,8 @@ T ValueOrThrow(absl::StatusOr<T> value_or) {
 void BindBase(pybind11::module_& m);
 void BindAlloc(pybind11::module_& m);
 void BindSim(pybind11::module_& m);
-void BindElastic(pybind11::module_& m);
-void BindBucketSync(pybind11::module_& m);  // after BindElastic (takes its ElasticGroup)
+void BindComm(pybind11::module_& m);
+void BindElastic(pybind11::module_& m);  // after BindComm (takes its ControlStore)
 void BindAdvisor(pybind11::module_& m);
 void BindControl(pybind11::module_& m);
 void BindCluster(pybind11::module_& m);

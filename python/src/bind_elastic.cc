@@ -1,352 +1,451 @@
-// Bindings of libmalle/comm for the Python training API (malletrain.elastic):
-// the control store, the elastic group and the collectives of its current
-// generation. Tensors cross as torch.Tensor (torch's own pybind11 casters).
+// Binds libmalle/elastic for the Python training API (malletrain.elastic): the
+// engine (engine.h), its plans and resize events, the sampler, the seeds.
 //
-// Every call that can block (store, rendezvous, collectives, step boundary)
-// releases the GIL, so a Python thread can wait on one collective while the
-// training thread issues the next (the DDP comm hook does exactly that).
+// The engine calls back into Python for the parts of the job state only
+// Python understands (a torch.optim state_dict, tracked objects). Those
+// callbacks run on the training thread with the GIL re-acquired; a Python
+// exception inside one is kept, the engine sees an INVALID_ARGUMENT status
+// (fatal, never retried), and the binding re-raises the original exception
+// when the engine call returns. Every call that can block releases the GIL.
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "libmalle/comm/backend.h"
-#include "libmalle/comm/communicator.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/control/channel.h"
+#include "libmalle/control/messages.h"
+#include "libmalle/control/secret.h"
+#include "libmalle/elastic/engine.h"
+#include "libmalle/elastic/sampler.h"
 #include "python/src/bind_common.h"
-#ifdef MALLE_WITH_NCCL
-#include "libmalle/comm/nccl_backend.h"
-#endif
 
 namespace py = pybind11;
 
 namespace malle::python {
 namespace {
 
-using comm::ControlStore;
-using comm::ElasticGroup;
-using comm::ElasticGroupOptions;
-using comm::PendingCollective;
-using comm::ReduceOp;
-using comm::Transition;
+using elastic::Engine;
+using elastic::NamedTensor;
+using elastic::PartState;
 
 absl::Duration Seconds(double s, const char* field) {
   if (!(s > 0) || s > 1e9) {
-    ThrowIfError(absl::InvalidArgumentError(
-        absl::StrCat(field, ": must be a positive number of seconds, got ", s)));
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(field, ": must be a positive number of seconds, got ", s)));
   }
   return absl::Seconds(s);
 }
 
-ReduceOp ParseOp(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "max") return ReduceOp::kMax;
-  if (op == "min") return ReduceOp::kMin;
-  if (op == "product") return ReduceOp::kProduct;
-  ThrowIfError(absl::InvalidArgumentError(
-      absl::StrCat("op: got '", op, "'; expected one of sum, max, min, product")));
-  return ReduceOp::kSum;
-}
-
-// The group's data backend (CPU tensors always go through the Gloo control group).
-std::shared_ptr<const comm::BackendFactory> DataBackend(const std::string& name) {
-  if (name == "gloo") return nullptr;  // the control group reduces CPU tensors
-  if (name == "gloo-cuda") {
-    comm::GlooBackendOptions o;
-    o.device_type = c10::DeviceType::CUDA;
-    return comm::MakeGlooBackend(o);
+// Reports and completion to the allocator as signed control messages.
+class OutboxSink : public advisor::ReportSink {
+ public:
+  OutboxSink(std::shared_ptr<comm::ControlStore> store, control::Secret secret, std::string sender, std::string job)
+      : outbox_(std::move(store), std::move(secret), std::move(sender)), job_(std::move(job)) {}
+  absl::Status SendReport(const std::string& report_json) override {
+    return outbox_.Send(control::AdvisorReport{job_, report_json});
   }
-  if (name == "nccl") {
-#ifdef MALLE_WITH_NCCL
-    return comm::MakeNcclBackend();
-#else
-    ThrowIfError(absl::FailedPreconditionError(
-        "data_backend: this build of malletrain has no NCCL backend (built without "
-        "MALLE_WITH_NCCL=ON); use 'gloo-cuda' for CUDA tensors"));
-#endif
+  absl::Status SendComplete(int64_t steps, int64_t samples) override {
+    control::JobComplete c;
+    c.job = job_;
+    c.status = control::JobStatus::kSucceeded;
+    c.steps = steps;
+    c.samples = samples;
+    return outbox_.Send(c);
   }
-  ThrowIfError(absl::InvalidArgumentError(
-      absl::StrCat("data_backend: got '", name, "'; expected one of gloo, gloo-cuda, nccl")));
-  return nullptr;
-}
 
-// The group's Communicator, or a clear error once it has none.
-comm::Communicator& CommOf(ElasticGroup& g) {
-  if (!g.active()) {
-    ThrowIfError(absl::FailedPreconditionError(
-        absl::StrCat("member ", g.member_id(), " is no longer in job ", g.job_id(),
-                     " (", TransitionKindName(g.last_transition().kind), ")")));
+ private:
+  control::Outbox outbox_;
+  std::string job_;
+};
+
+// An engine with the Python exception its callbacks raised, if any.
+struct PyEngine {
+  std::unique_ptr<Engine> engine;
+  std::optional<py::error_already_set> error;  // set with the GIL held
+
+  // Runs `f` without the GIL; re-raises a callback's exception, else throws
+  // the status as usual.
+  template <typename F>
+  auto Call(F&& f) -> decltype(f()) {
+    auto finish = [this](const absl::Status& s) {
+      if (error) {
+        py::error_already_set e = std::move(*error);
+        error.reset();
+        throw e;
+      }
+      if (!s.ok() && engine->excluded()) {
+        // Declared failed by the others: the group moved on without it.
+        absl::Status moved = absl::FailedPreconditionError(s.message());
+        moved.SetPayload(kErrorClassPayloadUrl, absl::Cord("MembershipChangedError"));
+        throw StatusError(moved);
+      }
+      ThrowIfError(s);
+    };
+    using R = decltype(f());
+    if constexpr (std::is_same_v<R, absl::Status>) {
+      absl::Status s;
+      {
+        py::gil_scoped_release release;
+        s = f();
+      }
+      finish(s);
+      return s;
+    } else {
+      R r = [&] {
+        py::gil_scoped_release release;
+        return f();
+      }();
+      finish(r.status());
+      return r;
+    }
   }
-  return g.comm();
-}
 
-py::dict PhasesDict(const Transition::Phases& p) {
+  // A Python callable as a part's save/load: any exception is kept and
+  // becomes an INVALID_ARGUMENT naming the part.
+  std::function<absl::StatusOr<PartState>()> Save(std::string name, py::function fn) {
+    return [this, name, fn]() -> absl::StatusOr<PartState> {
+      py::gil_scoped_acquire gil;
+      try {
+        auto [tensors, bytes] = fn().cast<std::pair<std::vector<at::Tensor>, py::bytes>>();
+        return PartState{std::move(tensors), std::string(bytes)};
+      } catch (py::error_already_set& e) {
+        std::string what = e.what();
+        if (!error) error.emplace(std::move(e));
+        return absl::InvalidArgumentError(absl::StrCat("state of '", name, "': ", what));
+      }
+    };
+  }
+  std::function<absl::Status(PartState)> Load(std::string name, py::function fn) {
+    return [this, name, fn](PartState s) -> absl::Status {
+      py::gil_scoped_acquire gil;
+      try {
+        fn(std::move(s.tensors), py::bytes(s.bytes));
+        return absl::OkStatus();
+      } catch (py::error_already_set& e) {
+        std::string what = e.what();
+        if (!error) error.emplace(std::move(e));
+        return absl::InvalidArgumentError(absl::StrCat("state of '", name, "': ", what));
+      }
+    };
+  }
+};
+
+py::dict PhasesDict(const elastic::ResizeEvent::Phases& p) {
   py::dict d;
   d["detect"] = absl::ToDoubleSeconds(p.detect);
   d["wait"] = absl::ToDoubleSeconds(p.wait);
   d["agree"] = absl::ToDoubleSeconds(p.agree);
   d["build"] = absl::ToDoubleSeconds(p.build);
   d["sync"] = absl::ToDoubleSeconds(p.sync);
+  d["state"] = absl::ToDoubleSeconds(p.state);
   d["total"] = absl::ToDoubleSeconds(p.total);
   return d;
+}
+
+std::vector<NamedTensor> Named(const std::vector<std::pair<std::string, at::Tensor>>& items) {
+  std::vector<NamedTensor> out;
+  for (const auto& [name, t] : items) out.push_back({name, t});
+  return out;
 }
 
 }  // namespace
 
 void BindElastic(py::module_& m) {
-  py::class_<ControlStore, std::shared_ptr<ControlStore>>(
-      m, "ControlStore", "The deployment's key-value store (a c10d TCPStore).")
-      .def_static(
-          "serve",
-          [](const std::string& host, int port, double timeout_s) {
-            const absl::Duration timeout = Seconds(timeout_s, "timeout");
-            py::gil_scoped_release release;
-            return ValueOrThrow(ControlStore::Host(host, port, timeout));
-          },
-          py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("timeout") = 30.0,
-          "Starts a store server (port 0: an ephemeral port) and returns a client of it. "
-          "The server lives as long as this handle.")
-      .def_static(
-          "connect",
-          [](const std::string& host, int port, double timeout_s) {
-            const absl::Duration timeout = Seconds(timeout_s, "timeout");
-            py::gil_scoped_release release;
-            return ValueOrThrow(ControlStore::Connect(host, port, timeout));
-          },
-          py::arg("host"), py::arg("port"), py::arg("timeout") = 30.0,
-          "Connects to a running store server, retrying until the timeout.")
-      .def_property_readonly("host", &ControlStore::host)
-      .def_property_readonly("port", &ControlStore::port)
-      .def(
-          "set",
-          [](ControlStore& s, const std::string& key, const py::bytes& value) {
-            std::string v = value;
-            py::gil_scoped_release release;
-            ThrowIfError(s.Set(key, v));
-          },
-          py::arg("key"), py::arg("value"))
-      .def(
-          "try_get",
-          [](ControlStore& s, const std::string& key) -> py::object {
-            std::optional<std::string> v;
-            {
-              py::gil_scoped_release release;
-              v = ValueOrThrow(s.TryGet(key));
-            }
-            if (!v.has_value()) return py::none();
-            return py::bytes(*v);
-          },
-          py::arg("key"), "The value of `key` as bytes, or None (does not wait).")
-      .def(
-          "add",
-          [](ControlStore& s, const std::string& key, int64_t delta) {
-            py::gil_scoped_release release;
-            return ValueOrThrow(s.Add(key, delta));
-          },
-          py::arg("key"), py::arg("delta"));
-
-  py::class_<Transition>(m, "Transition", "What happened at a step boundary (or at join).")
-      .def_property_readonly("kind",
-                             [](const Transition& t) {
-                               return std::string(TransitionKindName(t.kind));
-                             })
-      .def_readonly("generation", &Transition::generation)
-      .def_readonly("rank", &Transition::rank)
-      .def_readonly("size", &Transition::size)
-      .def_readonly("members", &Transition::members)
-      .def_readonly("joined", &Transition::joined)
-      .def_readonly("removed", &Transition::removed)
-      .def_readonly("resume_step", &Transition::resume_step)
-      .def_readonly("state_source_rank", &Transition::state_source_rank)
-      .def_readonly("committed_by_rank", &Transition::committed_by_rank)
-      .def_readonly("reason", &Transition::reason)
-      .def_property_readonly("phases", [](const Transition& t) { return PhasesDict(t.phases); })
-      .def_property_readonly("changed", &Transition::changed)
-      .def_property_readonly("active", &Transition::active)
-      .def("__repr__", [](const Transition& t) {
-        return absl::StrCat("Transition(kind=", TransitionKindName(t.kind),
-                            ", generation=", t.generation, ", rank=", t.rank, ", size=", t.size,
-                            ", resume_step=", t.resume_step, ")");
+  py::class_<elastic::WorkerPlan>(m, "WorkerPlan")
+      .def_readonly("worker", &elastic::WorkerPlan::worker)
+      .def_readonly("rng_seed", &elastic::WorkerPlan::rng_seed)
+      .def_readonly("data_seed", &elastic::WorkerPlan::data_seed)
+      .def_readonly("indices", &elastic::WorkerPlan::indices);
+  py::class_<elastic::StepPlan>(m, "StepPlan", "This rank's share of one step.")
+      .def_readonly("step", &elastic::StepPlan::step)
+      .def_readonly("generation", &elastic::StepPlan::generation)
+      .def_readonly("rank", &elastic::StepPlan::rank)
+      .def_readonly("size", &elastic::StepPlan::size)
+      .def_readonly("workers", &elastic::StepPlan::workers)
+      .def_readonly("lr_rescale", &elastic::StepPlan::lr_rescale);
+  py::class_<elastic::ResizeEvent>(m, "ResizeEvent", "One membership change as this rank saw it.")
+      .def_property_readonly("kind", [](const elastic::ResizeEvent& e) {
+        return std::string(comm::TransitionKindName(e.kind));
+      })
+      .def_readonly("generation", &elastic::ResizeEvent::generation)
+      .def_readonly("size", &elastic::ResizeEvent::size)
+      .def_readonly("rank", &elastic::ResizeEvent::rank)
+      .def_readonly("resume_step", &elastic::ResizeEvent::resume_step)
+      .def_readonly("joined", &elastic::ResizeEvent::joined)
+      .def_readonly("removed", &elastic::ResizeEvent::removed)
+      .def_readonly("state_bytes", &elastic::ResizeEvent::state_bytes)
+      .def_readonly("state_in_place", &elastic::ResizeEvent::state_in_place)
+      .def_readonly("state_landed", &elastic::ResizeEvent::state_landed)
+      .def_readonly("reason", &elastic::ResizeEvent::reason)
+      .def_property_readonly("phases", [](const elastic::ResizeEvent& e) { return PhasesDict(e.phases); })
+      .def("__repr__", [](const elastic::ResizeEvent& e) {
+        return absl::StrCat("ResizeEvent(kind=", comm::TransitionKindName(e.kind), ", generation=", e.generation,
+                            ", size=", e.size, ", rank=", e.rank, ", resume_step=", e.resume_step, ")");
       });
 
-  py::class_<PendingCollective>(m, "PendingCollective", "A collective in flight.")
+  py::class_<PyEngine>(m, "Engine", "The elastic training engine (libmalle/elastic/engine.h).")
+      .def(py::init([](const std::string& store_host, int store_port, const std::string& job_id,
+                       const std::string& member_id, int bootstrap_size, double rendezvous_timeout,
+                       double op_timeout, double heartbeat_interval, double heartbeat_timeout, double recovery_grace,
+                       int max_recoveries_without_commit, const std::string& backend, int logical_workers,
+                       const std::string& lr_scaling, uint64_t seed, bool deterministic, int64_t bucket_bytes,
+                       int64_t state_direct_min_bytes, const std::string& control_job,
+                       const std::string& secret_path, int min_nodes, int max_nodes, double report_interval,
+                       const std::string& fault_exit_in_state_sync) {
+             comm::ElasticGroupOptions g;
+             g.job_id = job_id;
+             g.member_id = member_id;
+             g.bootstrap_size = bootstrap_size;
+             g.rendezvous_timeout = Seconds(rendezvous_timeout, "rendezvous_timeout");
+             g.op_timeout = Seconds(op_timeout, "op_timeout");
+             g.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
+             g.heartbeat_timeout = Seconds(heartbeat_timeout, "heartbeat_timeout");
+             g.recovery_grace = Seconds(recovery_grace, "recovery_grace");
+             g.max_recoveries_without_commit = max_recoveries_without_commit;
+             g.max_size = logical_workers > 0 ? logical_workers : 1024;
+             elastic::EngineOptions o;
+             o.logical_workers = logical_workers;
+             o.lr_scaling = lr_scaling;
+             o.seed = seed;
+             o.deterministic = deterministic;
+             o.bucket_bytes = bucket_bytes;
+             o.backend = backend;
+             o.state_direct_min_bytes = state_direct_min_bytes;
+             o.advisor_job = control_job;
+             o.min_nodes = min_nodes;
+             o.max_nodes = max_nodes;
+             o.report_interval = Seconds(report_interval, "report_interval");
+             o.fault_exit_in_state_sync = fault_exit_in_state_sync;
+             // Everything is checked before the store is dialled (which may wait up to
+             // rendezvous_timeout).
+             ThrowIfError(o.Validate());
+             if (o.logical_workers > 0 && bootstrap_size > o.logical_workers) {
+               ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+                   "logical_workers: ", o.logical_workers, " is smaller than the job's starting size ",
+                   bootstrap_size, "; every rank needs at least one logical worker")));
+             }
+             if (o.logical_workers > 0) g.max_size = std::min(g.max_size, o.logical_workers);
+             ThrowIfError(g.Validate());
+             std::shared_ptr<comm::ControlStore> store;
+             {
+               py::gil_scoped_release release;
+               store = ValueOrThrow(comm::ControlStore::Connect(store_host, store_port, g.rendezvous_timeout));
+             }
+             if (!control_job.empty() && !secret_path.empty()) {
+               control::Secret secret = ValueOrThrow(control::LoadSecret(secret_path));
+               const std::string sender = absl::StrCat("rank.", member_id).substr(0, 128);
+               o.report_sink = std::make_shared<OutboxSink>(store, std::move(secret), sender, control_job);
+             }
+             auto e = std::make_unique<PyEngine>();
+             e->engine = ValueOrThrow(Engine::Create(std::move(store), std::move(g), std::move(o)));
+             return e;
+           }),
+           py::arg("store_host"), py::arg("store_port"), py::arg("job_id"), py::arg("member_id"),
+           py::arg("bootstrap_size"),
+           py::arg("rendezvous_timeout"), py::arg("op_timeout"), py::arg("heartbeat_interval"),
+           py::arg("heartbeat_timeout"), py::arg("recovery_grace"), py::arg("max_recoveries_without_commit"),
+           py::arg("backend"), py::arg("logical_workers"), py::arg("lr_scaling"), py::arg("seed"),
+           py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("state_direct_min_bytes"),
+           py::arg("control_job"), py::arg("secret_path"), py::arg("min_nodes"), py::arg("max_nodes"),
+           py::arg("report_interval"), py::arg("fault_exit_in_state_sync"))
       .def(
-          "wait",
-          [](PendingCollective& p) {
-            py::gil_scoped_release release;
-            ThrowIfError(p.Wait());
+          "set_model",
+          [](PyEngine& e, const std::vector<std::pair<std::string, at::Tensor>>& params,
+             const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+            e.Call([&] { return e.engine->SetModel(Named(params), Named(buffers)); });
           },
-          "Blocks until it completes; raises if the generation failed.")
-      .def("done", &PendingCollective::done);
-
-  py::class_<ElasticGroup>(m, "ElasticGroup",
-                           "Membership of one job as a sequence of generations.")
-      .def_static(
-          "join",
-          [](std::shared_ptr<ControlStore> store, const std::string& job_id,
-             const std::string& member_id, int bootstrap_size, int max_size,
-             double rendezvous_timeout, double op_timeout, double heartbeat_interval,
-             double heartbeat_timeout, double recovery_grace, int max_recoveries_without_commit,
-             const std::string& data_backend) {
-            ElasticGroupOptions o;
-            o.data_backend = DataBackend(data_backend);
-            o.job_id = job_id;
-            o.member_id = member_id;
-            o.bootstrap_size = bootstrap_size;
-            o.max_size = max_size;
-            o.rendezvous_timeout = Seconds(rendezvous_timeout, "rendezvous_timeout");
-            o.op_timeout = Seconds(op_timeout, "op_timeout");
-            o.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
-            o.heartbeat_timeout = Seconds(heartbeat_timeout, "heartbeat_timeout");
-            o.recovery_grace = Seconds(recovery_grace, "recovery_grace");
-            o.max_recoveries_without_commit = max_recoveries_without_commit;
-            py::gil_scoped_release release;
-            return ValueOrThrow(ElasticGroup::Join(std::move(store), std::move(o)));
+          py::arg("parameters"), py::arg("buffers"))
+      .def(
+          "add_part",
+          [](PyEngine& e, const std::string& name, py::function save, py::function load,
+             std::optional<py::function> checkpoint, std::optional<py::function> restore) {
+            elastic::PartSpec p;
+            p.name = name;
+            p.save = e.Save(name, std::move(save));
+            p.load = e.Load(name, std::move(load));
+            if (checkpoint) p.checkpoint = e.Save(name, std::move(*checkpoint));
+            if (restore) p.restore = e.Load(name, std::move(*restore));
+            e.Call([&] { return e.engine->AddPart(std::move(p)); });
           },
-          py::arg("store"), py::arg("job_id"), py::arg("member_id") = "",
-          py::arg("bootstrap_size") = 0, py::arg("max_size") = 1024,
-          py::arg("rendezvous_timeout") = 60.0, py::arg("op_timeout") = 60.0,
-          py::arg("heartbeat_interval") = 0.1, py::arg("heartbeat_timeout") = 2.0,
-          py::arg("recovery_grace") = 0.5, py::arg("max_recoveries_without_commit") = 16,
-          py::arg("data_backend") = "gloo",
-          "Registers in the job and blocks until this process is a member of a built "
-          "generation. data_backend: 'gloo' (CPU tensors), 'gloo-cuda' (also CUDA tensors, "
-          "through host memory) or 'nccl' (CUDA tensors; one GPU per rank).")
-      .def_property_readonly("rank", &ElasticGroup::rank)
-      .def_property_readonly("size", &ElasticGroup::size)
-      .def_property_readonly("generation", &ElasticGroup::generation)
-      .def_property_readonly("members", &ElasticGroup::members)
-      .def_property_readonly("member_id", &ElasticGroup::member_id)
-      .def_property_readonly("job_id", &ElasticGroup::job_id)
-      .def_property_readonly("active", &ElasticGroup::active)
-      .def_property_readonly("last_transition", &ElasticGroup::last_transition)
-      .def_property_readonly("committed_step", &ElasticGroup::committed_step)
-      .def("commit", &ElasticGroup::Commit, py::arg("step"),
-           "Records that `step` completed on this rank.")
+          py::arg("name"), py::arg("save"), py::arg("load"), py::arg("checkpoint") = py::none(),
+          py::arg("restore") = py::none(),
+          "A part of the job state: save() -> (tensors, bytes), load(tensors, bytes); "
+          "checkpoint/restore: what a step that does not commit must undo (same forms).")
       .def(
-          "at_step_boundary",
-          [](ElasticGroup& g) {
-            py::gil_scoped_release release;
-            return ValueOrThrow(g.AtStepBoundary());
+          "set_data",
+          [](PyEngine& e, int64_t num_samples, int64_t batch_size, std::optional<int64_t> steps,
+             std::optional<double> epochs, bool shuffle) {
+            elastic::DataOptions d;
+            d.num_samples = num_samples;
+            d.batch_size = batch_size;
+            d.steps = steps;
+            d.epochs = epochs;
+            d.shuffle = shuffle;
+            ThrowIfError(e.engine->SetData(d));
           },
-          "The step boundary: returns the Transition (kind 'none' when nothing changed).")
-      .def(
-          "begin_step_boundary",
-          [](ElasticGroup& g) {
-            py::gil_scoped_release release;
-            ThrowIfError(g.BeginStepBoundary());
-          },
-          "Starts the next boundary's vote without waiting for it (call it once the step's "
-          "gradients are reduced; at_step_boundary() completes it).")
-      .def(
-          "request_leave", [](ElasticGroup& g) { ThrowIfError(g.RequestLeave()); },
-          "Asks to leave at the next step boundary.")
-      .def("finish", &ElasticGroup::Finish,
-           "This member is done with the job together with the others: closing the group "
-           "will not fail the generation.")
-      .def(
-          "allreduce",
-          [](ElasticGroup& g, std::vector<at::Tensor> tensors, const std::string& op) {
-            const ReduceOp parsed = ParseOp(op);
-            comm::Communicator& c = CommOf(g);
-            py::gil_scoped_release release;
-            ThrowIfError(c.AllReduce(tensors, parsed));
-          },
-          py::arg("tensors"), py::arg("op") = "sum",
-          "In-place allreduce over the current generation.")
-      .def(
-          "allreduce_async",
-          [](ElasticGroup& g, std::vector<at::Tensor> tensors, const std::string& op) {
-            const ReduceOp parsed = ParseOp(op);
-            comm::Communicator& c = CommOf(g);
-            py::gil_scoped_release release;
-            return ValueOrThrow(c.AllReduceAsync(tensors, parsed));
-          },
-          py::arg("tensors"), py::arg("op") = "sum",
-          "Starts an in-place allreduce and returns a PendingCollective.")
-      .def(
-          "broadcast",
-          [](ElasticGroup& g, std::vector<at::Tensor> tensors, int root) {
-            comm::Communicator& c = CommOf(g);
-            if (root < 0 || root >= c.size()) {
-              ThrowIfError(absl::InvalidArgumentError(
-                  absl::StrCat("root: must be a rank in [0, ", c.size(), "), got ", root)));
-            }
-            py::gil_scoped_release release;
-            ThrowIfError(c.Broadcast(tensors, root));
-          },
-          py::arg("tensors"), py::arg("root"), "In-place broadcast from rank `root`.")
-      .def(
-          "send",
-          [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
-            comm::Communicator& c = CommOf(g);
-            py::gil_scoped_release release;
-            ThrowIfError(c.Send(std::move(tensor), peer, tag));
-          },
-          py::arg("tensor"), py::arg("peer"), py::arg("tag"),
-          "Sends `tensor` to rank `peer` (matched by `tag`); blocks until it is sent.")
-      .def(
-          "recv",
-          [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
-            comm::Communicator& c = CommOf(g);
-            py::gil_scoped_release release;
-            ThrowIfError(c.Recv(std::move(tensor), peer, tag));
-          },
-          py::arg("tensor"), py::arg("peer"), py::arg("tag"),
-          "Receives into `tensor` (its size must match) from rank `peer` (matched by `tag`).")
-      .def(
-          "barrier",
-          [](ElasticGroup& g) {
-            comm::Communicator& c = CommOf(g);
-            py::gil_scoped_release release;
-            ThrowIfError(c.Barrier());
-          })
-      .def_property_readonly("comm_failed",
-                             [](ElasticGroup& g) { return g.active() && g.comm().aborted(); });
-
-  m.def(
-      "request_leave",
-      [](std::shared_ptr<ControlStore> store, const std::string& job_id,
-         const std::string& member_id) {
-        py::gil_scoped_release release;
-        ThrowIfError(ElasticGroup::RequestLeave(*store, job_id, member_id));
-      },
-      py::arg("store"), py::arg("job_id"), py::arg("member_id"),
-      "Queues a leave of `member_id` at the job's next step boundary.");
-  m.def(
-      "report_dead",
-      [](std::shared_ptr<ControlStore> store, const std::string& job_id,
-         const std::string& member_id) {
-        py::gil_scoped_release release;
-        ThrowIfError(ElasticGroup::ReportDead(*store, job_id, member_id));
-      },
-      py::arg("store"), py::arg("job_id"), py::arg("member_id"),
-      "Reports that the process of `member_id` exited, so recovery need not wait for it.");
-  m.def(
-      "latest_generation",
-      [](std::shared_ptr<ControlStore> store, const std::string& job_id) -> py::object {
-        absl::StatusOr<comm::GenerationRecord> r;
-        {
-          py::gil_scoped_release release;
-          r = ElasticGroup::LatestGeneration(*store, job_id);
+          py::arg("num_samples"), py::arg("batch_size"), py::arg("steps"), py::arg("epochs"), py::arg("shuffle"))
+      .def("prepare_landing", [](PyEngine& e) {
+        e.Call([&] {
+          e.engine->PrepareLanding();
+          return absl::OkStatus();
+        });
+      })
+      .def("join", [](PyEngine& e) { e.Call([&] { return e.engine->Join(); }); })
+      .def("next_step", [](PyEngine& e) { return e.Call([&] { return e.engine->NextStep(); }).value(); })
+      .def("begin_micro_batch", [](PyEngine& e, size_t i) {
+        if (!e.engine->in_step() || i != static_cast<size_t>(e.engine->micro_batch() + 1) ||
+            i >= e.engine->workers().size()) {
+          ThrowIfError(absl::FailedPreconditionError("begin_micro_batch: out of order"));
         }
-        if (r.status().code() == absl::StatusCode::kNotFound) return py::none();
-        comm::GenerationRecord rec = ValueOrThrow(std::move(r));
-        py::dict d;
-        d["generation"] = rec.generation;
-        d["members"] = rec.members;
-        d["reason"] = rec.reason;
-        return d;
+        e.engine->BeginMicroBatch(i);
+      })
+      .def("end_micro_batch", [](PyEngine& e) { e.Call([&] { return e.engine->EndMicroBatch(); }); })
+      .def("add_data_wait", [](PyEngine& e, double s) { e.engine->AddDataWait(absl::Seconds(s)); })
+      .def("synchronize", [](PyEngine& e) { return e.Call([&] { return e.engine->Synchronize(); }).value(); })
+      .def("commit", [](PyEngine& e) { e.Call([&] { return e.engine->Commit(); }); })
+      .def("request_leave", [](PyEngine& e) { ThrowIfError(e.engine->RequestLeave()); })
+      .def("finish", [](PyEngine& e) {
+        e.Call([&] {
+          e.engine->Finish();
+          return absl::OkStatus();
+        });
+      })
+      .def("close", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        e.engine->Close();
+      })
+      .def("state_digest", [](PyEngine& e) { return e.Call([&] { return e.engine->StateDigest(); }).value(); })
+      .def("report_json", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        return e.engine->ReportJson();
+      })
+      .def("report_table", [](PyEngine& e) {
+        py::gil_scoped_release release;
+        return e.engine->ReportTable();
+      })
+      .def(
+          "batch_key",
+          [](PyEngine& e, int64_t step, int worker, int64_t position) {
+            const elastic::EngineOptions& o = e.engine->options();
+            const auto& sampler = e.engine->sampler();
+            if (!sampler) ThrowIfError(absl::FailedPreconditionError("batch_key: no data (loader) yet"));
+            const int64_t seed = static_cast<int64_t>(o.seed);
+            const uint64_t data_seed = elastic::MixSeed({seed, step, worker, elastic::kDataStream});
+            elastic::ElasticSampler copy = *sampler;  // the engine's keeps its own cache
+            if (o.logical_workers > 0) return std::make_pair(data_seed, copy.Indices(step, worker));
+            return std::make_pair(data_seed, copy.Stream(position + worker * copy.batch_size(), copy.batch_size()));
+          },
+          py::arg("step"), py::arg("worker"), py::arg("position"),
+          "(data seed, dataset indices) of a logical worker's micro-batch at `step` (follow mode: "
+          "`position` is the stream position at the start of that step).")
+      .def_property_readonly("rank", [](PyEngine& e) { return e.engine->rank(); })
+      .def_property_readonly("size", [](PyEngine& e) { return e.engine->size(); })
+      .def_property_readonly("generation", [](PyEngine& e) { return e.engine->generation(); })
+      .def_property_readonly("member_id", [](PyEngine& e) { return e.engine->member_id(); })
+      .def_property_readonly("step", [](PyEngine& e) { return e.engine->step(); })
+      .def_property_readonly("total_steps", [](PyEngine& e) { return e.engine->total_steps(); })
+      .def_property_readonly("micro_batch", [](PyEngine& e) { return e.engine->micro_batch(); })
+      .def_property_readonly("in_step", [](PyEngine& e) { return e.engine->in_step(); })
+      .def_property_readonly("left", [](PyEngine& e) { return e.engine->left(); })
+      .def_property_readonly("redone_steps", [](PyEngine& e) { return e.engine->redone_steps(); })
+      .def_property_readonly("workers", [](PyEngine& e) { return e.engine->workers(); })
+      .def_property_readonly("position", [](PyEngine& e) { return e.engine->position(); })
+      .def_property_readonly("landing_bytes", [](PyEngine& e) { return e.engine->landing_bytes(); })
+      .def("set_advisor_enabled", [](PyEngine& e, bool on) { e.engine->SetAdvisorEnabled(on); }, py::arg("on"))
+      .def_property_readonly("advisor_seconds",
+                             [](PyEngine& e) { return absl::ToDoubleSeconds(e.engine->advisor_time()); })
+      .def_property_readonly("history_size", [](PyEngine& e) { return e.engine->history().size(); })
+      .def("history", [](PyEngine& e, size_t i) { return e.engine->history().at(i); })
+      .def_property_readonly(
+          "group", [](PyEngine& e) { return e.engine->group(); }, py::return_value_policy::reference_internal,
+          "The ElasticGroup once joined (collectives of the current generation, for tools and "
+          "benchmarks), else None.");
+
+  // The sampler and the seeds (the Python names of sampler.h).
+  py::class_<elastic::ElasticSampler>(m, "ElasticSampler")
+      .def(py::init([](int64_t num_samples, int logical_workers, int64_t batch_size, uint64_t seed, bool shuffle) {
+             elastic::SamplerOptions o;
+             o.num_samples = num_samples;
+             o.logical_workers = logical_workers;
+             o.batch_size = batch_size;
+             o.seed = seed;
+             o.shuffle = shuffle;
+             return ValueOrThrow(elastic::ElasticSampler::Create(o));
+           }),
+           py::arg("num_samples"), py::arg("logical_workers"), py::arg("batch_size"), py::arg("seed"),
+           py::arg("shuffle"))
+      .def_property_readonly("num_samples", &elastic::ElasticSampler::num_samples)
+      .def_property_readonly("logical_workers", &elastic::ElasticSampler::logical_workers)
+      .def_property_readonly("batch_size", &elastic::ElasticSampler::batch_size)
+      .def_property_readonly("global_batch", &elastic::ElasticSampler::global_batch)
+      .def("steps_for_epochs", &elastic::ElasticSampler::StepsForEpochs, py::arg("epochs"))
+      .def("epoch_of", &elastic::ElasticSampler::EpochOf, py::arg("step"))
+      .def(
+          "indices",
+          [](elastic::ElasticSampler& s, int64_t step, int worker) {
+            if (step < 0 || worker < 0 || worker >= s.logical_workers()) {
+              ThrowIfError(absl::InvalidArgumentError(absl::StrCat("indices: need step >= 0 and 0 <= worker < ",
+                                                                   s.logical_workers(), ", got step ", step,
+                                                                   ", worker ", worker)));
+            }
+            return s.Indices(step, worker);
+          },
+          py::arg("step"), py::arg("worker"))
+      .def(
+          "stream",
+          [](elastic::ElasticSampler& s, int64_t position, int64_t count) {
+            if (position < 0 || count < 0) {
+              ThrowIfError(absl::InvalidArgumentError(
+                  absl::StrCat("stream: need position >= 0 and count >= 0, got ", position, ", ", count)));
+            }
+            return s.Stream(position, count);
+          },
+          py::arg("position"), py::arg("count"))
+      .def(
+          "sample_epochs",
+          [](const elastic::ElasticSampler& s, int64_t step, int worker) {
+            if (step < 0 || worker < 0 || worker >= s.logical_workers()) {
+              ThrowIfError(absl::InvalidArgumentError("sample_epochs: step or worker out of range"));
+            }
+            return s.SampleEpochs(step, worker);
+          },
+          py::arg("step"), py::arg("worker"));
+  m.def(
+      "mix_seed", [](const std::vector<int64_t>& parts) { return elastic::MixSeed(parts); }, py::arg("parts"),
+      "A 63-bit seed from 64-bit integers (splitmix64 fold).");
+  m.def(
+      "assign_workers",
+      [](int logical_workers, int world_size, int rank) {
+        if (world_size > logical_workers) {
+          ThrowIfError(absl::InvalidArgumentError(absl::StrCat("assign_workers: world_size ", world_size,
+                                                               " exceeds logical_workers ", logical_workers)));
+        }
+        if (world_size < 1 || rank < 0 || rank >= world_size) {
+          ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+              "assign_workers: need world_size >= 1 and 0 <= rank < world_size, got ", world_size, ", ", rank)));
+        }
+        return elastic::AssignWorkers(logical_workers, world_size, rank);
       },
-      py::arg("store"), py::arg("job_id"),
-      "The newest generation of a job as {generation, members, reason}, or None.");
+      py::arg("logical_workers"), py::arg("world_size"), py::arg("rank"));
+  m.def(
+      "progress_key", [](const std::string& job_id) { return elastic::ProgressKey(job_id); }, py::arg("job_id"));
+  m.def(
+      "state_layout_key", [](const std::string& job_id) { return elastic::StateLayoutKey(job_id); },
+      py::arg("job_id"));
+  m.def(
+      "flatten_tensors", [](const std::vector<at::Tensor>& tensors) { return elastic::FlattenTensors(tensors); },
+      py::arg("tensors"),
+      "Makes `tensors` views of one new 64-byte-aligned buffer per dtype (values and tensor objects kept).");
 }
 
 }  // namespace malle::python

@@ -168,11 +168,11 @@ def malle_rank(args) -> int:
             # Loopback bandwidth through malletrain's own group, between steps (every
             # member of the generation does this after the same step).
             buf = torch.zeros(64 * 2**20 // 4)
-            job._group.barrier()
+            job._engine.group.barrier()
             times = []
             for _ in range(4):
                 t0 = time.perf_counter()
-                job._group.broadcast([buf], 0)
+                job._engine.group.broadcast([buf], 0)
                 times.append(time.perf_counter() - t0)
             append(log, {"type": "bandwidth", "ranks": job.size, "bytes": buf.numel() * 4,
                          "s": sorted(times)[1:3]})  # drop the fastest and the slowest

@@ -21,6 +21,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/base/testing/status_matchers.h"
 #include "libmalle/comm/testing/group_options.h"
@@ -278,6 +280,73 @@ TEST(ElasticTrainerTest, AFailedStepLeavesNoTraceInBuffersOrTrackedState) {
   EXPECT_EQ(failed.extra, clean.extra);
   EXPECT_EQ(clean.extra, 8);
   EXPECT_EQ(failed.lr, clean.lr) << "the optimizer's learning rate kept a failed step's decay";
+}
+
+// A sink that keeps what the job reports.
+class RecordingSink : public advisor::ReportSink {
+ public:
+  absl::Status SendReport(const std::string& report_json) override {
+    absl::MutexLock lock(&mu_);
+    reports_.push_back(report_json);
+    return absl::OkStatus();
+  }
+  absl::Status SendComplete(int64_t steps, int64_t samples) override {
+    absl::MutexLock lock(&mu_);
+    completions_.emplace_back(steps, samples);
+    return absl::OkStatus();
+  }
+  std::vector<std::string> reports() {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+  std::vector<std::pair<int64_t, int64_t>> completions() {
+    absl::MutexLock lock(&mu_);
+    return completions_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> reports_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, int64_t>> completions_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ElasticTrainerTest, ACppJobTakesAdvisorSamplesAndReportsToItsSink) {
+  // The C++ trainer is the engine the Python API runs on, advisor included:
+  // one sample per committed step, a report on the reporter thread while it
+  // trains, a last report and the completion when it is done.
+  at::Tensor w = at::randn({5, 2}).set_requires_grad(true);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.05));
+  ElasticTrainerOptions o = Options(false);
+  o.steps = 40;
+  auto sink = std::make_shared<RecordingSink>();
+  o.report_sink = sink;
+  o.report_interval = absl::Milliseconds(500);
+  o.advisor_job = "cpp-advisor";
+  ASSERT_OK_AND_ASSIGN(auto trainer, ElasticTrainer::Create(comm::ControlStore::InMemory(),
+                                                            GroupOptions("advisor", "m0", 1), o,
+                                                            ModelState::FromTensors({w}), adam));
+  EXPECT_EQ(trainer->ReportJson(), "");  // nothing before the first step
+  const at::Tensor x = at::randn({40, 5});
+  for (;;) {
+    ASSERT_OK_AND_ASSIGN(std::optional<StepPlan> plan, trainer->NextStep());
+    if (!plan) break;
+    for (size_t i = 0; i < plan->workers.size(); ++i) {
+      trainer->BeginMicroBatch(i);
+      at::Tensor rows = at::tensor(plan->workers[i].indices, at::kLong);
+      at::matmul(x.index_select(0, rows), w).pow(2).mean().backward();
+      ASSERT_OK(trainer->EndMicroBatch());
+    }
+    ASSERT_OK_AND_ASSIGN(bool committed, trainer->FinishStep());
+    ASSERT_TRUE(committed);
+    if (plan->step == 20) absl::SleepFor(absl::Milliseconds(700));  // one reporter tick
+  }
+  const std::string report = trainer->ReportJson();
+  EXPECT_THAT(report, HasSubstr("\"job\":\"cpp-advisor\""));
+  EXPECT_THAT(report, HasSubstr("\"steps_observed\":"));
+  EXPECT_FALSE(trainer->ReportTable().empty());
+  EXPECT_GE(sink->reports().size(), 2u);  // at least one while training, one at the end
+  // 40 steps of L = 2 workers x 4 samples.
+  EXPECT_THAT(sink->completions(), ElementsAre(std::make_pair(int64_t{40}, int64_t{40 * 2 * 4})));
 }
 
 TEST(ElasticTrainerTest, PlanAndMisuse) {

@@ -9,6 +9,8 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -113,6 +115,48 @@ TEST_F(GradReducerTest, BadDivisorAndMisuseAreNamed) {
   ASSERT_OK(reducer_->Arm(&group_->comm(), 2.0));
   EXPECT_THAT(reducer_->Arm(&group_->comm(), 2.0),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already armed")));
+}
+
+TEST_F(GradReducerTest, BucketsFollowReverseParameterOrderWhateverTheReadyOrder) {
+  // A joiner that has run no step and a survivor must reduce one layout: it is
+  // fixed at creation, the last parameters first (their gradients are usually
+  // ready first, and buckets are launched in order), and no backward changes it.
+  EXPECT_THAT(reducer_->buckets(), ::testing::ElementsAre(::testing::ElementsAre(1u),
+                                                          ::testing::ElementsAre(0u)));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(reducer_->Arm(&group_->comm(), 2.0));
+    at::sum(b_ * 3 + at::tensor({1.0f, 2.0f, 4.0f}) * w_).backward();  // b's gradient ready first
+    absl::Status sync;
+    ASSERT_OK(reducer_->Finish(&sync));
+    ASSERT_OK(sync);
+  }
+  EXPECT_THAT(reducer_->buckets(), ::testing::ElementsAre(::testing::ElementsAre(1u),
+                                                          ::testing::ElementsAre(0u)));
+}
+
+// A post-accumulate-grad hook registered on a parameter after the reducer was
+// made (Python's register_post_accumulate_grad_hook replaces the slot) must
+// not drop the division: Arm() puts the division back in front and the other
+// hook still runs.
+class CountingHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  explicit CountingHook(int* calls) : calls_(calls) {}
+  void operator()(const torch::autograd::Variable&) override { ++*calls_; }
+
+ private:
+  int* calls_;
+};
+
+TEST_F(GradReducerTest, AHookRegisteredLaterKeepsTheDivisionAndStillRuns) {
+  int calls = 0;
+  torch::autograd::impl::set_post_acc_grad_hooks(w_, std::make_unique<CountingHook>(&calls));
+  ASSERT_OK(reducer_->Arm(&group_->comm(), 4.0));
+  Backward(2.0f);
+  absl::Status sync;
+  ASSERT_OK(reducer_->Finish(&sync));
+  ASSERT_OK(sync);
+  EXPECT_TRUE(at::allclose(w_.grad(), at::tensor({0.5f, 1.0f, 2.0f}))) << w_.grad();  // x(2) / 4
+  EXPECT_EQ(calls, 1);
 }
 
 TEST(GradReducerCreateTest, RefusesNoParametersAndBadBucketSize) {

@@ -1,0 +1,1042 @@
+#include "libmalle/elastic/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "libmalle/advisor/advisor.h"
+#include "libmalle/advisor/report_json.h"
+#include "libmalle/base/check.h"
+#include "libmalle/base/log.h"
+#include "libmalle/base/status_macros.h"
+#include "libmalle/comm/backend.h"
+#include "libmalle/elastic/grad_reducer.h"
+
+namespace malle::elastic {
+namespace {
+
+using comm::Transition;
+
+// The ranks that need the job state from t.state_source_rank: every other rank
+// at a bootstrap; otherwise the joiners and the ranks whose committed step
+// differs from the source's. The same on every rank (it only reads the
+// transition, which every member of the generation shares).
+std::vector<int> StateReceivers(const Transition& t) {
+  std::vector<int> out;
+  const int source = t.state_source_rank;
+  if (source < 0) return out;
+  std::set<std::string> joined(t.joined.begin(), t.joined.end());
+  for (int r = 0; r < t.size; ++r) {
+    if (r == source) continue;
+    if (t.kind == Transition::Kind::kBootstrap || joined.count(t.members[r]) ||
+        t.committed_by_rank[r] != t.committed_by_rank[source]) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::pair<int, int> DeviceKey(const at::Tensor& t) {
+  return {static_cast<int>(t.device().type()), t.device().index()};
+}
+
+double ScaleOf(const std::string& rule, int size) {
+  return rule == "sqrt" ? std::sqrt(static_cast<double>(size)) : static_cast<double>(size);
+}
+
+}  // namespace
+
+PartSpec TrackedPart(std::string name, std::function<absl::StatusOr<PartState>()> save,
+                     std::function<absl::Status(PartState)> load) {
+  PartSpec p;
+  p.name = std::move(name);
+  p.checkpoint = [save]() -> absl::StatusOr<PartState> {
+    MALLE_ASSIGN_OR_RETURN(PartState s, save());
+    // A copy, not the live tensors (which the step may change in place).
+    for (at::Tensor& t : s.tensors) t = t.defined() ? t.detach().clone() : t;
+    return s;
+  };
+  p.restore = load;
+  p.save = std::move(save);
+  p.load = std::move(load);
+  return p;
+}
+
+advisor::StepSample SampleOfStep(const StepTimes& t, int size, bool deterministic) {
+  auto pos = [](absl::Duration d) { return std::max(absl::ZeroDuration(), d); };
+  advisor::StepSample s;
+  s.world_size = size;
+  absl::Duration comm = absl::ZeroDuration();
+  if (deterministic) {
+    comm = pos(t.reduced - t.sync);  // the rows' allreduce, after the backward
+  } else if (t.last_hook) {
+    comm = pos(t.sync - *t.last_hook);  // the backward waited this long for the buckets
+  }
+  absl::Duration total = pos(t.end);
+  total += t.since_prev_end ? pos(*t.since_prev_end - t.resize_pause) : t.boundary;
+  s.data_wait = t.data_wait;
+  s.compute = pos(t.sync - t.data_wait - comm);
+  s.comm = size > 1 ? comm + t.boundary : comm;
+  s.optimizer = pos(t.end - t.reduced);
+  s.resize_pause = t.resize_pause;
+  s.total = total;
+  return s;
+}
+
+comm::ElasticGroupOptions GroupOptionsFor(const cluster::RankEnv& env) {
+  comm::ElasticGroupOptions o;
+  o.job_id = env.job_id;
+  o.member_id = env.member_id.empty() ? cluster::GeneratedMemberId() : env.member_id;
+  o.bootstrap_size = env.bootstrap_size;
+  return o;
+}
+
+std::string ProgressKey(absl::string_view job_id) { return absl::StrCat(comm::JobPrefix(job_id), "progress"); }
+std::string StateLayoutKey(absl::string_view job_id) {
+  return absl::StrCat(comm::JobPrefix(job_id), "state_layout");
+}
+
+absl::Status EngineOptions::Validate() const {
+  if (logical_workers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logical_workers: must be a positive integer (or 0: none), got ", logical_workers));
+  }
+  if (logical_workers > 0 && !lr_scaling.empty()) {
+    return absl::InvalidArgumentError(
+        "lr_scaling: only without logical workers (a global batch that follows the world size); with "
+        "logical workers the global batch is constant");
+  }
+  if (logical_workers == 0 && lr_scaling != "linear" && lr_scaling != "sqrt") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lr_scaling: must be 'linear' or 'sqrt' when there are no logical workers, got '", lr_scaling, "'"));
+  }
+  if (deterministic && logical_workers == 0) {
+    return absl::InvalidArgumentError("deterministic: needs logical_workers (a constant global batch)");
+  }
+  if (bucket_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: must be positive, got ", bucket_bytes));
+  }
+  if (state_direct_min_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_direct_min_bytes: must be >= 0, got ", state_direct_min_bytes));
+  }
+  if (min_nodes < 1 || max_nodes < 0 || (max_nodes > 0 && max_nodes < min_nodes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_nodes/max_nodes: need 1 <= min_nodes <= max_nodes (0: default), got ", min_nodes, "/",
+                     max_nodes));
+  }
+  if (backend != "gloo" && backend != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("backend: must be 'gloo' or 'nccl', got '", backend, "'"));
+  }
+  if (!(report_interval > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("report_interval: must be positive");
+  }
+  return absl::OkStatus();
+}
+
+// Sends rank 0's advisor report to the sink every interval, off the training
+// thread (fitting never delays a step).
+struct Engine::Reporter {
+  absl::Mutex mu;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
+};
+
+Engine::Engine(EngineOptions options) : options_(std::move(options)) {}
+
+Engine::~Engine() { Close(); }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<comm::ControlStore> store,
+                                                       comm::ElasticGroupOptions group_options,
+                                                       EngineOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("store: is null");
+  MALLE_RETURN_IF_ERROR(options.Validate());
+  if (options.logical_workers > 0 && group_options.bootstrap_size > options.logical_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logical_workers: ", options.logical_workers, " is smaller than the job's starting size ",
+        group_options.bootstrap_size, "; every rank needs at least one logical worker"));
+  }
+  if (options.logical_workers > 0) {
+    group_options.max_size = std::min(group_options.max_size, options.logical_workers);
+  }
+  MALLE_RETURN_IF_ERROR(group_options.Validate());
+  std::unique_ptr<Engine> e(new Engine(std::move(options)));
+  e->store_ = std::move(store);
+  e->group_options_ = std::move(group_options);
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<comm::ElasticGroup> group,
+                                                       EngineOptions options) {
+  if (group == nullptr || !group->active()) return absl::InvalidArgumentError("group: null or no longer active");
+  MALLE_RETURN_IF_ERROR(options.Validate());
+  if (options.logical_workers > 0 && group->size() > options.logical_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("logical_workers: ", options.logical_workers,
+                                                   " is smaller than the group's size ", group->size()));
+  }
+  std::unique_ptr<Engine> e(new Engine(std::move(options)));
+  e->pending_ = group->last_transition();
+  e->group_options_.job_id = group->job_id();
+  e->group_options_.member_id = group->member_id();
+  e->group_ = std::move(group);
+  return e;
+}
+
+int Engine::rank() const { return group_ ? group_->rank() : last_rank_; }
+int Engine::size() const { return group_ ? group_->size() : last_size_; }
+int64_t Engine::generation() const { return group_ ? group_->generation() : last_generation_; }
+const std::string& Engine::member_id() const { return group_ ? group_->member_id() : group_options_.member_id; }
+const std::string& Engine::job_id() const { return group_options_.job_id; }
+
+// --- set-up --------------------------------------------------------------------
+
+absl::Status Engine::SetModel(std::vector<NamedTensor> parameters, std::vector<NamedTensor> buffers) {
+  if (model_set_) return absl::FailedPreconditionError("SetModel: this job already has a model");
+  std::optional<c10::Device> device;
+  int trained = 0;
+  for (const NamedTensor& p : parameters) {
+    if (!p.tensor.defined() || p.tensor.layout() != at::kStrided) {
+      return absl::InvalidArgumentError(absl::StrCat("model: parameter '", p.name, "' must be a defined dense tensor"));
+    }
+    if (device && p.tensor.device() != *device) {
+      return absl::InvalidArgumentError(absl::StrCat("model: parameter '", p.name, "' is on ",
+                                                     p.tensor.device().str(), ", others on ", device->str(),
+                                                     "; a model must be on one device"));
+    }
+    device = p.tensor.device();
+    if (!p.tensor.is_cpu() && !p.tensor.is_cuda()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: parameter '", p.name, "' is on ", device->str(), "; CPU and CUDA only"));
+    }
+    trained += p.tensor.requires_grad() ? 1 : 0;
+  }
+  if (trained == 0) return absl::InvalidArgumentError("model: has no parameter that requires a gradient");
+  for (const NamedTensor& b : buffers) {
+    if (!b.tensor.defined() || b.tensor.layout() != at::kStrided) {
+      return absl::InvalidArgumentError(absl::StrCat("model: buffer '", b.name, "' must be a defined dense tensor"));
+    }
+  }
+  // One flat buffer per dtype and device (same TensorImpls, new storage),
+  // which a state transfer sends as it is. Before the Reducer, which must see
+  // the final storage.
+  {
+    std::vector<at::Tensor> all;
+    for (const NamedTensor& t : parameters) all.push_back(t.tensor);
+    for (const NamedTensor& t : buffers) all.push_back(t.tensor);
+    std::map<std::pair<int, int>, std::vector<at::Tensor>> by_device;  // (device type, index)
+    for (const at::Tensor& t : all) by_device[DeviceKey(t)].push_back(t);
+    for (auto& [d, list] : by_device) FlattenTensors(list);
+  }
+  // The data backend follows the model's device (before joining: a group that
+  // exists already keeps its own).
+  const bool cuda = device->is_cuda();
+  if (options_.backend == "nccl" && !cuda) {
+    return absl::InvalidArgumentError(
+        "backend='nccl' reduces CUDA tensors and this job's model is not on a CUDA device; use backend='gloo' "
+        "for CPU training");
+  }
+  if (group_ == nullptr) {
+    MALLE_ASSIGN_OR_RETURN(group_options_.data_backend,
+                           comm::MakeDataBackend(!cuda ? "gloo" : options_.backend == "nccl" ? "nccl" : "gloo-cuda"));
+  }
+  parameters_ = std::move(parameters);
+  buffers_ = std::move(buffers);
+  model_set_ = true;
+  if (!options_.deterministic && options_.use_reducer) {
+    MALLE_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(TrainedParams(), options_.bucket_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AddPart(PartSpec part) {
+  if (started_) return absl::FailedPreconditionError("AddPart: after the first step");
+  if (part.name.empty() || !part.save || !part.load || !part.checkpoint != !part.restore) {
+    return absl::InvalidArgumentError(
+        "AddPart: needs a name, a save and a load function, and a restore with a checkpoint");
+  }
+  for (const Part& p : parts_) {
+    if (p.spec.name == part.name) {
+      return absl::InvalidArgumentError(absl::StrCat("AddPart: '", part.name, "' is already part of the state"));
+    }
+  }
+  parts_.push_back({std::move(part), 0});
+  // A state loaded before, if any, into one buffer per dtype.
+  return FlattenParts(/*force=*/false).status();
+}
+
+absl::Status Engine::SetData(const DataOptions& data) {
+  if (sampler_) return absl::FailedPreconditionError("SetData: this job already has its data");
+  if (data.steps.has_value() == data.epochs.has_value()) {
+    return absl::InvalidArgumentError("loader: give exactly one of steps= or epochs=");
+  }
+  if (data.steps && *data.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("steps: must be a non-negative integer, got ", *data.steps));
+  }
+  if (data.epochs && !(*data.epochs > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("epochs: must be positive, got ", *data.epochs));
+  }
+  if (data.epochs && options_.logical_workers == 0) {
+    return absl::InvalidArgumentError(
+        "epochs: needs logical_workers (a constant global batch); give steps= instead");
+  }
+  if (options_.logical_workers == 0 && data.batch_size > 0 && size() > 0 &&
+      size() * data.batch_size > data.num_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset: has ", data.num_samples,
+                                                   " samples, fewer than one global batch (", size(),
+                                                   " ranks x batch_size ", data.batch_size, ")"));
+  }
+  SamplerOptions so;
+  so.num_samples = data.num_samples;
+  so.logical_workers = std::max(1, options_.logical_workers);
+  so.batch_size = data.batch_size;
+  so.seed = options_.seed;
+  so.shuffle = data.shuffle;
+  MALLE_ASSIGN_OR_RETURN(ElasticSampler sampler, ElasticSampler::Create(so));
+  total_steps_ = data.steps ? *data.steps : sampler.StepsForEpochs(*data.epochs);
+  batch_size_ = data.batch_size;
+  sampler_.emplace(std::move(sampler));
+  return absl::OkStatus();
+}
+
+// --- state ----------------------------------------------------------------------
+
+absl::StatusOr<JobState> Engine::CaptureState() const {
+  JobState s;
+  s.logical_workers = options_.logical_workers;
+  s.seed = options_.seed;
+  s.step = step_;
+  s.position = position_;
+  s.lr_factor = lr_factor_;
+  for (const NamedTensor& t : parameters_) s.parameters.push_back({t.name, t.tensor.detach()});
+  for (const NamedTensor& t : buffers_) s.buffers.push_back({t.name, t.tensor.detach()});
+  for (const Part& p : parts_) {
+    MALLE_ASSIGN_OR_RETURN(PartState ps, p.spec.save());
+    s.parts.push_back({p.spec.name, std::move(ps)});
+  }
+  return s;
+}
+
+absl::Status Engine::RestoreState(JobState state) {
+  MALLE_ASSIGN_OR_RETURN(JobState mine, CaptureState());
+  MALLE_RETURN_IF_ERROR(JobState::CheckCompatible(mine, state));
+  // Parts first: they check before they change anything (an optimizer that
+  // does not match refuses), so a refused state leaves the model untouched.
+  for (Part& p : parts_) {
+    const StatePartRecord* rec = state.part(p.spec.name);
+    MALLE_RETURN_IF_ERROR(p.spec.load(rec->state));
+  }
+  auto copy = [](const std::vector<NamedTensor>& to, const std::vector<NamedTensor>& from) {
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (to[i].tensor.data_ptr() != from[i].tensor.data_ptr()) to[i].tensor.detach().copy_(from[i].tensor);
+    }
+  };
+  copy(parameters_, state.parameters);
+  copy(buffers_, state.buffers);
+  step_ = state.step;
+  position_ = state.position;
+  lr_factor_ = state.lr_factor;
+  // The parts' loaded tensors are views of the received segments; keep them
+  // in one buffer per dtype for the next transfer.
+  return FlattenParts(/*force=*/true).status();
+}
+
+absl::StatusOr<std::string> Engine::StateDigest() const {
+  MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
+  return s.Digest();
+}
+
+absl::StatusOr<bool> Engine::FlattenParts(bool force) {
+  bool changed = false;
+  for (Part& p : parts_) {
+    MALLE_ASSIGN_OR_RETURN(PartState s, p.spec.save());
+    if (!force && s.tensors.size() == p.tensors) continue;
+    p.tensors = s.tensors.size();
+    std::map<std::pair<int, int>, std::vector<at::Tensor>> by_device;  // (device type, index)
+    for (const at::Tensor& t : s.tensors) {
+      if (t.defined() && t.layout() == at::kStrided) by_device[DeviceKey(t)].push_back(t);
+    }
+    for (auto& [d, list] : by_device) changed = FlattenTensors(list) || changed;
+  }
+  return changed;
+}
+
+int64_t Engine::landing_bytes() const {
+  int64_t n = 0;
+  for (const at::Tensor& t : landing_) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+void Engine::PrepareLanding() {
+  landing_.clear();
+  if (store_ == nullptr) return;
+  absl::StatusOr<std::optional<std::string>> data = store_->TryGet(StateLayoutKey(group_options_.job_id));
+  if (!data.ok()) {
+    MALLE_LOG(WARNING) << "state layout not read (" << data.status() << "); receiving into fresh memory";
+    return;
+  }
+  if (!data->has_value()) return;  // a new job
+  absl::StatusOr<std::vector<SegmentLayout>> expected = DecodeLayout(**data);
+  if (!expected.ok()) {
+    MALLE_LOG(WARNING) << "ignoring the published " << expected.status() << "; receiving into fresh memory";
+    return;
+  }
+  absl::StatusOr<JobState> own = CaptureState();
+  absl::StatusOr<std::vector<SegmentLayout>> mine =
+      own.ok() ? LayoutOf(own->Pack(options_.state_direct_min_bytes)) : own.status();
+  if (!mine.ok()) {
+    MALLE_LOG(WARNING) << "own state layout: " << mine.status();
+    return;
+  }
+  landing_ = LandingBuffers(*expected, *mine, options_.state_direct_min_bytes);
+}
+
+void Engine::PublishLayout() {
+  absl::StatusOr<JobState> s = CaptureState();
+  absl::StatusOr<std::vector<SegmentLayout>> layout =
+      s.ok() ? LayoutOf(s->Pack(options_.state_direct_min_bytes)) : s.status();
+  absl::Status st = layout.status();
+  if (st.ok()) {
+    std::string data = EncodeLayout(*layout);
+    if (data == published_layout_) return;
+    st = store_->Set(StateLayoutKey(group_->job_id()), data);
+    if (st.ok()) published_layout_ = std::move(data);
+  }
+  if (!st.ok()) MALLE_LOG(WARNING) << "state layout not published: " << st;  // advisory
+}
+
+absl::Status Engine::SyncState(int source, const std::vector<int>& receivers, bool in_place, ResizeEvent* ev) {
+  comm::Communicator& comm = group_->comm();
+  const bool is_source = comm.rank() == source;
+  if (!is_source && std::find(receivers.begin(), receivers.end(), comm.rank()) == receivers.end()) {
+    return absl::OkStatus();
+  }
+  if (is_source) {
+    MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
+    PackedState packed = s.Pack(options_.state_direct_min_bytes);
+    ev->state_bytes = packed.bytes();
+    return TransferState(comm, source, receivers, &packed).status();
+  }
+  // A rank that holds no committed state (a joiner) receives into its own
+  // tensors where the layouts match; the others into fresh memory, so that a
+  // transfer cut by a failure never leaves them half overwritten.
+  std::optional<PackedState> own;
+  if (in_place) {
+    MALLE_ASSIGN_OR_RETURN(JobState mine, CaptureState());
+    own = mine.Pack(options_.state_direct_min_bytes);
+  }
+  if (!options_.fault_exit_in_state_sync.empty() && options_.fault_exit_in_state_sync == member_id()) {
+    ::_exit(137);  // tests: die like kill -9 in the middle of a state transfer
+  }
+  const std::vector<at::Tensor> landing_before = landing_;
+  MALLE_ASSIGN_OR_RETURN(PackedState got,
+                         TransferState(comm, source, receivers, nullptr, own ? &*own : nullptr, &landing_));
+  ev->state_bytes = got.bytes();
+  for (size_t i = 0; i < got.buffers.size(); ++i) {
+    const int64_t n = got.buffers[i].numel() * static_cast<int64_t>(got.buffers[i].element_size());
+    if (i < got.direct.size() && got.direct[i]) {
+      ev->state_in_place += n;
+    } else {
+      for (const at::Tensor& b : landing_before) {
+        if (b.data_ptr() == got.buffers[i].data_ptr()) ev->state_landed += n;
+      }
+    }
+  }
+  MALLE_ASSIGN_OR_RETURN(JobState theirs, JobState::Unpack(std::move(got)));
+  return RestoreState(std::move(theirs));
+}
+
+// --- step boundary ------------------------------------------------------------
+
+absl::Status Engine::Join() {
+  if (group_ == nullptr && !model_set_ && at::globalContext().hasCUDA()) {
+    MALLE_ASSIGN_OR_RETURN(group_options_.data_backend,
+                           comm::MakeDataBackend(options_.backend == "nccl" ? "nccl" : "gloo-cuda"));
+  }
+  return EnsureJoined();
+}
+
+absl::Status Engine::EnsureJoined() {
+  if (group_) return absl::OkStatus();
+  MALLE_ASSIGN_OR_RETURN(group_, comm::ElasticGroup::Join(store_, group_options_));
+  pending_ = group_->last_transition();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Engine::Boundary() {
+  MALLE_RETURN_IF_ERROR(EnsureJoined());
+  for (;;) {
+    Transition t;
+    if (pending_) {
+      t = std::move(*pending_);
+      pending_.reset();
+    } else {
+      MALLE_ASSIGN_OR_RETURN(t, group_->AtStepBoundary());
+    }
+    if (t.kind == Transition::Kind::kLeft) {
+      left_ = true;
+      return false;
+    }
+    if (t.kind == Transition::Kind::kExcluded) {
+      excluded_ = true;
+      return absl::AbortedError(absl::StrCat("member ", group_->member_id(), " was declared failed by job ",
+                                             group_->job_id(), ": ", t.reason,
+                                             "; it must join again as a new member"));
+    }
+    if (!t.changed()) return true;
+    absl::Status s = OnChange(t);
+    if (s.ok()) return true;
+    if (absl::IsInvalidArgument(s)) return s;  // a mismatch: retrying cannot help
+    // A member died during the state transfer: the next boundary recovers.
+    MALLE_LOG(WARNING) << "state sync in generation " << t.generation << " failed (" << s << "); recovering";
+  }
+}
+
+absl::Status Engine::OnChange(const Transition& t) {
+  ResizeEvent ev;
+  // Nobody receives after a planned shrink or a recovery in which every
+  // survivor committed the same step: then no transfer at all.
+  const std::vector<int> receivers = StateReceivers(t);
+  const absl::Time s0 = absl::Now();
+  if (!receivers.empty()) {
+    MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &ev));
+  }
+  const absl::Duration state_time = absl::Now() - s0;
+  landing_.clear();  // what the first transfer did not use is not needed any more
+  step_ = t.resume_step;
+  if (options_.logical_workers > 0) {
+    workers_ = AssignWorkers(options_.logical_workers, t.size, t.rank);
+  } else {
+    workers_ = {t.rank};
+  }
+  ev.kind = t.kind;
+  ev.generation = t.generation;
+  ev.size = t.size;
+  ev.rank = t.rank;
+  ev.resume_step = t.resume_step;
+  ev.joined = t.joined;
+  ev.removed = t.removed;
+  ev.phases = {t.phases.detect, t.phases.wait, t.phases.agree, t.phases.build, t.phases.sync, state_time,
+               t.phases.total + state_time};
+  ev.reason = t.reason;
+  MALLE_LOG(INFO) << "generation " << t.generation << ": " << comm::TransitionKindName(t.kind) << ", size "
+                  << t.size << ", rank " << t.rank << ", resume at step " << t.resume_step << ", state "
+                  << ev.state_bytes << " B in " << absl::FormatDuration(state_time);
+  history_.push_back(std::move(ev));
+  return absl::OkStatus();
+}
+
+void Engine::RollBackFailedStep() {
+  if (!attempt_) return;
+  attempt_ = false;
+  if (buffers0_.size() == buffers_.size()) {
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].tensor.detach().copy_(buffers0_[i]);
+  }
+  for (size_t i = 0; i < parts_.size() && i < parts0_.size(); ++i) {
+    if (!parts0_[i]) continue;
+    absl::Status s = parts_[i].spec.restore(*std::move(parts0_[i]));
+    if (!s.ok()) MALLE_LOG(WARNING) << "'" << parts_[i].spec.name << "' not rolled back: " << s;
+  }
+  parts0_.clear();
+  buffers_w0_.clear();
+}
+
+absl::StatusOr<std::optional<StepPlan>> Engine::NextStep() {
+  if (in_step_ || synchronized_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NextStep: step ", step_, " was not finished (FinishStep(), or optimizer.step() in Python, after its "
+        "last micro-batch)"));
+  }
+  if (!model_set_ || !sampler_) {
+    return absl::FailedPreconditionError("NextStep: give the model (SetModel) and the data (SetData) first");
+  }
+  if (left_ || finished_ || closed_) return std::optional<StepPlan>();
+  started_ = true;
+  RollBackFailedStep();
+  const Clock::time_point t_boundary = Clock::now();
+  const size_t events = history_.size();
+  if (step_ >= total_steps_ && group_ != nullptr) {
+    Finish();
+    Complete();
+    return std::optional<StepPlan>();
+  }
+  MALLE_ASSIGN_OR_RETURN(bool active, Boundary());
+  if (!active) return std::optional<StepPlan>();
+  if (step_ >= total_steps_) {
+    // That boundary was the others' last one (a joiner admitted at the end,
+    // or a laggard that caught up): no further boundary.
+    finished_ = true;
+    Complete();
+    return std::optional<StepPlan>();
+  }
+  StepPlan plan;
+  plan.step = step_;
+  plan.generation = group_->generation();
+  plan.rank = group_->rank();
+  plan.size = group_->size();
+  if (options_.logical_workers == 0) {
+    const double f = ScaleOf(options_.lr_scaling, plan.size);
+    if (lr_factor_ == 0) {
+      lr_factor_ = f;  // the learning rate the user set is the one for this size
+    } else if (f != lr_factor_) {
+      plan.lr_rescale = f / lr_factor_;
+      lr_factor_ = f;
+    }
+  }
+  for (int k : workers_) {
+    WorkerPlan w;
+    w.worker = k;
+    w.rng_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k});
+    w.data_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k, kDataStream});
+    if (options_.logical_workers > 0) {
+      w.indices = sampler_->Indices(step_, k);
+    } else {
+      w.indices = sampler_->Stream(position_ + k * batch_size_, batch_size_);
+    }
+    plan.workers.push_back(std::move(w));
+  }
+  ZeroGrads();
+  in_step_ = true;
+  begun_ = ended_ = 0;
+  failed_ = false;
+  if (step_ <= max_started_) ++redone_steps_;
+  max_started_ = std::max(max_started_, step_);
+  attempt_ = true;
+  parts0_.clear();
+  for (Part& p : parts_) {
+    if (!p.spec.checkpoint) {
+      parts0_.emplace_back();
+      continue;
+    }
+    absl::StatusOr<PartState> s = p.spec.checkpoint();
+    if (!s.ok()) return s.status();
+    parts0_.emplace_back(*std::move(s));
+  }
+  // Advisor timings.
+  profile_.start = Clock::now();
+  profile_.data_wait = absl::ZeroDuration();
+  profile_.last_hook.reset();
+  profile_.after_resize = history_.size() > events;
+  profile_.after_failure = profile_.after_resize && history_.back().kind == Transition::Kind::kRecovered;
+  const absl::Duration pause = absl::FromChrono(profile_.start - t_boundary);
+  profile_.resize_pause = profile_.after_resize ? pause : absl::ZeroDuration();
+  profile_.boundary = profile_.after_resize ? absl::ZeroDuration() : pause;
+  return std::optional<StepPlan>(std::move(plan));
+}
+
+// --- micro-batches --------------------------------------------------------------
+
+void Engine::BeginMicroBatch(size_t index) {
+  MALLE_CHECK(in_step_ && index == begun_ && index == ended_ && index < workers_.size())
+      << "BeginMicroBatch(" << index << "): micro-batches must run in plan order, each ended";
+  ++begun_;
+  if (reducer_ != nullptr && index + 1 == workers_.size()) {
+    // The step's last micro-batch: its backward reduces the accumulated
+    // gradients over this generation (nothing to reduce over once failed).
+    const int n = options_.logical_workers > 0 ? options_.logical_workers : size();
+    arm_error_ = reducer_->Arm(failed_ ? nullptr : &group_->comm(), static_cast<double>(n));
+  }
+  // torch's generators (CPU and every CUDA device) follow the worker's model stream.
+  at::manual_seed(MixSeed({static_cast<int64_t>(options_.seed), step_, workers_[index]}));
+  if (buffers_.empty()) return;
+  if (index == 0) {
+    buffers0_.clear();
+    buffers_w0_.clear();
+    for (const NamedTensor& b : buffers_) buffers0_.push_back(b.tensor.detach().clone());
+    return;
+  }
+  if (workers_[index - 1] == 0) {
+    for (const NamedTensor& b : buffers_) buffers_w0_.push_back(b.tensor.detach().clone());
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].tensor.detach().copy_(buffers0_[i]);
+}
+
+void Engine::AddDataWait(absl::Duration wait) { profile_.data_wait += wait; }
+
+std::vector<at::Tensor> Engine::TrainedParams() const {
+  std::vector<at::Tensor> out;
+  for (const NamedTensor& p : parameters_) {
+    if (p.tensor.requires_grad()) out.push_back(p.tensor);
+  }
+  return out;
+}
+
+absl::Status Engine::EndMicroBatch() {
+  if (!in_step_ || begun_ != ended_ + 1) {
+    return absl::FailedPreconditionError("EndMicroBatch: no BeginMicroBatch to end");
+  }
+  ++ended_;
+  if (reducer_ != nullptr && ended_ == workers_.size()) {
+    if (!arm_error_.ok()) return std::exchange(arm_error_, absl::OkStatus());
+    absl::Status sync;
+    MALLE_RETURN_IF_ERROR(reducer_->Finish(&sync, &profile_.last_hook));
+    if (!sync.ok()) MarkFailed(sync);
+  }
+  if (!options_.deterministic) return absl::OkStatus();
+  std::vector<at::Tensor> params = TrainedParams();
+  int64_t numel = 0;
+  for (const at::Tensor& p : params) numel += p.numel();
+  if (!rows_.defined() || rows_.size(0) != options_.logical_workers || rows_.size(1) != numel) {
+    rows_ = at::zeros({options_.logical_workers, numel}, params.front().options().requires_grad(false));
+  }
+  at::Tensor row = rows_[workers_[ended_ - 1]];
+  int64_t off = 0;
+  for (at::Tensor& p : params) {
+    at::Tensor slice = row.narrow(0, off, p.numel());
+    const at::Tensor& g = p.grad();
+    if (g.defined()) {
+      slice.copy_(g.reshape({-1}));
+      p.mutable_grad() = at::Tensor();
+    } else {
+      slice.zero_();
+    }
+    off += p.numel();
+  }
+  return absl::OkStatus();
+}
+
+// --- end of step ----------------------------------------------------------------
+
+void Engine::MarkFailed(const absl::Status& why) {
+  if (!failed_) {
+    MALLE_LOG(WARNING) << "step " << step_ << ": gradient sync failed (" << why << "); the step will be redone";
+  }
+  failed_ = true;
+}
+
+void Engine::ZeroGrads() {
+  for (NamedTensor& p : parameters_) {
+    if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+  }
+}
+
+bool Engine::ReduceBuckets() {
+  struct Bucket {
+    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> flat;  // one tensor: the argument of AllReduceAsync
+    std::optional<comm::PendingCollective> pending;
+  };
+  std::vector<at::Tensor> params = TrainedParams();
+  std::vector<Bucket> buckets;
+  size_t i = 0;
+  while (i < params.size()) {
+    Bucket b;
+    int64_t bytes = 0;
+    int64_t numel = 0;
+    const at::ScalarType dtype = params[i].scalar_type();
+    while (i < params.size() && params[i].scalar_type() == dtype &&
+           (b.params.empty() ||
+            bytes + params[i].numel() * static_cast<int64_t>(params[i].element_size()) <= options_.bucket_bytes)) {
+      bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
+      numel += params[i].numel();
+      b.params.push_back(params[i++]);
+    }
+    at::Tensor flat = at::empty({numel}, b.params.front().options().requires_grad(false));
+    int64_t off = 0;
+    for (const at::Tensor& p : b.params) {
+      at::Tensor slice = flat.narrow(0, off, p.numel());
+      const at::Tensor& g = p.grad();
+      if (g.defined()) {
+        slice.copy_(g.reshape({-1}));
+      } else {
+        slice.zero_();
+      }
+      off += p.numel();
+    }
+    b.flat.push_back(flat);
+    // Start this bucket's allreduce now: the next bucket is packed meanwhile.
+    if (!failed_) {
+      auto pending = group_->comm().AllReduceAsync(b.flat);
+      if (pending.ok()) {
+        b.pending = *std::move(pending);
+      } else {
+        MarkFailed(pending.status());
+      }
+    }
+    buckets.push_back(std::move(b));
+  }
+  for (Bucket& b : buckets) {
+    if (!b.pending) continue;
+    absl::Status s = b.pending->Wait();
+    if (!s.ok()) MarkFailed(s);
+  }
+  if (failed_) return false;
+  const double n = static_cast<double>(options_.logical_workers > 0 ? options_.logical_workers : size());
+  for (Bucket& b : buckets) {
+    at::Tensor flat = b.flat.front();
+    if (n != 1.0) flat.div_(n);
+    int64_t off = 0;
+    for (at::Tensor& p : b.params) {
+      at::Tensor slice = flat.narrow(0, off, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(slice);
+      } else {
+        p.mutable_grad() = slice.clone();
+      }
+      off += p.numel();
+    }
+  }
+  return true;
+}
+
+bool Engine::ReduceRows() {
+  MALLE_CHECK(rows_.defined()) << "deterministic mode: no gradient rows captured";
+  std::set<int> mine(workers_.begin(), workers_.end());
+  for (int k = 0; k < options_.logical_workers; ++k) {
+    if (!mine.count(k)) rows_[k].zero_();
+  }
+  // Adding zeros is exact: every row arrives unchanged on every rank.
+  absl::Status s = group_->comm().AllReduce(rows_);
+  if (!s.ok()) {
+    MarkFailed(s);
+    return false;
+  }
+  at::Tensor total = rows_[0].clone();
+  for (int k = 1; k < options_.logical_workers; ++k) total.add_(rows_[k]);
+  total.div_(static_cast<double>(options_.logical_workers));
+  int64_t off = 0;
+  for (at::Tensor& p : TrainedParams()) {
+    p.mutable_grad() = total.narrow(0, off, p.numel()).view(p.sizes()).clone();
+    off += p.numel();
+  }
+  return true;
+}
+
+bool Engine::SyncBuffers() {
+  if (buffers_.empty()) return true;
+  const bool has_worker0 = std::find(workers_.begin(), workers_.end(), 0) != workers_.end();
+  if (has_worker0 && !buffers_w0_.empty()) {
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].tensor.detach().copy_(buffers_w0_[i]);
+  }
+  // One flat broadcast per dtype and device from rank 0 (which always runs worker 0).
+  std::map<std::pair<at::ScalarType, std::pair<int, int>>, std::vector<at::Tensor>> groups;
+  for (const NamedTensor& b : buffers_) groups[{b.tensor.scalar_type(), DeviceKey(b.tensor)}].push_back(b.tensor);
+  for (auto& [key, list] : groups) {
+    int64_t numel = 0;
+    for (const at::Tensor& b : list) numel += b.numel();
+    at::Tensor flat = at::empty({numel}, list.front().options().requires_grad(false));
+    int64_t off = 0;
+    for (const at::Tensor& b : list) {
+      flat.narrow(0, off, b.numel()).copy_(b.detach().reshape({-1}));
+      off += b.numel();
+    }
+    at::Tensor wire = key.first == at::kBool ? flat.view(at::kByte) : flat;
+    absl::Status s = group_->comm().Broadcast(wire, 0);
+    if (!s.ok()) {
+      MarkFailed(s);
+      return false;
+    }
+    if (group_->rank() != 0) {
+      off = 0;
+      for (const at::Tensor& b : list) {
+        b.detach().copy_(flat.narrow(0, off, b.numel()).view(b.sizes()));
+        off += b.numel();
+      }
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<bool> Engine::Synchronize() {
+  if (!in_step_) return absl::FailedPreconditionError("Synchronize: no step in progress (call NextStep)");
+  if (ended_ != workers_.size() || begun_ != ended_) {
+    return absl::FailedPreconditionError(absl::StrCat(ended_, " of ", workers_.size(),
+                                                      " micro-batches of step ", step_, " ran"));
+  }
+  in_step_ = false;
+  const Clock::time_point t_sync = Clock::now();
+  // With the Reducer the gradients were reduced during the last backward.
+  bool ok = options_.deterministic ? ReduceRows() : reducer_ != nullptr ? !failed_ : ReduceBuckets();
+  if (ok) ok = SyncBuffers();
+  if (!ok) {
+    ZeroGrads();
+    profile_.prev_end.reset();  // the redone step's time is not a step time
+    return false;  // not committed: the next boundary rolls back, recovers and redoes the step
+  }
+  // The gradients are reduced: the next boundary's vote goes now and
+  // completes while the optimizer runs (one synchronisation per step).
+  MALLE_RETURN_IF_ERROR(group_->BeginStepBoundary());
+  synchronized_ = true;
+  profile_.t_sync = t_sync;
+  profile_.t_reduced = Clock::now();
+  return true;
+}
+
+absl::Status Engine::Commit() {
+  if (!synchronized_) return absl::FailedPreconditionError("Commit: no synchronised step (call Synchronize)");
+  synchronized_ = false;
+  // New state tensors (Adam's moments after its first step): one buffer per
+  // dtype, so that a transfer sends them without packing; the layout rank 0
+  // publishes for joiners changes with them (in practice once).
+  absl::StatusOr<bool> flat = FlattenParts(/*force=*/false);
+  if (!flat.ok()) MALLE_LOG(WARNING) << "state not flattened: " << flat.status();  // only slower transfers
+  if (store_ != nullptr && group_->rank() == 0 && flat.ok() && (*flat || published_layout_.empty())) {
+    PublishLayout();
+  }
+  group_->Commit(step_);
+  attempt_ = false;
+  RecordStep();
+  ++step_;
+  if (options_.logical_workers == 0) position_ += static_cast<int64_t>(size()) * batch_size_;
+  if (options_.publish_progress && store_ != nullptr && group_->rank() == 0) {
+    absl::Status s = store_->Set(ProgressKey(group_->job_id()), absl::StrCat(step_));
+    if (!s.ok()) MALLE_LOG(DEBUG) << "progress key not written: " << s;  // advisory
+  }
+  return absl::OkStatus();
+}
+
+// --- profiling advisor ------------------------------------------------------------
+
+void Engine::RecordStep() {
+  Profile& prof = profile_;
+  const Clock::time_point now = Clock::now();
+  if (!options_.advisor) {
+    prof.prev_end = now;
+    prof.after_resize = prof.after_failure = false;
+    return;
+  }
+  const int n = size();
+  const int workers = options_.logical_workers > 0 ? options_.logical_workers : n;
+  if (advisor_ == nullptr) {
+    advisor::AdvisorOptions o;
+    o.job_id = options_.advisor_job.empty() ? job_id() : options_.advisor_job;
+    int hi = options_.max_nodes > 0 ? options_.max_nodes
+                                    : (options_.logical_workers > 0 ? options_.logical_workers : std::max(8, n));
+    if (options_.logical_workers > 0) hi = std::min(hi, options_.logical_workers);
+    o.max_nodes = std::max(hi, 1);
+    o.min_nodes = std::min(options_.min_nodes, o.max_nodes);
+    absl::StatusOr<std::unique_ptr<advisor::Advisor>> a = advisor::Advisor::Create(o);
+    if (!a.ok()) {
+      MALLE_LOG(WARNING) << "profiling advisor off: " << a.status();
+      options_.report_sink.reset();
+      return;
+    }
+    advisor_ = std::shared_ptr<advisor::Advisor>(std::move(*a));
+  }
+  auto since = [&](Clock::time_point t) { return absl::FromChrono(t - prof.start); };
+  StepTimes t;
+  t.data_wait = prof.data_wait;
+  t.sync = since(prof.t_sync);
+  t.reduced = since(prof.t_reduced);
+  t.end = since(now);
+  if (prof.last_hook && *prof.last_hook >= prof.start) t.last_hook = since(*prof.last_hook);
+  if (prof.prev_end) t.since_prev_end = absl::FromChrono(prof.start - *prof.prev_end);
+  t.boundary = prof.boundary;
+  t.resize_pause = prof.resize_pause;
+  advisor::StepSample s = SampleOfStep(t, n, options_.deterministic);
+  s.step = step_;
+  s.logical_workers = workers;
+  const int64_t bs = batch_size_ > 0 ? batch_size_ : 1;
+  s.local_batch = static_cast<int64_t>(workers_.size()) * bs;
+  s.global_batch = workers * bs;
+  s.after_resize = prof.after_resize;
+  s.after_failure = prof.after_failure;
+  s.warmup = prof.steps_in_process < 1;
+  absl::Status st = advisor_->Record(s);
+  if (!st.ok()) MALLE_LOG(DEBUG) << "advisor sample of step " << step_ << " not recorded: " << st;
+  ++prof.steps_in_process;
+  prof.prev_end = now;
+  prof.after_resize = prof.after_failure = false;
+  advisor_time_ += absl::FromChrono(Clock::now() - now);
+  if (options_.report_sink != nullptr && reporter_ == nullptr && group_->rank() == 0) StartReporter();
+}
+
+std::string Engine::ReportJson() const {
+  std::shared_ptr<advisor::Advisor> a = advisor_;
+  return a == nullptr ? std::string() : advisor::ReportToJson(a->Report());
+}
+
+std::string Engine::ReportTable() const {
+  std::shared_ptr<advisor::Advisor> a = advisor_;
+  return a == nullptr ? std::string() : advisor::FormatReportTable(a->Report());
+}
+
+void Engine::StartReporter() {
+  reporter_ = std::make_unique<Reporter>();
+  std::shared_ptr<advisor::Advisor> a = advisor_;
+  std::shared_ptr<advisor::ReportSink> sink = options_.report_sink;
+  const absl::Duration interval = std::max(options_.report_interval, absl::Milliseconds(500));
+  Reporter* r = reporter_.get();
+  r->thread = std::thread([r, a, sink, interval] {
+    for (;;) {
+      {
+        absl::MutexLock lock(&r->mu);
+        auto stop = [r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu) { return r->stop; };
+        if (r->mu.AwaitWithTimeout(absl::Condition(&stop), interval)) return;
+      }
+      absl::Status s = sink->SendReport(advisor::ReportToJson(a->Report()));
+      if (!s.ok()) MALLE_LOG(WARNING) << "advisor report not sent: " << s;  // advisory
+    }
+  });
+}
+
+void Engine::StopReporter() {
+  if (reporter_ == nullptr) return;
+  {
+    absl::MutexLock lock(&reporter_->mu);
+    reporter_->stop = true;
+  }
+  if (reporter_->thread.joinable()) reporter_->thread.join();
+}
+
+void Engine::Complete() {
+  // Every step is done: rank 0 tells the allocator (a last report, then the completion).
+  if (completed_ || group_ == nullptr || rank() != 0) return;
+  completed_ = true;
+  StopReporter();
+  if (options_.report_sink == nullptr) return;
+  if (advisor_ != nullptr) {
+    absl::Status s = options_.report_sink->SendReport(advisor::ReportToJson(advisor_->Report()));
+    if (!s.ok()) MALLE_LOG(WARNING) << "advisor report not sent: " << s;
+  }
+  const int workers = options_.logical_workers > 0 ? options_.logical_workers : size();
+  absl::Status s = options_.report_sink->SendComplete(total_steps_, total_steps_ * workers * batch_size_);
+  if (!s.ok()) MALLE_LOG(WARNING) << "job completion not sent to the allocator: " << s;
+}
+
+// --- end ----------------------------------------------------------------------
+
+absl::Status Engine::RequestLeave() {
+  if (!group_) return absl::FailedPreconditionError("RequestLeave: this member has not joined yet");
+  return group_->RequestLeave();
+}
+
+void Engine::Finish() {
+  if (finished_ || left_ || closed_ || group_ == nullptr || !group_->active()) return;
+  finished_ = true;
+  // A last boundary, so that no member exits while the others still reduce (a
+  // member admitted now still receives the final state).
+  absl::StatusOr<bool> active = Boundary();
+  if (!active.ok()) {
+    MALLE_LOG(WARNING) << "final step boundary failed: " << active.status();
+    return;
+  }
+  if (*active && group_->active()) group_->Finish();
+}
+
+void Engine::Close() {
+  if (closed_) return;
+  closed_ = true;
+  if (group_ != nullptr) {
+    last_rank_ = group_->rank();
+    last_size_ = group_->size();
+    last_generation_ = group_->generation();
+  }
+  StopReporter();
+  reducer_.reset();
+  group_.reset();
+}
+
+}  // namespace malle::elastic
