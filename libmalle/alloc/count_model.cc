@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -37,6 +38,8 @@ double JobScale(const Problem& problem, const JobSpec& job) {
       return 1.0;
     case Objective::kWeighted:
       return job.weight;
+    case Objective::kCompletion:
+      return job.weight / job.remaining_samples;  // > 0: ValidateProblem
     case Objective::kSpeedup: {
       // Speedup relative to linear scaling from min_nodes: a job counts as
       // much as another when both run at the same multiple of their smallest
@@ -179,6 +182,10 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
     const std::vector<const Curve*> curves = JobCurves(spec);
     const double scale = JobScale(problem, spec);
+    // Completion: no job is worth more than finishing it.
+    const double work_cap = problem.objective == Objective::kCompletion
+                                ? spec.remaining_samples
+                                : std::numeric_limits<double>::infinity();
     const double up = Seconds(spec.resize_up_pause);
     const double down = Seconds(spec.resize_down_pause);
     const int cur = job.current_nodes;
@@ -222,13 +229,14 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
           const bool unchanged = n == cur && static_cast<int>(b) == spec.current_batch_option;
           double value;
           if (unchanged) {
-            value = eff * pat.horizon_s;
+            value = std::min(eff * pat.horizon_s, work_cap);
           } else {
             const bool grows = n > cur || (n == cur && static_cast<int>(b) != spec.current_batch_option);
             const double pause = grows ? up : down;
             value = problem.resize_cost == ResizeCostModel::kLostWork
-                        ? eff * (pat.horizon_s - pause)
-                        : eff * pat.horizon_s - job.current_samples_per_s * pause;
+                        ? std::min(eff * (pat.horizon_s - pause), work_cap)
+                        : std::min(eff * pat.horizon_s, work_cap) -
+                              job.current_samples_per_s * pause;
           }
           value *= scale;
           if (!have || value > best.value) {

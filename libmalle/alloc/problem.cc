@@ -97,6 +97,8 @@ absl::string_view ObjectiveName(Objective objective) {
       return "speedup";
     case Objective::kWeighted:
       return "weighted";
+    case Objective::kCompletion:
+      return "completion";
   }
   return "unknown";
 }
@@ -217,6 +219,15 @@ absl::Status ValidateProblem(const Problem& problem) {
         name + ".resize_down_pause", job.resize_down_pause, /*allow_infinite=*/false));
     if (!std::isfinite(job.weight) || job.weight < 0) {
       return Invalid(name + ".weight", absl::StrCat("must be finite and >= 0, got ", job.weight));
+    }
+    if (!std::isfinite(job.remaining_samples) || job.remaining_samples < 0) {
+      return Invalid(name + ".remaining_samples",
+                     absl::StrCat("must be finite and >= 0, got ", job.remaining_samples));
+    }
+    if (problem.objective == Objective::kCompletion && job.remaining_samples <= 0) {
+      return Invalid(name + ".remaining_samples",
+                     "must be > 0 for the completion objective (it values work as a share of "
+                     "what is left)");
     }
     if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
       return Invalid(name + ".stop_penalty",

@@ -158,8 +158,11 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
     o.forecast = sim::ForecastMode::kOracle;
   } else if (forecast == "estimated") {
     o.forecast = sim::ForecastMode::kEstimated;
+  } else if (forecast == "reservation") {
+    o.forecast = sim::ForecastMode::kReservation;
   } else {
-    return absl::InvalidArgumentError("--forecast: expected none, oracle or estimated");
+    return absl::InvalidArgumentError(
+        "--forecast: expected none, oracle, estimated or reservation");
   }
   const std::string accounting = absl::GetFlag(FLAGS_accounting);
   if (accounting == "bftrainer") {
@@ -176,8 +179,11 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
     o.objective = alloc::Objective::kSpeedup;
   } else if (objective == "weighted") {
     o.objective = alloc::Objective::kWeighted;
+  } else if (objective == "completion") {
+    o.objective = alloc::Objective::kCompletion;
   } else {
-    return absl::InvalidArgumentError("--objective: expected throughput, speedup or weighted");
+    return absl::InvalidArgumentError(
+        "--objective: expected throughput, speedup, weighted or completion");
   }
   const std::string cost = absl::GetFlag(FLAGS_resize_cost);
   if (cost == "bftrainer") {

@@ -556,6 +556,45 @@ TEST(EngineTest, JobCompletionTimesAndMakespan) {
   EXPECT_TRUE(std::isnan(r.summary.jct_median_s));
 }
 
+// Tail JCT, samples per node-hour, the active-period figures and the
+// decision latencies (same run as above: a 0..100, b 0..300, c 100..150).
+TEST(EngineTest, ActivePeriodContentionAndTail) {
+  MixJob c = Job("c", 1, 1, 500);
+  c.submit_time = T(50);
+  const std::vector<MixJob> jobs = {Job("a", 1, 1, 1000), Job("b", 1, 1, 3000), c};
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), jobs, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.jct_p95_s, 300);  // nearest rank of {100, 100, 300}
+  EXPECT_DOUBLE_EQ(r.summary.jct_max_s, 300);
+  // 4,500 samples on 100 + 300 + 50 node-seconds.
+  EXPECT_DOUBLE_EQ(r.summary.samples_per_node_hour, 4500 / (450 / 3600.0));
+  // Jobs present 0..300; 2 idle nodes all along; a, b and c could use 3
+  // nodes from 50 to 100 only.
+  EXPECT_DOUBLE_EQ(r.summary.active_hours, 300 / 3600.0);
+  EXPECT_DOUBLE_EQ(r.summary.active_idle_node_hours, 600 / 3600.0);
+  EXPECT_DOUBLE_EQ(r.summary.active_utilisation, 0.75);
+  EXPECT_DOUBLE_EQ(r.summary.contended_fraction, 50.0 / 300);
+  EXPECT_THAT(r.summary.warnings, ::testing::IsEmpty());
+  EXPECT_GT(r.summary.decision_p50_ms, 0);
+  EXPECT_LE(r.summary.decision_p50_ms, r.summary.decision_p99_ms);
+  EXPECT_LE(r.summary.decision_p99_ms, r.summary.decision_max_ms);
+}
+
+TEST(EngineTest, WarnsWhenNothingCompetesOrJobsAreRarelyThere) {
+  // One job on two idle nodes: it never wants more than there are.
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 5000)}, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.contended_fraction, 0);
+  EXPECT_THAT(r.summary.warnings,
+              ElementsAre(HasSubstr("the policies hardly competed: the jobs present could use "
+                                    "more nodes than were idle during 0.0% of their time")));
+  // Done at 25 s of a 1,000-s replay: the whole-replay utilisation says little.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("k", 1, 2, 500)}, Dp()));
+  EXPECT_THAT(r.summary.warnings,
+              ::testing::Contains(HasSubstr("jobs were present during 2.5% of the replay only")));
+  // Nothing finished.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
+  EXPECT_THAT(r.summary.warnings, ::testing::Contains(HasSubstr("no job finished")));
+}
+
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {
   IdleTrace t;
   t.nodes = {"a", "b"};
