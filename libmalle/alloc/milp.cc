@@ -56,6 +56,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/internal/cbc_solver.h"
 #include "libmalle/base/check.h"
 #include "libmalle/base/log.h"
@@ -929,7 +930,30 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   std::optional<absl::StatusOr<PolicyResult>> dp;
   if (options.use_mip_start && options.dp_start) dp = SolveDp(model, options.fallback);
   const bool dp_started = dp.has_value() && dp->ok();
-  const CountSolution* first = dp_started ? &(*dp)->solution : nullptr;
+  // The first incumbent: the best of the DP's answer (dp_start), the current
+  // allocation and, with heuristic_start, the baselines' answers. CBC never
+  // returns worse than it (and if it did, the start would be the answer).
+  std::optional<CountSolution> start_solution;
+  std::string start_name;
+  if (options.use_mip_start) {
+    auto consider = [&](CountSolution s, const char* name) {
+      if (!start_solution || s.objective > start_solution->objective) {
+        start_solution = std::move(s);
+        start_name = name;
+      }
+    };
+    if (dp_started) consider((*dp)->solution, "dp");
+    consider(CurrentSolution(model), "current allocation");
+    if (options.heuristic_start) {
+      for (auto [solve, name] : {std::make_pair(&SolveGreedy, "greedy"),
+                                 std::make_pair(&SolveEqualShare, "equal_share"),
+                                 std::make_pair(&SolveStatic, "static")}) {
+        absl::StatusOr<PolicyResult> h = solve(model);
+        if (h.ok() && CheckSolution(model, h->solution).ok()) consider(h->solution, name);
+      }
+    }
+  }
+  const CountSolution* first = start_solution ? &*start_solution : nullptr;
   Formulation f = options.segments && model.single_pool()
                       ? BuildSegmentFormulation(model, options.use_mip_start, first)
                       : BuildFormulation(model, options.use_mip_start, first);
@@ -960,15 +984,18 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   // the solver's arithmetic: both "below the DP" guards use this tolerance
   // (relative to the objective), the time-limit one also the solver's gap.
   constexpr double kBelowDpTolerance = 1e-9;
-  if (cause.empty() && dp_started &&
-      result.solution.objective < (*dp)->solution.objective -
-                                      kBelowDpTolerance * std::max(1.0, std::fabs((*dp)->solution.objective))) {
+  bool use_start = false;  // the answer is the start (CBC's is worse)
+  if (cause.empty() && start_solution &&
+      result.solution.objective <
+          start_solution->objective -
+              kBelowDpTolerance * std::max(1.0, std::fabs(start_solution->objective))) {
     // Only possible when CBC rejected the start (it reports why in its
-    // detail): the DP's answer is better, so it is the answer.
-    cause = absl::StrCat("answer below the dp start (", solved->detail, ")");
+    // detail): the start is better, so it is the answer.
+    cause = absl::StrCat("answer below its start, the ", start_name, "'s (", solved->detail, ")");
+    use_start = true;
   }
   if (cause.empty() && solved->status != MipResult::Status::kOptimal && model.single_pool() &&
-      !dp_started) {
+      !dp_started && !use_start) {
     // Stopped at the time limit with an unproven incumbent. On one pool the
     // DP is exact and polynomial (tens to hundreds of ms): an incumbent
     // below its answer is not worth returning (seen at 1,000 jobs, where the
@@ -999,22 +1026,35 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
           "milp: time limit %s reached; incumbent %.6g, bound %.6g (gap %.3g%%)",
           absl::FormatDuration(options.time_limit), obj, result.best_bound, 100.0 * gap);
     }
-    if (dp_started) absl::StrAppend(&result.reason, "; started from the dp's answer");
+    if (start_solution && start_name != "current allocation") {
+      absl::StrAppend(&result.reason, "; started from the ", start_name, "'s answer");
+    }
     // A start CBC refused is a bug in the start (it obeys every rule by
     // construction): say so rather than lose it.
     if (const size_t at = mr.detail.find("start ignored"); at != std::string::npos) {
       absl::StrAppend(&result.reason, "; cbc: ", mr.detail.substr(at));
     }
   } else {
-    if (!dp.has_value()) dp = SolveDp(model, options.fallback);
-    if (!dp->ok()) {
+    if (!use_start && !dp.has_value()) dp = SolveDp(model, options.fallback);
+    if (use_start || (!dp->ok() && start_solution)) {
+      // The start is worth more than CBC's answer, or the DP cannot answer
+      // (a multi-pool model beyond its limits): the start is the answer.
+      result = PolicyResult{};
+      result.solution = *start_solution;
+      result.fell_back = true;
+      result.reason = absl::StrCat("milp: ", cause,
+                                   use_start ? "" : absl::StrCat("; the dp cannot answer (",
+                                                                 dp->status().message(), ")"),
+                                   "; answered by its start, the ", start_name, "'s answer");
+    } else if (!dp->ok()) {
       return absl::Status(
           dp->status().code(),
           absl::StrCat(dp->status().message(), " (the dp was the fallback of milp: ", cause, ")"));
+    } else {
+      result = **std::move(dp);
+      result.fell_back = true;
+      result.reason = absl::StrCat("milp: ", cause, "; answered by dp: ", result.reason);
     }
-    result = **std::move(dp);
-    result.fell_back = true;
-    result.reason = absl::StrCat("milp: ", cause, "; answered by dp: ", result.reason);
     if (solved.ok()) result.branch_nodes = solved->branch_nodes;
     MALLE_LOG(WARNING) << result.reason;
   }

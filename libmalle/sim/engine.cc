@@ -93,7 +93,8 @@ class Replay {
   double Rate(const JobState& j, int n) const { return alloc::Interpolate(j.mix->throughput, n); }
   void Advance(double to);
   void Record(const char* kind, int job, int node, int before, int after, double ms = 0);
-  void ChargeResize(JobState& j, int before, int after);
+  // `forced`: a reclaim, not the policy's decision (for the loss split).
+  void ChargeResize(JobState& j, int before, int after, bool forced);
   void ReleaseAll(int job);
   void StartRunning(int job);
   void StopRunning(int job, bool wait_again);
@@ -180,13 +181,19 @@ void Replay::Advance(double to) {
   now_ = to;
 }
 
-void Replay::ChargeResize(JobState& j, int before, int after) {
+void Replay::ChargeResize(JobState& j, int before, int after, bool forced) {
   const double pause = Sec(after > before ? j.mix->rescale_up : j.mix->rescale_down);
+  double lost = 0;
   if (options_.accounting == Accounting::kBftrainer) {
-    j.done -= Rate(j, before) * pause;  // r(0) = 0: a start is free
+    lost = Rate(j, before) * pause;  // r(0) = 0: a start is free
+    j.done -= lost;
   } else {
+    // Training stops for the pause (at the new size; a pause still running
+    // is cut short by the new one).
+    lost = Rate(j, after) * pause;
     j.paused_until = now_ + pause;
   }
+  (forced ? summary_.lost_to_reclaims : summary_.lost_to_resizes) += lost;
   j.size_since = now_;
 }
 
@@ -364,7 +371,7 @@ absl::Status Replay::Decide() {
       ++used_count_;
       s.nodes.push_back(node);
     }
-    ChargeResize(s, before[k], after);
+    ChargeResize(s, before[k], after, /*forced=*/false);
     ++s.out.resizes;
     ++summary_.resizes;
     if (before[k] == 0) {
@@ -419,7 +426,7 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
   for (const auto& [j, before] : shrunk) {
     JobState& s = jobs_[j];
     const int after = static_cast<int>(s.nodes.size());
-    ChargeResize(s, before, after);
+    ChargeResize(s, before, after, /*forced=*/true);
     if (after < s.mix->min_nodes) {
       ReleaseAll(j);
       StopRunning(j, /*wait_again=*/true);

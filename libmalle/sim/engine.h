@@ -154,6 +154,10 @@ struct Summary {
   // docs/simulator.md).
   double efficiency = 0;
   double utilisation = 0;       // used / idle node-hours
+  // Samples the resize pauses cost (Accounting: old rate x pause, or the
+  // rate at the new size x pause), split by cause: the policy's resizes and
+  // the reclaims (forced shrinks and preemptions).
+  double lost_to_resizes = 0, lost_to_reclaims = 0;
   int jobs_submitted = 0, jobs_finished = 0;
   int resizes = 0, preemptions = 0, reclaims = 0;
   int decisions = 0;

@@ -384,7 +384,9 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
       ++report.summary_lines_replaced;
       continue;
     }
-    if (j.submit < 0 || j.wait < 0 || j.run < 0) {
+    double wait = j.wait;
+    if (wait < 0 && options.unknown_wait_is_zero && j.submit >= 0 && j.run >= 0) wait = 0;
+    if (j.submit < 0 || wait < 0 || j.run < 0) {
       ++report.jobs_unknown_times;
       continue;
     }
@@ -401,9 +403,10 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
       ++report.jobs_zero_length;
       continue;
     }
+    if (j.wait < 0) ++report.jobs_wait_assumed_zero;
     Interval in;
     in.submit = j.submit;
-    in.start = j.submit + j.wait;
+    in.start = j.submit + wait;
     in.end = in.start + j.run;
     in.nodes = (procs + report.procs_per_node - 1) / report.procs_per_node;
     in.line = j.line;
@@ -412,9 +415,14 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
     ++report.jobs_replayed;
   }
   if (intervals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(log.file, ": no job occupies a node for a positive time (", log.jobs.size(),
-                     " job lines, ", log.rejected.size(), " rejected)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        log.file, ": no job occupies a node for a positive time (", log.jobs.size(),
+        " job lines, ", log.rejected.size(), " rejected, ", report.jobs_unknown_times,
+        " with an unknown submit, wait or run time", ")",
+        report.jobs_unknown_times > 0 && !options.unknown_wait_is_zero
+            ? "; if the log records no wait times because its submit times are start times, "
+              "replay unknown waits as 0 (unknown_wait_is_zero)"
+            : ""));
   }
   std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
     return a.start != b.start ? a.start < b.start : a.line < b.line;

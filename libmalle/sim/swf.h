@@ -127,6 +127,11 @@ absl::StatusOr<SwfLog> LoadSwf(const std::string& path, const SwfOptions& option
 struct SwfReplayOptions {
   int64_t nodes = 0;           // machine size; 0: MaxNodes, else MaxProcs
   int64_t procs_per_node = 0;  // 0: MaxProcs / MaxNodes, 1 if either is absent
+  // Some logs record no wait times (-1) because their submit times are start
+  // times (e.g. NASA-iPSC-1993, says its header). True: an unknown wait is
+  // read as 0 (counted in jobs_wait_assumed_zero); false: such jobs are not
+  // replayed (jobs_unknown_times).
+  bool unknown_wait_is_zero = false;
 };
 
 // What the replay did with the log's jobs. Every job line is counted in
@@ -138,6 +143,7 @@ struct SwfReplayReport {
   long long jobs_replayed = 0;           // occupied nodes for a positive time
   long long jobs_zero_length = 0;        // run time 0: occupy nothing
   long long jobs_unknown_times = 0;      // submit, wait or run time -1
+  long long jobs_wait_assumed_zero = 0;  // replayed with wait 0 (unknown_wait_is_zero)
   long long jobs_unknown_procs = 0;      // allocated and requested procs both -1 (or 0)
   long long jobs_requested_procs = 0;    // replayed with the requested procs (allocated -1)
   long long summary_lines_replaced = 0;  // replaced by the job's partial-execution lines

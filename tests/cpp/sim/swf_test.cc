@@ -223,6 +223,28 @@ TEST(SwfTest, EveryJobLineIsCountedOnce) {
                           Ev{100, "n0", false}, Ev{140, "n0", true}));
 }
 
+// Logs whose submit times are start times record no wait (-1): replayed
+// with wait 0 when asked, counted apart; otherwise the error says what to do.
+TEST(SwfTest, UnknownWaitsReplayedAsZeroWhenAsked) {
+  const std::string text = absl::StrCat("; MaxNodes: 2\n", Job(1, 0, -1, 100, 1),
+                                        Job(2, 50, -1, 100, 2));
+  ASSERT_OK_AND_ASSIGN(SwfLog log, ParseSwf(text, "w.swf"));
+  EXPECT_THAT(SwfToIdleTrace(log).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("2 with an unknown submit, wait or run time); if the log records "
+                                 "no wait times because its submit times are start times, replay "
+                                 "unknown waits as 0 (unknown_wait_is_zero)")));
+  SwfReplayOptions o;
+  o.unknown_wait_is_zero = true;
+  ASSERT_OK_AND_ASSIGN(SwfTrace t, SwfToIdleTrace(log, o));
+  EXPECT_EQ(t.report.jobs_wait_assumed_zero, 2);
+  EXPECT_EQ(t.report.jobs_replayed, 2);
+  EXPECT_EQ(t.report.jobs_unknown_times, 0);
+  // Job 1 on n0 0..100; job 2 asks for both at 50: n1 at once, n0 at 100.
+  EXPECT_THAT(Events(t.trace), ElementsAre(Ev{0, "n1", true}, Ev{50, "n1", false},
+                                           Ev{150, "n0", true}, Ev{150, "n1", true}));
+}
+
 TEST(SwfTest, MachineSizeFromHeaderOrOptions) {
   const std::string jobs = Job(1, 0, 0, 10, 4);
   ASSERT_OK_AND_ASSIGN(SwfLog bare, ParseSwf(jobs, "bare.swf"));
