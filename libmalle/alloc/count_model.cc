@@ -186,8 +186,11 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     const double work_cap = problem.objective == Objective::kCompletion
                                 ? spec.remaining_samples
                                 : std::numeric_limits<double>::infinity();
-    const double up = Seconds(spec.resize_up_pause);
-    const double down = Seconds(spec.resize_down_pause);
+    const double up = Seconds(spec.resize_up_pause) * problem.resize_hysteresis;
+    const double down = Seconds(spec.resize_down_pause) * problem.resize_hysteresis;
+    // The forced shrink a reclaim causes is not the policy's choice: its
+    // expected cost is charged at the pause as it is.
+    const double reclaim_down = Seconds(spec.resize_down_pause);
     const int cur = job.current_nodes;
     if (cur >= spec.min_nodes && cur <= spec.max_nodes) {
       double speed = model.pools[current_pools[0]].speed;
@@ -237,6 +240,11 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
                         ? std::min(eff * (pat.horizon_s - pause), work_cap)
                         : std::min(eff * pat.horizon_s, work_cap) -
                               job.current_samples_per_s * pause;
+          }
+          if (problem.reclaim_rate > 0 && pat.horizon_s >= window) {
+            // Expected cost of a forced shrink within the window (nodes with
+            // a shorter forecast are valued until it instead).
+            value -= eff * reclaim_down * -std::expm1(-problem.reclaim_rate * n * pat.horizon_s);
           }
           value *= scale;
           if (!have || value > best.value) {

@@ -125,6 +125,15 @@ absl::Status ValidateProblem(const Problem& problem) {
                    absl::StrCat("must be in (0, 1], got ", problem.cross_locality_factor));
   }
 
+  if (!std::isfinite(problem.resize_hysteresis) || problem.resize_hysteresis < 1) {
+    return Invalid("resize_hysteresis",
+                   absl::StrCat("must be finite and >= 1, got ", problem.resize_hysteresis));
+  }
+  if (!std::isfinite(problem.reclaim_rate) || problem.reclaim_rate < 0) {
+    return Invalid("reclaim_rate",
+                   absl::StrCat("must be finite and >= 0, got ", problem.reclaim_rate));
+  }
+
   absl::flat_hash_set<std::string> class_ids;
   for (size_t c = 0; c < problem.classes.size(); ++c) {
     const NodeClass& cls = problem.classes[c];

@@ -131,6 +131,18 @@ struct Problem {
   // Throughput factor for a job whose nodes span several locality groups
   // (1.0 = locality does not matter).
   double cross_locality_factor = 1.0;
+  // Reclaims per idle node-second that the main scheduler makes (the
+  // machine's history gives it: reclaims of idle nodes / idle node-seconds),
+  // for nodes without their own forecast. A job on n such nodes expects
+  // 1 - exp(-rate * n * H) chance of a forced shrink within the window, which
+  // costs it its rate x its down pause (what the simulator charges); each
+  // running option's value pays that expected cost. 0 (the default): not
+  // counted. Finite, >= 0.
+  double reclaim_rate = 0.0;
+  // Hysteresis: the objective charges every resize (grow, shrink, start,
+  // batch change) this many times its pause, so that a change must pay off
+  // by a margin before it is made (1 = the pause as it is). Finite, >= 1.
+  double resize_hysteresis = 1.0;
 };
 
 // Checks every field; the error (InvalidArgument) names the offending field

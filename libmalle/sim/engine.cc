@@ -71,6 +71,10 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("skip_snapshots: must be >= 0, got ", o.skip_snapshots));
   }
+  if (!std::isfinite(o.resize_hysteresis) || o.resize_hysteresis < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resize_hysteresis: must be finite and >= 1, got ", o.resize_hysteresis));
+  }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return absl::OkStatus();
 }
@@ -134,6 +138,10 @@ class Replay {
   long long demand_ = 0;
   int present_ = 0;
   double active_s_ = 0, active_idle_node_s_ = 0, active_used_node_s_ = 0, contended_s_ = 0;
+  // The machine's reclaim history (SimOptions::reclaim_hazard): idle
+  // node-seconds seen before the replay start, and reclaims of idle nodes.
+  double history_idle_node_s_ = 0;
+  long long reclaims_seen_ = 0;
   std::vector<double> latencies_ms_;
   SimResult result_;
   Summary& summary_ = result_.summary;
@@ -312,6 +320,12 @@ absl::Status Replay::Decide() {
   problem.forward_window = options_.forward_window;
   problem.objective = options_.objective;
   problem.resize_cost = options_.resize_cost;
+  problem.resize_hysteresis = options_.resize_hysteresis;
+  if (options_.reclaim_hazard && reclaims_seen_ >= 32) {
+    // Idle node-seconds so far: the history before the start and the replay.
+    const double idle_s = history_idle_node_s_ + idle_node_s_;
+    if (idle_s > 0) problem.reclaim_rate = reclaims_seen_ / idle_s;
+  }
   problem.nodes.reserve(idle_count_);
   for (size_t n = 0; n < idle_.size(); ++n) {
     if (!idle_[n]) continue;
@@ -404,6 +418,7 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     }
     if (idle_[node]) {
       --idle_count_;
+      ++reclaims_seen_;
       AddFragment(now_ - idle_since_[node]);
     }
     idle_[node] = 0;
@@ -607,18 +622,23 @@ absl::StatusOr<SimResult> Replay::Run() {
   // Events before the start only set the initial state (and, for the
   // estimated forecast, the history of fragments).
   size_t ev = 0;
+  double last_t = trace_.events.empty() ? 0 : Sec(trace_.events.front().time - origin_);
   for (; ev < trace_.events.size() && trace_.events[ev].time < start; ++ev) {
     const IdleEvent& e = trace_.events[ev];
     const double t = Sec(e.time - origin_);
+    history_idle_node_s_ += idle_count_ * (t - last_t);
+    last_t = t;
     if (e.idle) {
       if (!idle_[e.node]) ++idle_count_;
       NoteIdle(e.node, t, ev, next_of_node);
     } else if (idle_[e.node]) {
       --idle_count_;
+      ++reclaims_seen_;
       AddFragment(t - idle_since_[e.node]);
     }
     idle_[e.node] = e.idle;
   }
+  if (last_t < 0) history_idle_node_s_ += idle_count_ * -last_t;  // up to the start
 
   // Submit times, aligned to the replay start when asked.
   double shift = 0;

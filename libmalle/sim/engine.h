@@ -80,6 +80,7 @@ struct SimOptions {
   alloc::DecideOptions decide;  // policy and its options
   alloc::Objective objective = alloc::Objective::kThroughput;
   alloc::ResizeCostModel resize_cost = alloc::ResizeCostModel::kBftrainer;
+  double resize_hysteresis = 1.0;  // alloc::Problem::resize_hysteresis
   absl::Duration forward_window = absl::Minutes(2);
   absl::Duration debounce = absl::ZeroDuration();
   int max_waiting = 64;
@@ -93,6 +94,12 @@ struct SimOptions {
   CurveMode curves = CurveMode::kOracle;
   absl::Duration learned_warmup = absl::ZeroDuration();
   ForecastMode forecast = ForecastMode::kNone;
+  // Tell the policy the machine's reclaim rate so far (alloc::Problem::
+  // reclaim_rate: reclaims of idle nodes per idle node-second, from the trace
+  // seen up to the decision, history before the replay start included; 0
+  // until 32 reclaims were seen), so that it prices the forced shrinks that
+  // holding more nodes risks.
+  bool reclaim_hazard = false;
   // Replay window; InfinitePast/InfiniteFuture = the trace's own bounds.
   // BFTrainer's replayer starts at the trace's 1,000th snapshot
   // (skip_snapshots = 999).

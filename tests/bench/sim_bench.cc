@@ -64,7 +64,10 @@ ABSL_FLAG(std::string, curves, "oracle,learned,linear",
 ABSL_FLAG(std::string, curves_for, "milp,dp",
           "policies that run every mode in --curves; the others run only the first one "
           "('all' for every policy)");
-ABSL_FLAG(std::string, forecast, "none", "none, oracle or estimated");
+ABSL_FLAG(std::string, forecast, "none", "none, oracle, estimated or reservation");
+ABSL_FLAG(double, hysteresis, 1, "the policies charge each resize this many times its pause");
+ABSL_FLAG(bool, reclaim_hazard, false,
+          "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
 ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
 ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
 ABSL_FLAG(std::string, resize_cost, "bftrainer", "bftrainer or lost_work");
@@ -222,6 +225,8 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   o.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.skip_snapshots = absl::GetFlag(FLAGS_skip_snapshots);
   o.learned_warmup = absl::Seconds(warmup);
+  o.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
+  o.resize_hysteresis = absl::GetFlag(FLAGS_hysteresis);
   o.record_events = false;
   o.decide.milp.time_limit = absl::Seconds(limit);
   o.decide.milp.relative_gap = absl::GetFlag(FLAGS_milp_relative_gap);
@@ -664,10 +669,14 @@ int main(int argc, char** argv) {
   }
 
   std::cout << absl::StrFormat(
-      "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s, accounting %s, objective %s, "
+      "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s%s, accounting %s, objective %s, "
       "resize cost %s,\n  max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
       "the mix, %.0f h apart); loaded in %.1f s\n",
       absl::GetFlag(FLAGS_t_fwd_s), absl::GetFlag(FLAGS_debounce_s), absl::GetFlag(FLAGS_forecast),
+      absl::StrCat(absl::GetFlag(FLAGS_reclaim_hazard) ? " + reclaim hazard" : "",
+                   absl::GetFlag(FLAGS_hysteresis) != 1
+                       ? absl::StrFormat(", hysteresis %.3g", absl::GetFlag(FLAGS_hysteresis))
+                       : ""),
       absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_objective),
       absl::GetFlag(FLAGS_resize_cost), base->max_waiting, base->max_jobs,
       base->max_jobs > 0 ? "" : " (no limit)", absl::GetFlag(FLAGS_regimes), copies, period_h,

@@ -137,6 +137,40 @@ TEST(CompileCountModelTest, CompletionObjectiveValuesShareOfRemainingWork) {
                        HasSubstr("jobs[1] (\"b\").remaining_samples: must be finite and >= 0")));
 }
 
+// Reclaim hazard and hysteresis on a hand-checked instance: 2 nodes, a
+// linear job (10 samples/s per node, 10 s up, 5 s down), window 100 s, lost
+// work. Without either, starting on n nodes is worth 10 n (100 - 10).
+TEST(CompileCountModelTest, ReclaimRateAndHysteresisPriceResizes) {
+  Problem p = SingleClass(2);
+  JobSpec a = Job("a", 1, 2, {{0, 0}, {2, 20}});
+  a.resize_up_pause = absl::Seconds(10);
+  a.resize_down_pause = absl::Seconds(5);
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 900);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 1800);
+  // 0.001 reclaims per node-second: on n nodes a forced shrink within the
+  // window has probability 1 - exp(-0.1 n) and costs 10 n x 5 s.
+  p.reclaim_rate = 0.001;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_NEAR(m.jobs[0].options[1].value, 900 - 50 * (1 - std::exp(-0.1)), 1e-9);
+  EXPECT_NEAR(m.jobs[0].options[2].value, 1800 - 100 * (1 - std::exp(-0.2)), 1e-9);
+  // Hysteresis 2: the start is charged 20 s; the reclaim cost stays at 5 s.
+  p.resize_hysteresis = 2;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_NEAR(m.jobs[0].options[1].value, 800 - 50 * (1 - std::exp(-0.1)), 1e-9);
+  EXPECT_NEAR(m.jobs[0].options[2].value, 1600 - 100 * (1 - std::exp(-0.2)), 1e-9);
+  p.resize_hysteresis = 0.5;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resize_hysteresis: must be finite and >= 1, got 0.5")));
+  p.resize_hysteresis = 1;
+  p.reclaim_rate = -1;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("reclaim_rate: must be finite and >= 0, got -1")));
+}
+
 TEST(CompileCountModelTest, ShortIdleWindowsBoundTheValue) {
   Problem p = SingleClass(2);
   p.nodes[1].expected_idle = absl::Seconds(30);  // bucket 12.5 s -> 25 s

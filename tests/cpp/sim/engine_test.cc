@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -604,6 +605,37 @@ TEST(EngineTest, WarnsWhenNothingCompetesOrJobsAreRarelyThere) {
   // Nothing finished.
   ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
   EXPECT_THAT(r.summary.warnings, ::testing::Contains(HasSubstr("no job finished")));
+}
+
+// The reclaim hazard the policy is told: reclaims of idle nodes per idle
+// node-second of the history. n0 flips idle/busy every 10 s from 0 to 800
+// (40 reclaims, 400 idle node-seconds); the replay starts at 800.
+TEST(EngineTest, ReclaimHazardFromTheHistory) {
+  std::string rows;
+  for (int t = 0; t < 800; t += 20) {
+    absl::StrAppend(&rows, t, ",n0,1\n", t + 10, ",n0,0\n");
+  }
+  absl::StrAppend(&rows, "0,n1,0\n800,n0,1\n800,n1,1\n1000,n0,1\n");
+  // Rows must be in time order: n1's initial state goes with time 0.
+  std::vector<std::string> lines = absl::StrSplit(rows, '\n', absl::SkipEmpty());
+  std::stable_sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return std::stoi(a) < std::stoi(b);
+  });
+  const IdleTrace trace = Trace(absl::StrCat(absl::StrJoin(lines, "\n"), "\n"));
+  auto rates = [&](bool hazard) {
+    std::vector<double> seen;
+    SimOptions o = Dp();
+    o.skip_snapshots = 80;  // times 0, 10, ..., 790 skipped
+    o.reclaim_hazard = hazard;
+    o.on_decision = [&seen](const alloc::Problem& p, const alloc::Decision&, absl::Duration) {
+      seen.push_back(p.reclaim_rate);
+    };
+    absl::StatusOr<SimResult> r = Simulate(trace, {Job("j", 1, 2, 1e9)}, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return seen;
+  };
+  EXPECT_THAT(rates(true), ElementsAre(40.0 / 400));
+  EXPECT_THAT(rates(false), ElementsAre(0.0));
 }
 
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {
