@@ -442,6 +442,10 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     JobState& s = jobs_[j];
     const int after = static_cast<int>(s.nodes.size());
     ChargeResize(s, before, after, /*forced=*/true);
+    // A preemption: the job keeps its progress (samples done) and waits.
+    // Every way a job stops (here, a policy's stop in Decide) goes through
+    // StopRunning, and every restart through StartRunning: the two places
+    // where an accounting of parked state (a park + unpark time) would go.
     if (after < s.mix->min_nodes) {
       ReleaseAll(j);
       StopRunning(j, /*wait_again=*/true);
