@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, curves_for, "milp,dp",
           "('all' for every policy)");
 ABSL_FLAG(std::string, forecast, "none", "none, oracle, estimated or reservation");
 ABSL_FLAG(double, hysteresis, 1, "the policies charge each resize this many times its pause");
+ABSL_FLAG(double, terms_t_fwd_s, 0,
+          "forward window of the policies in --terms_for, seconds (0: --t_fwd_s)");
+ABSL_FLAG(std::string, terms_for, "milp,dp",
+          "policies that get --reclaim_hazard, --hysteresis and --objective; the others run with "
+          "the plain throughput objective, BFTrainer's settings ('all' for every policy)");
 ABSL_FLAG(bool, reclaim_hazard, false,
           "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
 ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
@@ -670,7 +675,7 @@ int main(int argc, char** argv) {
 
   std::cout << absl::StrFormat(
       "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s%s, accounting %s, objective %s, "
-      "resize cost %s,\n  max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
+      "resize cost %s (objective terms%s for %s; the others: throughput, BFTrainer's),\n  max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
       "the mix, %.0f h apart); loaded in %.1f s\n",
       absl::GetFlag(FLAGS_t_fwd_s), absl::GetFlag(FLAGS_debounce_s), absl::GetFlag(FLAGS_forecast),
       absl::StrCat(absl::GetFlag(FLAGS_reclaim_hazard) ? " + reclaim hazard" : "",
@@ -678,7 +683,11 @@ int main(int argc, char** argv) {
                        ? absl::StrFormat(", hysteresis %.3g", absl::GetFlag(FLAGS_hysteresis))
                        : ""),
       absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_objective),
-      absl::GetFlag(FLAGS_resize_cost), base->max_waiting, base->max_jobs,
+      absl::GetFlag(FLAGS_resize_cost),
+      absl::GetFlag(FLAGS_terms_t_fwd_s) > 0
+          ? absl::StrFormat(" and T_fwd %.0f s", absl::GetFlag(FLAGS_terms_t_fwd_s))
+          : "",
+      absl::GetFlag(FLAGS_terms_for), base->max_waiting, base->max_jobs,
       base->max_jobs > 0 ? "" : " (no limit)", absl::GetFlag(FLAGS_regimes), copies, period_h,
       absl::ToDoubleSeconds(absl::Now() - t_load));
   struct Window {
@@ -704,6 +713,9 @@ int main(int argc, char** argv) {
   std::cout << std::flush;
 
   const bool all_curves = *curves_for == std::vector<std::string>{"all"};
+  const std::vector<std::string> terms_for =
+      absl::StrSplit(absl::GetFlag(FLAGS_terms_for), ',', absl::SkipEmpty());
+  const bool terms_for_all = terms_for == std::vector<std::string>{"all"};
   std::vector<Row> rows;
   int failures = 0;
   for (size_t mi = 0; mi < machines.size(); ++mi) {
@@ -738,6 +750,14 @@ int main(int argc, char** argv) {
             row.curves = (*curve_names)[c];
             row.milp = policy == alloc::PolicyKind::kMilp;
             sim::SimOptions o = *base;
+            if (!terms_for_all && std::find(terms_for.begin(), terms_for.end(), policy_name) ==
+                                      terms_for.end()) {
+              o.reclaim_hazard = false;
+              o.resize_hysteresis = 1;
+              o.objective = alloc::Objective::kThroughput;
+            } else if (absl::GetFlag(FLAGS_terms_t_fwd_s) > 0) {
+              o.forward_window = absl::Seconds(absl::GetFlag(FLAGS_terms_t_fwd_s));
+            }
             o.skip_snapshots = machine.skip_snapshots;
             o.end = end;
             o.decide.policy = policy;
