@@ -236,10 +236,10 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
           } else {
             const bool grows = n > cur || (n == cur && static_cast<int>(b) != spec.current_batch_option);
             const double pause = grows ? up : down;
-            value = problem.resize_cost == ResizeCostModel::kLostWork
-                        ? std::min(eff * (pat.horizon_s - pause), work_cap)
-                        : std::min(eff * pat.horizon_s, work_cap) -
-                              job.current_samples_per_s * pause;
+            value =
+                problem.resize_cost == ResizeCostModel::kLostWork
+                    ? std::min(eff * (pat.horizon_s - pause), work_cap)
+                    : std::min(eff * pat.horizon_s, work_cap) - job.current_samples_per_s * pause;
           }
           if (problem.reclaim_rate > 0 && pat.horizon_s >= window) {
             // Expected cost of a forced shrink within the window (nodes with

@@ -574,8 +574,8 @@ void AddPoolRows(const CountModel& model,
 // are interchangeable in every solution: rows count(a) >= count(b) for
 // consecutive ones, and the groups (in index order) for the start.
 void IdenticalJobRows(const CountModel& model,
-                      const std::vector<std::vector<std::pair<int, double>>>& count,
-                      Formulation& f, std::vector<std::vector<int>>* groups) {
+                      const std::vector<std::vector<std::pair<int, double>>>& count, Formulation& f,
+                      std::vector<std::vector<int>>* groups) {
   std::map<std::string, std::vector<int>> kinds;
   for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
     kinds[IdenticalJobKey(model.jobs[j])].push_back(j);
@@ -1108,18 +1108,17 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     if (dp_started) consider((*dp)->solution, "dp");
     consider(CurrentSolution(model), "current allocation");
     if (options.heuristic_start) {
-      for (auto [solve, name] : {std::make_pair(&SolveGreedy, "greedy"),
-                                 std::make_pair(&SolveEqualShare, "equal_share"),
-                                 std::make_pair(&SolveStatic, "static")}) {
+      for (auto [solve, name] :
+           {std::make_pair(&SolveGreedy, "greedy"), std::make_pair(&SolveEqualShare, "equal_share"),
+            std::make_pair(&SolveStatic, "static")}) {
         absl::StatusOr<PolicyResult> h = solve(model);
         if (h.ok() && CheckSolution(model, h->solution).ok()) consider(h->solution, name);
       }
     }
   }
   const CountSolution* first = start_solution ? &*start_solution : nullptr;
-  Formulation f = options.segments
-                      ? BuildSegmentFormulation(model, options.use_mip_start, first)
-                      : BuildFormulation(model, options.use_mip_start, first);
+  Formulation f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first)
+                                   : BuildFormulation(model, options.use_mip_start, first);
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
@@ -1205,10 +1204,10 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
       result = PolicyResult{};
       result.solution = *start_solution;
       result.fell_back = true;
-      result.reason = absl::StrCat("milp: ", cause,
-                                   use_start ? "" : absl::StrCat("; the dp cannot answer (",
-                                                                 dp->status().message(), ")"),
-                                   "; answered by its start, the ", start_name, "'s answer");
+      result.reason = absl::StrCat(
+          "milp: ", cause,
+          use_start ? "" : absl::StrCat("; the dp cannot answer (", dp->status().message(), ")"),
+          "; answered by its start, the ", start_name, "'s answer");
     } else if (!dp->ok()) {
       return absl::Status(
           dp->status().code(),

@@ -523,10 +523,12 @@ void Replay::Summarise(double ideal) {
   summary_.used_node_hours = used_node_s_ / 3600;
   summary_.efficiency = ideal > 0 ? summary_.samples_trained / ideal : 0;
   summary_.utilisation = idle_node_s_ > 0 ? used_node_s_ / idle_node_s_ : 0;
-  if (used_node_s_ > 0) summary_.samples_per_node_hour = summary_.samples_trained / (used_node_s_ / 3600);
+  if (used_node_s_ > 0)
+    summary_.samples_per_node_hour = summary_.samples_trained / (used_node_s_ / 3600);
   summary_.active_hours = active_s_ / 3600;
   summary_.active_idle_node_hours = active_idle_node_s_ / 3600;
-  if (active_idle_node_s_ > 0) summary_.active_utilisation = active_used_node_s_ / active_idle_node_s_;
+  if (active_idle_node_s_ > 0)
+    summary_.active_utilisation = active_used_node_s_ / active_idle_node_s_;
   if (active_s_ > 0) summary_.contended_fraction = contended_s_ / active_s_;
   if (!latencies_ms_.empty()) {
     std::sort(latencies_ms_.begin(), latencies_ms_.end());

@@ -324,16 +324,15 @@ absl::StatusOr<JobMix> SyntheticJobMix(int n, uint64_t seed, const SyntheticMixO
 absl::StatusOr<std::vector<MixJob>> RepeatMix(const std::vector<MixJob>& jobs, int copies,
                                               absl::Duration period) {
   if (copies < 1 || copies > 1000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("copies: must be in [1, 1000], got ", copies));
+    return absl::InvalidArgumentError(absl::StrCat("copies: must be in [1, 1000], got ", copies));
   }
   if (period < absl::ZeroDuration() || period == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("period: must be finite and >= 0, got ",
-                                                   absl::FormatDuration(period)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("period: must be finite and >= 0, got ", absl::FormatDuration(period)));
   }
   if (jobs.size() * static_cast<size_t>(copies) > 10'000'000) {
-    return absl::InvalidArgumentError(absl::StrCat("copies: ", copies, " x ", jobs.size(),
-                                                   " jobs is more than 10,000,000 jobs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("copies: ", copies, " x ", jobs.size(), " jobs is more than 10,000,000 jobs"));
   }
   std::vector<MixJob> out;
   out.reserve(jobs.size() * copies);

@@ -228,7 +228,7 @@ class SwfReplay {
   std::vector<char> idle_;     // per node, after the last time stamp
   std::vector<char> touched_;  // per node, during this time stamp
   std::vector<int> touched_list_;
-  std::vector<int> taker_;     // per node: the job that last took it
+  std::vector<int> taker_;  // per node: the job that last took it
   int64_t asked_ = 0, busy_ = 0, total_deficit_ = 0;
 };
 
@@ -416,8 +416,8 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
   }
   if (intervals.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        log.file, ": no job occupies a node for a positive time (", log.jobs.size(),
-        " job lines, ", log.rejected.size(), " rejected, ", report.jobs_unknown_times,
+        log.file, ": no job occupies a node for a positive time (", log.jobs.size(), " job lines, ",
+        log.rejected.size(), " rejected, ", report.jobs_unknown_times,
         " with an unknown submit, wait or run time", ")",
         report.jobs_unknown_times > 0 && !options.unknown_wait_is_zero
             ? "; if the log records no wait times because its submit times are start times, "

@@ -243,13 +243,14 @@ def simulate(
     path is read as an SWF log). ``policy`` is one of ``milp``, ``dp``, ``greedy``, ``equal_share``, ``static``;
     ``curves="learned"`` hides the true scalability curves from the policy (it sees only what
     the job measured at the sizes it ran at), ``curves="linear"`` shows it no scalability
-    information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``, ``oracle``,
-    ``estimated`` or ``reservation`` (a reclaim is known from the submit of the job that makes
-    it, as SWF logs give it). ``reclaim_hazard=True`` tells the policy the machine's reclaim
-    rate so far, so that it prices the forced shrinks more nodes risk; ``resize_hysteresis``
-    (>= 1) makes it charge every resize that many times its pause. ``objective`` is
-    ``throughput``, ``speedup``, ``weighted`` or ``completion`` (work as a share of the work
-    left: the value of finishing). ``accounting="bftrainer"`` charges a resize as BFTrainer's replayer does
+    information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``,
+    ``oracle``, ``estimated`` or ``reservation`` (a reclaim is known from the submit of the job
+    that makes it, as SWF logs give it). ``reclaim_hazard=True`` tells the policy the machine's
+    reclaim rate so far, so that it prices the forced shrinks more nodes risk;
+    ``resize_hysteresis`` (>= 1) makes it charge every resize that many times its pause.
+    ``objective`` is ``throughput``, ``speedup``, ``weighted`` or ``completion`` (work as a
+    share of the work left: the value of finishing). ``accounting="bftrainer"`` charges a
+    resize as BFTrainer's replayer does
     (old rate x pause); ``"pause"`` stops the job for the pause. ``progress`` is called with the
     fraction done (0..1). Bad options raise ``ValueError`` naming the option.
     """

@@ -187,9 +187,9 @@ struct Row {
   int min_pools = 1 << 30, max_pools = 0;
   std::vector<double> milp_ms, greedy_ms, equal_ms, static_ms, dp_ms;
   int proven = 0, fell_back = 0, reps = 0;
-  double max_gap = 0;              // CBC's proven relative gap, over all reps
-  int below_heuristic = 0;         // MILP answers below the best heuristic's
-  double min_gain = kNaN;          // min (MILP - best heuristic) / |best heuristic|
+  double max_gap = 0;       // CBC's proven relative gap, over all reps
+  int below_heuristic = 0;  // MILP answers below the best heuristic's
+  double min_gain = kNaN;   // min (MILP - best heuristic) / |best heuristic|
   double sum_gain = 0;
   int dp_refused = 0, dp_disagree = 0;
   int milp_cols = 0, milp_rows = 0;
@@ -225,10 +225,12 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
     row.max_pools = std::max(row.max_pools, pools);
     MALLE_ASSIGN_OR_RETURN(auto milp,
                            timed([&](const CountModel& m) { return alloc::SolveMilp(m, mo); }));
-    MALLE_ASSIGN_OR_RETURN(auto greedy, timed([](const CountModel& m) { return alloc::SolveGreedy(m); }));
+    MALLE_ASSIGN_OR_RETURN(auto greedy,
+                           timed([](const CountModel& m) { return alloc::SolveGreedy(m); }));
     MALLE_ASSIGN_OR_RETURN(auto equal,
                            timed([](const CountModel& m) { return alloc::SolveEqualShare(m); }));
-    MALLE_ASSIGN_OR_RETURN(auto fixed, timed([](const CountModel& m) { return alloc::SolveStatic(m); }));
+    MALLE_ASSIGN_OR_RETURN(auto fixed,
+                           timed([](const CountModel& m) { return alloc::SolveStatic(m); }));
     ++row.reps;
     row.milp_ms.push_back(milp.second);
     row.greedy_ms.push_back(greedy.second);
@@ -250,8 +252,8 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
         Note(row, m.reason);
       }
     }
-    const double best_h = std::max({greedy.first.solution.objective,
-                                    equal.first.solution.objective, fixed.first.solution.objective});
+    const double best_h = std::max({greedy.first.solution.objective, equal.first.solution.objective,
+                                    fixed.first.solution.objective});
     const double gain = (obj - best_h) / std::max(std::fabs(best_h), 1e-12);
     row.min_gain = std::isnan(row.min_gain) ? gain : std::min(row.min_gain, gain);
     row.sum_gain += gain;
@@ -268,10 +270,13 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
         if (obj < d - absl::GetFlag(FLAGS_gap) * std::max(1.0, std::fabs(d))) ++row.dp_disagree;
       }
     }
-    std::cerr << absl::StrFormat("  N=%d J=%d rep %d: %d pools, MILP %.1f ms (%s), greedy %.1f ms\n",
-                                 row.n, row.j, rep, pools, milp.second,
-                                 m.fell_back ? "fell back" : m.optimal ? "proven" : "limit",
-                                 greedy.second);
+    std::cerr << absl::StrFormat(
+        "  N=%d J=%d rep %d: %d pools, MILP %.1f ms (%s), greedy %.1f ms\n", row.n, row.j, rep,
+        pools, milp.second,
+        m.fell_back ? "fell back"
+        : m.optimal ? "proven"
+                    : "limit",
+        greedy.second);
   }
   return absl::OkStatus();
 }
@@ -311,7 +316,8 @@ int main(int argc, char** argv) {
   }
   for (int j : *jobs) {
     if (j > static_cast<int>(mix->jobs.size())) {
-      std::cerr << "--jobs: " << j << " is more than the " << mix->jobs.size() << " jobs in the mix\n";
+      std::cerr << "--jobs: " << j << " is more than the " << mix->jobs.size()
+                << " jobs in the mix\n";
       return 2;
     }
   }
@@ -355,8 +361,8 @@ int main(int argc, char** argv) {
   }
   const std::string header = absl::StrFormat(
       "%-13s | %-6s | %-15s | %-13s | %-9s | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s",
-      "N x J", "pools", "MILP p50/p99", "proven<=gap", "max gap", "MILP vs best heur.",
-      "greedy", "equal_share", "static", "DP", "MILP c/r");
+      "N x J", "pools", "MILP p50/p99", "proven<=gap", "max gap", "MILP vs best heur.", "greedy",
+      "equal_share", "static", "DP", "MILP c/r");
   std::cout << "\n" << header << "\n" << std::string(header.size(), '-') << "\n";
   for (const Row& r : rows) {
     std::string dp = P50P99(r.dp_ms);
@@ -364,18 +370,21 @@ int main(int argc, char** argv) {
     std::cout << absl::StrFormat(
         "%-13s | %-6s | %-15s | %-13s | %-9.1e | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s\n",
         absl::StrCat(r.n, " x ", r.j), absl::StrCat(r.min_pools, "-", r.max_pools),
-        P50P99(r.milp_ms), absl::StrCat(r.proven, "/", r.reps, r.fell_back ? absl::StrCat(" fb", r.fell_back) : ""),
+        P50P99(r.milp_ms),
+        absl::StrCat(r.proven, "/", r.reps, r.fell_back ? absl::StrCat(" fb", r.fell_back) : ""),
         r.max_gap,
         absl::StrFormat("%+.2e min %+.2e", r.reps ? r.sum_gain / r.reps : kNaN, r.min_gain),
         P50P99(r.greedy_ms), P50P99(r.equal_ms), P50P99(r.static_ms), dp,
         absl::StrCat(r.milp_cols, "/", r.milp_rows));
   }
-  std::cout << "  ms (p50 / p99); proven<=gap: MILP answers CBC proved within --gap (fb: fell "
-               "back); max gap: largest proven (bound - objective) / objective; MILP vs best "
-               "heur.: (MILP - best of greedy, equal_share, static) / best, mean and min; DP R k/n: "
-               "refused (state limit) in k of n\n";
+  std::cout
+      << "  ms (p50 / p99); proven<=gap: MILP answers CBC proved within --gap (fb: fell "
+         "back); max gap: largest proven (bound - objective) / objective; MILP vs best "
+         "heur.: (MILP - best of greedy, equal_share, static) / best, mean and min; DP R k/n: "
+         "refused (state limit) in k of n\n";
   for (const Row& r : rows) {
-    for (const std::string& note : r.notes) std::cout << "  note " << r.n << " x " << r.j << ": " << note << "\n";
+    for (const std::string& note : r.notes)
+      std::cout << "  note " << r.n << " x " << r.j << ": " << note << "\n";
   }
   std::cout << "\ntargets:\n";
   for (const Row& r : rows) {
@@ -399,7 +408,8 @@ int main(int argc, char** argv) {
         "%d/%d %s; never below the best heuristic (%d below) %s%s\n",
         r.n, r.j, r.min_pools, r.max_pools, Ms(p99), limit, p99 < limit ? "MET" : "MISSED",
         absl::GetFlag(FLAGS_gap), r.proven, r.reps, gap_ok ? "MET" : "MISSED", r.below_heuristic,
-        never_worse ? "MET" : "MISSED", pools_ok ? "" : " (fewer than 8 pools: not the target's instance)");
+        never_worse ? "MET" : "MISSED",
+        pools_ok ? "" : " (fewer than 8 pools: not the target's instance)");
   }
   std::cout << absl::StrFormat("\nran in %.0f s%s\n", absl::ToDoubleSeconds(absl::Now() - start),
                                ok ? "" : "; SOME MEASUREMENTS FAILED (see notes)");

@@ -292,9 +292,8 @@ std::string Ratio(double a, double b) {
 void PrintTable(const std::vector<Row>& rows) {
   const std::string header = absl::StrFormat(
       "%-30s %-11s %-7s | %9s %7s %8s %8s %9s | %7s %6s %6s | %6s %6s %8s | %7s %7s %7s | %8s",
-      "mix", "policy", "curves", "samples", "jobs", "eff", "eff_best", "used_nh", "util",
-      "resizes", "preempt", "JCT_mn", "JCT_md", "makespan", "dec_p50", "dec_p99", "dec_n",
-      "wall_s");
+      "mix", "policy", "curves", "samples", "jobs", "eff", "eff_best", "used_nh", "util", "resizes",
+      "preempt", "JCT_mn", "JCT_md", "makespan", "dec_p50", "dec_p99", "dec_n", "wall_s");
   std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
   for (const Row& r : rows) {
     std::cout << absl::StrFormat(
@@ -302,8 +301,8 @@ void PrintTable(const std::vector<Row>& rows) {
         "%8.1f\n",
         r.mix, r.policy, r.curves, r.s.samples_trained,
         absl::StrCat(r.s.jobs_finished, "/", r.s.jobs_submitted), Pct(r.s.efficiency),
-        Pct(r.eff_best), r.s.used_node_hours, Pct(r.s.utilisation), r.s.resizes,
-        r.s.preemptions, Hours(r.s.jct_mean_s), Hours(r.s.jct_median_s), Hours(r.s.makespan_s),
+        Pct(r.eff_best), r.s.used_node_hours, Pct(r.s.utilisation), r.s.resizes, r.s.preemptions,
+        Hours(r.s.jct_mean_s), Hours(r.s.jct_median_s), Hours(r.s.makespan_s),
         Ms(r.s.decision_p50_ms), Ms(r.s.decision_p99_ms), r.s.decisions, r.wall_s);
   }
   std::cout << "  samples: trained in the replay; jobs: finished/submitted; eff: samples / the same\n"
@@ -348,12 +347,12 @@ void PrintReferences(const std::vector<Row>& rows, const std::vector<std::string
       auto tput = [](const Row* r) { return r ? Throughput(*r) : kNaN; };
       // JCT: lower is better; printed as the change of 1/JCT so that + is better.
       auto inv_jct = [](const Row* r) { return r ? 1 / r->s.jct_mean_s : kNaN; };
-      std::cout << absl::StrFormat(
-          "%-30s %-11s | %8s %8s %+8.1fpp | %13s %13s | %13s %13s\n", mix, p,
-          Pct(any->s.efficiency), Pct(any->eff_best),
-          100 * (any->s.efficiency - kBftrainerEfficiency), Ratio(tput(lrn), tput(lin)),
-          Ratio(tput(lrn), tput(orc)), Ratio(inv_jct(lrn), inv_jct(lin)),
-          Ratio(inv_jct(lrn), inv_jct(orc)));
+      std::cout << absl::StrFormat("%-30s %-11s | %8s %8s %+8.1fpp | %13s %13s | %13s %13s\n", mix,
+                                   p, Pct(any->s.efficiency), Pct(any->eff_best),
+                                   100 * (any->s.efficiency - kBftrainerEfficiency),
+                                   Ratio(tput(lrn), tput(lin)), Ratio(tput(lrn), tput(orc)),
+                                   Ratio(inv_jct(lrn), inv_jct(lin)),
+                                   Ratio(inv_jct(lrn), inv_jct(orc)));
     }
   }
   std::cout << absl::StrFormat(
@@ -378,9 +377,9 @@ void PrintAudit(const std::vector<Row>& rows) {
       absl::GetFlag(FLAGS_milp_fork) ? "forked child" : "in process",
       absl::GetFlag(FLAGS_milp_dp_start) ? "the DP's answer" : "the current allocation");
   const std::string header = absl::StrFormat(
-      "%-30s %-7s | %7s %7s %6s %6s | %7s %9s %9s %9s %6s | %9s %6s %s", "mix", "curves",
-      "decs", "optimal", "limit", "fellbk", "audited", "gap_bound", "gap_dp_mx", "gap_dp_mn",
-      "<dp", "milp_s", ">100ms", "by jobs in the problem: decisions/>100ms/time");
+      "%-30s %-7s | %7s %7s %6s %6s | %7s %9s %9s %9s %6s | %9s %6s %s", "mix", "curves", "decs",
+      "optimal", "limit", "fellbk", "audited", "gap_bound", "gap_dp_mx", "gap_dp_mn", "<dp",
+      "milp_s", ">100ms", "by jobs in the problem: decisions/>100ms/time");
   std::cout << header << "\n" << std::string(header.size(), '-') << "\n";
   for (const Row& r : rows) {
     if (!r.milp) continue;
@@ -421,33 +420,34 @@ std::string Num(double v, const char* fmt) {
 // by side, and the summary's warnings.
 void PrintUserTable(const std::vector<Row>& rows) {
   const std::string header = absl::StrFormat(
-      "%-30s %-11s %-7s | %11s %9s %9s %9s | %6s %8s %7s %7s | %8s %9s %9s",
-      "machine/regime/mix", "policy", "curves", "samples/nh", "JCT mn h", "JCT p95 h",
-      "JCT max h", "eff", "eff_best", "lost_rs", "lost_rc", "util_act", "contended", "jobs");
+      "%-30s %-11s %-7s | %11s %9s %9s %9s | %6s %8s %7s %7s | %8s %9s %9s", "machine/regime/mix",
+      "policy", "curves", "samples/nh", "JCT mn h", "JCT p95 h", "JCT max h", "eff", "eff_best",
+      "lost_rs", "lost_rc", "util_act", "contended", "jobs");
   std::cout << "\nWhat users feel (samples per node-hour held, completion times in hours, "
                "efficiency):\n"
             << header << "\n"
             << std::string(header.size(), '-') << "\n";
   for (const Row& r : rows) {
     std::cout << absl::StrFormat(
-        "%-30s %-11s %-7s | %11s %9s %9s %9s | %6s %8s %7s %7s | %8s %9s %9s\n", r.mix,
-        r.policy, r.curves, Num(r.s.samples_per_node_hour, "%.4g"), Hours(r.s.jct_mean_s),
+        "%-30s %-11s %-7s | %11s %9s %9s %9s | %6s %8s %7s %7s | %8s %9s %9s\n", r.mix, r.policy,
+        r.curves, Num(r.s.samples_per_node_hour, "%.4g"), Hours(r.s.jct_mean_s),
         Hours(r.s.jct_p95_s), Hours(r.s.jct_max_s), Pct(r.s.efficiency), Pct(r.eff_best),
-        Pct(r.s.lost_to_resizes / std::max(1.0, r.s.samples_trained + r.s.lost_to_resizes +
-                                                      r.s.lost_to_reclaims)),
-        Pct(r.s.lost_to_reclaims / std::max(1.0, r.s.samples_trained + r.s.lost_to_resizes +
-                                                       r.s.lost_to_reclaims)),
+        Pct(r.s.lost_to_resizes /
+            std::max(1.0, r.s.samples_trained + r.s.lost_to_resizes + r.s.lost_to_reclaims)),
+        Pct(r.s.lost_to_reclaims /
+            std::max(1.0, r.s.samples_trained + r.s.lost_to_resizes + r.s.lost_to_reclaims)),
         Pct(r.s.active_utilisation), Pct(r.s.contended_fraction),
         absl::StrCat(r.s.jobs_finished, "/", r.s.jobs_submitted));
   }
-  std::cout << "  samples/nh: samples trained per node-hour held; JCT: job completion time "
-               "(mean, nearest-rank p95,\n"
-               "  max) over finished jobs; lost_rs / lost_rc: samples the policy's resizes / the "
-               "reclaims cost, as a\n"
-               "  share of samples trained + lost; util_act: used / idle node-hours while jobs were "
-               "present; contended: share\n"
-               "  of that time when the jobs present could use more nodes than were idle (the "
-               "policies competed).\n";
+  std::cout
+      << "  samples/nh: samples trained per node-hour held; JCT: job completion time "
+         "(mean, nearest-rank p95,\n"
+         "  max) over finished jobs; lost_rs / lost_rc: samples the policy's resizes / the "
+         "reclaims cost, as a\n"
+         "  share of samples trained + lost; util_act: used / idle node-hours while jobs were "
+         "present; contended: share\n"
+         "  of that time when the jobs present could use more nodes than were idle (the "
+         "policies competed).\n";
   bool any = false;
   for (const Row& r : rows) {
     for (const std::string& w : r.s.warnings) {
@@ -494,8 +494,8 @@ void PrintWinTargets(const std::vector<Row>& rows, const std::string& first_curv
           const double a = m.get(*o), c = m.get(*b);
           const bool worse = std::isnan(a) || (!std::isnan(c) && (m.higher_better ? a < c : a > c));
           if (worse) {
-            lost.push_back(absl::StrCat(m.name, " ", Num(a, m.fmt), " vs ", base, " ",
-                                        Num(c, m.fmt)));
+            lost.push_back(
+                absl::StrCat(m.name, " ", Num(a, m.fmt), " vs ", base, " ", Num(c, m.fmt)));
           }
         }
       }
@@ -597,8 +597,8 @@ int main(int argc, char** argv) {
       parts.pop_back();
     }
     if (parts.size() > 2 ||
-        (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &ro.procs_per_node) ||
-                               ro.procs_per_node < 1))) {
+        (parts.size() == 2 &&
+         (!absl::SimpleAtoi(parts[1], &ro.procs_per_node) || ro.procs_per_node < 1))) {
       std::cerr << "--swf: expected PATH[:PROCS_PER_NODE][:wait0], got '" << spec << "'\n";
       return 2;
     }
@@ -675,7 +675,8 @@ int main(int argc, char** argv) {
 
   std::cout << absl::StrFormat(
       "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s%s, accounting %s, objective %s, "
-      "resize cost %s (objective terms%s for %s; the others: throughput, BFTrainer's),\n  max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
+      "resize cost %s (objective terms%s for %s; the others: throughput, BFTrainer's),\n  "
+      "max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
       "the mix, %.0f h apart); loaded in %.1f s\n",
       absl::GetFlag(FLAGS_t_fwd_s), absl::GetFlag(FLAGS_debounce_s), absl::GetFlag(FLAGS_forecast),
       absl::StrCat(absl::GetFlag(FLAGS_reclaim_hazard) ? " + reclaim hazard" : "",
@@ -697,7 +698,8 @@ int main(int argc, char** argv) {
   for (Machine& m : machines) {
     const absl::Time start = ReplayStart(m.trace, m.skip_snapshots);
     absl::Time end = std::max(m.trace.end, m.trace.events.back().time);
-    if (absl::GetFlag(FLAGS_hours) > 0) end = std::min(end, start + absl::Hours(absl::GetFlag(FLAGS_hours)));
+    if (absl::GetFlag(FLAGS_hours) > 0)
+      end = std::min(end, start + absl::Hours(absl::GetFlag(FLAGS_hours)));
     windows.push_back({start, end});
     std::cout << absl::StrFormat(
         "  machine %s: %d nodes, %d events; replay %s .. %s (%.1f days, skip_snapshots %d)%s%s\n",
@@ -736,9 +738,8 @@ int main(int argc, char** argv) {
         }
         for (alloc::PolicyKind policy : policies) {
           const std::string policy_name(alloc::PolicyName(policy));
-          const bool every_mode =
-              all_curves ||
-              std::find(curves_for->begin(), curves_for->end(), policy_name) != curves_for->end();
+          const bool every_mode = all_curves || std::find(curves_for->begin(), curves_for->end(),
+                                                          policy_name) != curves_for->end();
           for (size_t c = 0; c < curves.size(); ++c) {
             if (c > 0 && !every_mode) break;
             Row row;
@@ -750,8 +751,8 @@ int main(int argc, char** argv) {
             row.curves = (*curve_names)[c];
             row.milp = policy == alloc::PolicyKind::kMilp;
             sim::SimOptions o = *base;
-            if (!terms_for_all && std::find(terms_for.begin(), terms_for.end(), policy_name) ==
-                                      terms_for.end()) {
+            if (!terms_for_all &&
+                std::find(terms_for.begin(), terms_for.end(), policy_name) == terms_for.end()) {
               o.reclaim_hazard = false;
               o.resize_hysteresis = 1;
               o.objective = alloc::Objective::kThroughput;
@@ -851,7 +852,7 @@ int main(int argc, char** argv) {
       std::cout << absl::StrFormat(
           "  full 15-day Summit replay, 1,001-job mix, %-4s < %3.0f s: %7.1f s  %s\n", r.policy,
           target, r.wall_s,
-          !full ? "(partial replay: not a measurement of the target)"
+          !full               ? "(partial replay: not a measurement of the target)"
           : r.wall_s < target ? "MET"
                               : "MISSED");
     }
@@ -861,10 +862,10 @@ int main(int argc, char** argv) {
         if (m.name == r.machine) days = m.span_days;
       }
       std::cout << absl::StrFormat(
-          "  year-long log with the dp < 300 s: %s (%.0f days, %d jobs): %7.1f s  %s\n",
-          r.machine, days, r.s.jobs_submitted, r.wall_s,
-          !full ? "(partial replay: not a measurement of the target)"
-          : days < 300 ? "(not a year-long log: not a measurement of the target)"
+          "  year-long log with the dp < 300 s: %s (%.0f days, %d jobs): %7.1f s  %s\n", r.machine,
+          days, r.s.jobs_submitted, r.wall_s,
+          !full            ? "(partial replay: not a measurement of the target)"
+          : days < 300     ? "(not a year-long log: not a measurement of the target)"
           : r.wall_s < 300 ? "MET"
                            : "MISSED");
     }

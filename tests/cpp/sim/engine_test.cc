@@ -141,9 +141,9 @@ TEST(EngineTest, ReclaimForcesAShrink) {
 // The losses split by cause: the grow at 100 (policy) costs 10/s x 10 s, the
 // reclaim at 500 (forced) r(2) x 5 s.
 TEST(EngineTest, LossesSplitIntoResizesAndReclaims) {
-  ASSERT_OK_AND_ASSIGN(
-      SimResult r, Simulate(Trace("0,n0,1\n0,n1,0\n100,n1,1\n500,n1,0\n1000,n0,1\n"),
-                            {Job("j", 1, 2, 1e9)}, Dp()));
+  ASSERT_OK_AND_ASSIGN(SimResult r,
+                       Simulate(Trace("0,n0,1\n0,n1,0\n100,n1,1\n500,n1,0\n1000,n0,1\n"),
+                                {Job("j", 1, 2, 1e9)}, Dp()));
   EXPECT_DOUBLE_EQ(r.summary.lost_to_resizes, 100);
   EXPECT_DOUBLE_EQ(r.summary.lost_to_reclaims, 100);
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 10 * 100 + 20 * 400 + 10 * 500 - 200);

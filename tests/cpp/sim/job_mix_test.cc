@@ -393,9 +393,11 @@ TEST(RepeatMixTest, CopiesAreShiftedAndRenamed) {
   EXPECT_EQ(jobs[5].submit_time, mix.jobs[1].submit_time + absl::Hours(20));
   EXPECT_EQ(jobs[4].work_samples, mix.jobs[0].work_samples);
   EXPECT_THAT(RepeatMix(mix.jobs, 0, absl::Hours(1)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("copies: must be in [1, 1000], got 0")));
-  EXPECT_THAT(RepeatMix(mix.jobs, 2, -absl::Hours(1)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("period: must be finite and >= 0")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("copies: must be in [1, 1000], got 0")));
+  EXPECT_THAT(
+      RepeatMix(mix.jobs, 2, -absl::Hours(1)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("period: must be finite and >= 0")));
 }
 
 }  // namespace

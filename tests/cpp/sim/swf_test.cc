@@ -226,8 +226,8 @@ TEST(SwfTest, EveryJobLineIsCountedOnce) {
 // Logs whose submit times are start times record no wait (-1): replayed
 // with wait 0 when asked, counted apart; otherwise the error says what to do.
 TEST(SwfTest, UnknownWaitsReplayedAsZeroWhenAsked) {
-  const std::string text = absl::StrCat("; MaxNodes: 2\n", Job(1, 0, -1, 100, 1),
-                                        Job(2, 50, -1, 100, 2));
+  const std::string text =
+      absl::StrCat("; MaxNodes: 2\n", Job(1, 0, -1, 100, 1), Job(2, 50, -1, 100, 2));
   ASSERT_OK_AND_ASSIGN(SwfLog log, ParseSwf(text, "w.swf"));
   EXPECT_THAT(SwfToIdleTrace(log).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -350,15 +350,15 @@ TEST(SwfTest, AbsoluteTimesStartAtTheFirstEvent) {
   EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(1600000000));
   EXPECT_EQ(t.trace.end, absl::FromUnixSeconds(1600000500));
   EXPECT_THAT(Events(t.trace, 1600000000),
-              ElementsAre(Ev{0, "n1", true}, Ev{100, "n0", true},
-                          Ev{200, "n0", false}, Ev{200, "n1", false}, Ev{300, "n0", true},
-                          Ev{300, "n1", true}, Ev{400, "n0", false}, Ev{500, "n0", true}));
+              ElementsAre(Ev{0, "n1", true}, Ev{100, "n0", true}, Ev{200, "n0", false},
+                          Ev{200, "n1", false}, Ev{300, "n0", true}, Ev{300, "n1", true},
+                          Ev{400, "n0", false}, Ev{500, "n0", true}));
   // Each reclaim is announced when the job that takes the node is submitted.
   std::vector<std::string> announced;
   for (const IdleEvent& e : t.trace.events) {
     if (!e.idle) {
-      announced.push_back(absl::StrCat(t.trace.nodes[e.node], "@",
-                                       absl::ToUnixSeconds(e.announced) - 1600000000));
+      announced.push_back(
+          absl::StrCat(t.trace.nodes[e.node], "@", absl::ToUnixSeconds(e.announced) - 1600000000));
     }
   }
   EXPECT_THAT(announced, ElementsAre("n0@50", "n1@50", "n0@400"));
@@ -379,8 +379,8 @@ TEST(SwfTest, AbsoluteTimesStartAtTheFirstEvent) {
 
 // A relative log whose first job arrives late starts there too.
 TEST(SwfTest, RelativeLogStartsAtItsFirstSubmit) {
-  const SwfTrace t = Replay(absl::StrCat("; MaxNodes: 2\n; UnixStartTime: 1000\n",
-                                         Job(1, 5000, 10, 100, 1)));
+  const SwfTrace t =
+      Replay(absl::StrCat("; MaxNodes: 2\n; UnixStartTime: 1000\n", Job(1, 5000, 10, 100, 1)));
   EXPECT_FALSE(t.report.absolute_times);
   EXPECT_DOUBLE_EQ(t.report.skipped_lead_s, 5000);
   EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(6000));
