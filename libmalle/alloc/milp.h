@@ -1,6 +1,7 @@
 // The allocation MILP, solved with COIN-OR CBC.
 //
-// Count/class formulation (docs/allocator.md): one binary per (job, option)
+// Count/class formulation (docs/allocator.md): by default one binary per
+// piece (a run of options on one line) of each job, else per (job, option),
 // with exactly one chosen per job; integer per-(job, pool) counts linked to
 // the chosen option by rows whose coefficients are node counts (no big-M,
 // no SOS in the model; CBC may branch on the choice rows as SOS1 sets); one
@@ -64,9 +65,10 @@ struct MilpOptions {
   // (a multi-pool model beyond its limits), the start is the answer
   // (fell_back, with the reason).
   bool heuristic_start = true;
-  // One pool: merge each job's options whose values lie on a line into
-  // pieces (one binary per piece, one integer count inside it; milp.cc has
-  // the formulation). False: one binary per option, as with several pools.
+  // Merge each job's options whose values lie on a line into pieces (one
+  // binary per piece, one integer count inside it; with several pools an
+  // integer per job and pool besides; milp.cc has the formulation). False:
+  // one binary per option.
   bool segments = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
