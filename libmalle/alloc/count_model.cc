@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -37,6 +38,8 @@ double JobScale(const Problem& problem, const JobSpec& job) {
       return 1.0;
     case Objective::kWeighted:
       return job.weight;
+    case Objective::kCompletion:
+      return job.weight / job.remaining_samples;  // > 0: ValidateProblem
     case Objective::kSpeedup: {
       // Speedup relative to linear scaling from min_nodes: a job counts as
       // much as another when both run at the same multiple of their smallest
@@ -179,8 +182,15 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
     const std::vector<const Curve*> curves = JobCurves(spec);
     const double scale = JobScale(problem, spec);
-    const double up = Seconds(spec.resize_up_pause);
-    const double down = Seconds(spec.resize_down_pause);
+    // Completion: no job is worth more than finishing it.
+    const double work_cap = problem.objective == Objective::kCompletion
+                                ? spec.remaining_samples
+                                : std::numeric_limits<double>::infinity();
+    const double up = Seconds(spec.resize_up_pause) * problem.resize_hysteresis;
+    const double down = Seconds(spec.resize_down_pause) * problem.resize_hysteresis;
+    // The forced shrink a reclaim causes is not the policy's choice: its
+    // expected cost is charged at the pause as it is.
+    const double reclaim_down = Seconds(spec.resize_down_pause);
     const int cur = job.current_nodes;
     if (cur >= spec.min_nodes && cur <= spec.max_nodes) {
       double speed = model.pools[current_pools[0]].speed;
@@ -222,13 +232,19 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
           const bool unchanged = n == cur && static_cast<int>(b) == spec.current_batch_option;
           double value;
           if (unchanged) {
-            value = eff * pat.horizon_s;
+            value = std::min(eff * pat.horizon_s, work_cap);
           } else {
             const bool grows = n > cur || (n == cur && static_cast<int>(b) != spec.current_batch_option);
             const double pause = grows ? up : down;
-            value = problem.resize_cost == ResizeCostModel::kLostWork
-                        ? eff * (pat.horizon_s - pause)
-                        : eff * pat.horizon_s - job.current_samples_per_s * pause;
+            value =
+                problem.resize_cost == ResizeCostModel::kLostWork
+                    ? std::min(eff * (pat.horizon_s - pause), work_cap)
+                    : std::min(eff * pat.horizon_s, work_cap) - job.current_samples_per_s * pause;
+          }
+          if (problem.reclaim_rate > 0 && pat.horizon_s >= window) {
+            // Expected cost of a forced shrink within the window (nodes with
+            // a shorter forecast are valued until it instead).
+            value -= eff * reclaim_down * -std::expm1(-problem.reclaim_rate * n * pat.horizon_s);
           }
           value *= scale;
           if (!have || value > best.value) {

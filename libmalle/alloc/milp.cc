@@ -56,6 +56,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/internal/cbc_solver.h"
 #include "libmalle/base/check.h"
 #include "libmalle/base/log.h"
@@ -82,6 +83,7 @@ struct Piece {
   double slope = 0.0;         // value per node above `first`
   int z = -1;                 // binary: the job's count lies in this piece
   int d = -1;                 // integer in [0, last - first]: nodes above first (-1 if first == last)
+  int pattern = -1;           // the options' pattern (-1 for the zero piece)
 };
 
 struct Formulation {
@@ -396,6 +398,7 @@ std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
     size_t i = 0;
     while (i < opts.size()) {
       Piece piece;
+      piece.pattern = key.first;
       piece.options = {opts[i]};
       piece.first = piece.last = nodes(opts[i]);
       piece.value_first = value(opts[i]);
@@ -468,6 +471,134 @@ void FirstFitChains(const std::vector<int>& group, const std::function<bool(int,
   }
 }
 
+// Several pools, segment formulation: per job an integer x[j,p] for every
+// pool some piece admits (or the job holds nodes of), linked to the job's
+// count, sum_s first_s z[j,s] + d[j,s] (`count[j]`), by the rules of
+// count_model.h, as in BuildFormulation with n(o) y[j,o] replaced by the
+// piece's count (exactly one piece is chosen, and the current count is a
+// piece of its own, so "grows" and "shrinks" are known per piece):
+//   (a) count:    sum_p x[j,p] - count_j = 0
+//   (b) pattern:  x[j,p] - sum_{s: p in pattern(s)} count_s <= 0
+//   (c) keep:     x[j,p] - cur[j,p] sum_{s: first_s >= cur_j} z[j,s] >= 0    (cur[j,p] > 0)
+//   (d) release:  x[j,p] - sum_{s: first_s > cur_j} count_s <= cur[j,p]       (cur_j > 0)
+//   capacity:     sum_j x[j,p] <= capacity_p
+// With the pieces fixed, what is left is a flow of jobs' counts into pools
+// with integer bounds, whose LP optimum is integral: the search branches on
+// pieces only.
+void AddPoolRows(const CountModel& model,
+                 const std::vector<std::vector<std::pair<int, double>>>& count, Formulation& f) {
+  MipModel& mip = f.mip;
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  std::vector<std::vector<int>> pool_cols(num_pools);
+  f.x.assign(num_jobs, std::vector<int>(num_pools, -1));
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const int cur = job.current_nodes;
+    // A piece's count terms.
+    auto piece_terms = [](const Piece& piece, std::vector<int>& cols, std::vector<double>& vals,
+                          double sign) {
+      if (piece.first > 0) {
+        cols.push_back(piece.z);
+        vals.push_back(sign * piece.first);
+      }
+      if (piece.d >= 0) {
+        cols.push_back(piece.d);
+        vals.push_back(sign);
+      }
+    };
+    std::vector<int> admitted_by(num_pools, 0);
+    int running = 0;
+    for (const Piece& piece : f.pieces[j]) {
+      if (piece.pattern < 0) continue;
+      ++running;
+      for (int p : job.patterns[piece.pattern].pools) ++admitted_by[p];
+    }
+    std::vector<int> a_cols;
+    std::vector<double> a_vals;
+    for (int p = 0; p < num_pools; ++p) {
+      if (admitted_by[p] == 0 && job.current_per_pool[p] == 0) continue;
+      const int ub = admitted_by[p] == 0 ? 0 : std::min(model.pools[p].capacity, job.max_nodes);
+      const int xc = mip.AddCol(0, ub, 0.0, /*integer=*/true);
+      f.x[j][p] = xc;
+      pool_cols[p].push_back(xc);
+      a_cols.push_back(xc);
+      a_vals.push_back(1.0);
+    }
+    for (const auto& [col, coef] : count[j]) {
+      a_cols.push_back(col);
+      a_vals.push_back(-coef);
+    }
+    mip.AddRow(a_cols, a_vals, 0, 0);  // (a)
+    for (int p = 0; p < num_pools; ++p) {
+      const int xc = f.x[j][p];
+      if (xc < 0) continue;
+      if (admitted_by[p] > 0 && admitted_by[p] < running) {  // (b)
+        std::vector<int> cols = {xc};
+        std::vector<double> vals = {1.0};
+        for (const Piece& piece : f.pieces[j]) {
+          if (piece.pattern < 0) continue;
+          const std::vector<int>& pools = job.patterns[piece.pattern].pools;
+          if (std::binary_search(pools.begin(), pools.end(), p)) piece_terms(piece, cols, vals, -1);
+        }
+        mip.AddRow(cols, vals, -kInf, 0);
+      }
+      const int held = job.current_per_pool[p];
+      if (held > 0) {  // (c)
+        std::vector<int> cols = {xc};
+        std::vector<double> vals = {1.0};
+        for (const Piece& piece : f.pieces[j]) {
+          if (piece.first < cur) continue;
+          cols.push_back(piece.z);
+          vals.push_back(-held);
+        }
+        mip.AddRow(cols, vals, 0, kInf);
+      }
+      if (cur > 0) {  // (d)
+        std::vector<int> cols = {xc};
+        std::vector<double> vals = {1.0};
+        for (const Piece& piece : f.pieces[j]) {
+          if (piece.first > cur) piece_terms(piece, cols, vals, -1);
+        }
+        mip.AddRow(cols, vals, -kInf, held);
+      }
+    }
+  }
+  for (int p = 0; p < num_pools; ++p) {
+    mip.AddRow(pool_cols[p], std::vector<double>(pool_cols[p].size(), 1.0), -kInf,
+               model.pools[p].capacity);
+  }
+}
+
+// Identical jobs (same options, values, patterns and current nodes per pool)
+// are interchangeable in every solution: rows count(a) >= count(b) for
+// consecutive ones, and the groups (in index order) for the start.
+void IdenticalJobRows(const CountModel& model,
+                      const std::vector<std::vector<std::pair<int, double>>>& count, Formulation& f,
+                      std::vector<std::vector<int>>* groups) {
+  std::map<std::string, std::vector<int>> kinds;
+  for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+    kinds[IdenticalJobKey(model.jobs[j])].push_back(j);
+  }
+  for (auto& [key, group] : kinds) {
+    if (group.size() < 2) continue;
+    for (size_t k = 1; k < group.size(); ++k) {
+      std::vector<int> cols;
+      std::vector<double> vals;
+      for (const auto& [col, coef] : count[group[k - 1]]) {
+        cols.push_back(col);
+        vals.push_back(coef);
+      }
+      for (const auto& [col, coef] : count[group[k]]) {
+        cols.push_back(col);
+        vals.push_back(-coef);
+      }
+      if (!cols.empty()) f.mip.AddRow(cols, vals, 0, kInf);
+    }
+    groups->push_back(std::move(group));
+  }
+}
+
 Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
                                     const CountSolution* start) {
   Formulation f;
@@ -485,6 +616,7 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
   std::vector<std::vector<std::pair<int, double>>> count(num_jobs);
   std::vector<int> cap_cols;
   std::vector<double> cap_vals;
+  const bool multi = !model.single_pool();
   for (int j = 0; j < num_jobs; ++j) {
     f.pieces.push_back(JobPieces(model.jobs[j], tolerance));
     std::vector<int> choice;
@@ -505,7 +637,11 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
       cap_vals.push_back(coef);
     }
   }
-  mip.AddRow(cap_cols, cap_vals, -kInf, model.pools.empty() ? 0 : model.pools[0].capacity);
+  if (multi) {
+    AddPoolRows(model, count, f);
+  } else {
+    mip.AddRow(cap_cols, cap_vals, -kInf, model.pools.empty() ? 0 : model.pools[0].capacity);
+  }
 
   // Ordered jobs. With one pool, take two jobs a, b that can run at the same
   // counts, and let v_a(n), v_b(n) be their best values at n nodes. If
@@ -521,7 +657,12 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
   // chain, since differences add), so the chain's counts are non-increasing.
   std::vector<std::vector<int>> chains;
   std::vector<std::vector<int>> stay_chains;
-  {
+  std::vector<std::vector<int>> identical;  // several pools only
+  if (multi) {
+    // With several pools a swap may break the keep/release rules; only
+    // identical jobs (same options and current nodes per pool) are ordered.
+    IdenticalJobRows(model, count, f, &identical);
+  } else {
     std::map<std::vector<int>, std::vector<int>> by_counts;  // count set -> jobs
     std::vector<std::map<int, double>> best(num_jobs);      // count -> best value
     for (int j = 0; j < num_jobs; ++j) {
@@ -624,6 +765,20 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
 
   if (use_start) {
     CountSolution first = start != nullptr ? *start : CurrentSolution(model);
+    // Identical jobs: their (option, per-pool counts) in non-increasing
+    // count order, as the rows want.
+    for (const std::vector<int>& group : identical) {
+      std::vector<std::pair<int, std::vector<int>>> choices;
+      for (int j : group) choices.emplace_back(first.option[j], first.per_pool[j]);
+      const JobModel& job = model.jobs[group[0]];
+      std::stable_sort(choices.begin(), choices.end(), [&job](const auto& a, const auto& b) {
+        return job.options[a.first].nodes > job.options[b.first].nodes;
+      });
+      for (size_t k = 0; k < group.size(); ++k) {
+        first.option[group[k]] = choices[k].first;
+        first.per_pool[group[k]] = std::move(choices[k].second);
+      }
+    }
     // Along a chain the counts must not increase: hand the chain's counts out
     // in decreasing order, each job at its best option for its count (by the
     // argument above, worth at least as much).
@@ -665,6 +820,10 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
         if (piece.d >= 0) mip.start[piece.d] = static_cast<double>(at - piece.options.begin());
         break;
       }
+      if (!multi) continue;
+      for (size_t p = 0; p < model.pools.size(); ++p) {
+        if (f.x[j][p] >= 0) mip.start[f.x[j][p]] = first.per_pool[j][p];
+      }
     }
   }
   return f;
@@ -686,6 +845,11 @@ CountSolution Extract(const CountModel& model, const Formulation& f, const std::
       s.option.push_back(o);
       s.per_pool.push_back(std::vector<int>(num_pools, 0));
       if (num_pools == 1) s.per_pool.back()[0] = job.options[o].nodes;
+      if (!f.x.empty()) {
+        for (size_t p = 0; p < num_pools; ++p) {
+          if (f.x[j][p] >= 0) s.per_pool.back()[p] = static_cast<int>(std::lround(x[f.x[j][p]]));
+        }
+      }
       continue;
     }
     int best = 0;  // option 0 (stop) always has a column
@@ -929,10 +1093,32 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   std::optional<absl::StatusOr<PolicyResult>> dp;
   if (options.use_mip_start && options.dp_start) dp = SolveDp(model, options.fallback);
   const bool dp_started = dp.has_value() && dp->ok();
-  const CountSolution* first = dp_started ? &(*dp)->solution : nullptr;
-  Formulation f = options.segments && model.single_pool()
-                      ? BuildSegmentFormulation(model, options.use_mip_start, first)
-                      : BuildFormulation(model, options.use_mip_start, first);
+  // The first incumbent: the best of the DP's answer (dp_start), the current
+  // allocation and, with heuristic_start, the baselines' answers. CBC never
+  // returns worse than it (and if it did, the start would be the answer).
+  std::optional<CountSolution> start_solution;
+  std::string start_name;
+  if (options.use_mip_start) {
+    auto consider = [&](CountSolution s, const char* name) {
+      if (!start_solution || s.objective > start_solution->objective) {
+        start_solution = std::move(s);
+        start_name = name;
+      }
+    };
+    if (dp_started) consider((*dp)->solution, "dp");
+    consider(CurrentSolution(model), "current allocation");
+    if (options.heuristic_start) {
+      for (auto [solve, name] :
+           {std::make_pair(&SolveGreedy, "greedy"), std::make_pair(&SolveEqualShare, "equal_share"),
+            std::make_pair(&SolveStatic, "static")}) {
+        absl::StatusOr<PolicyResult> h = solve(model);
+        if (h.ok() && CheckSolution(model, h->solution).ok()) consider(h->solution, name);
+      }
+    }
+  }
+  const CountSolution* first = start_solution ? &*start_solution : nullptr;
+  Formulation f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first)
+                                   : BuildFormulation(model, options.use_mip_start, first);
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
@@ -960,15 +1146,18 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   // the solver's arithmetic: both "below the DP" guards use this tolerance
   // (relative to the objective), the time-limit one also the solver's gap.
   constexpr double kBelowDpTolerance = 1e-9;
-  if (cause.empty() && dp_started &&
-      result.solution.objective < (*dp)->solution.objective -
-                                      kBelowDpTolerance * std::max(1.0, std::fabs((*dp)->solution.objective))) {
+  bool use_start = false;  // the answer is the start (CBC's is worse)
+  if (cause.empty() && start_solution &&
+      result.solution.objective <
+          start_solution->objective -
+              kBelowDpTolerance * std::max(1.0, std::fabs(start_solution->objective))) {
     // Only possible when CBC rejected the start (it reports why in its
-    // detail): the DP's answer is better, so it is the answer.
-    cause = absl::StrCat("answer below the dp start (", solved->detail, ")");
+    // detail): the start is better, so it is the answer.
+    cause = absl::StrCat("answer below its start, the ", start_name, "'s (", solved->detail, ")");
+    use_start = true;
   }
   if (cause.empty() && solved->status != MipResult::Status::kOptimal && model.single_pool() &&
-      !dp_started) {
+      !dp_started && !use_start) {
     // Stopped at the time limit with an unproven incumbent. On one pool the
     // DP is exact and polynomial (tens to hundreds of ms): an incumbent
     // below its answer is not worth returning (seen at 1,000 jobs, where the
@@ -999,22 +1188,35 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
           "milp: time limit %s reached; incumbent %.6g, bound %.6g (gap %.3g%%)",
           absl::FormatDuration(options.time_limit), obj, result.best_bound, 100.0 * gap);
     }
-    if (dp_started) absl::StrAppend(&result.reason, "; started from the dp's answer");
+    if (start_solution && start_name != "current allocation") {
+      absl::StrAppend(&result.reason, "; started from the ", start_name, "'s answer");
+    }
     // A start CBC refused is a bug in the start (it obeys every rule by
     // construction): say so rather than lose it.
     if (const size_t at = mr.detail.find("start ignored"); at != std::string::npos) {
       absl::StrAppend(&result.reason, "; cbc: ", mr.detail.substr(at));
     }
   } else {
-    if (!dp.has_value()) dp = SolveDp(model, options.fallback);
-    if (!dp->ok()) {
+    if (!use_start && !dp.has_value()) dp = SolveDp(model, options.fallback);
+    if (use_start || (!dp->ok() && start_solution)) {
+      // The start is worth more than CBC's answer, or the DP cannot answer
+      // (a multi-pool model beyond its limits): the start is the answer.
+      result = PolicyResult{};
+      result.solution = *start_solution;
+      result.fell_back = true;
+      result.reason = absl::StrCat(
+          "milp: ", cause,
+          use_start ? "" : absl::StrCat("; the dp cannot answer (", dp->status().message(), ")"),
+          "; answered by its start, the ", start_name, "'s answer");
+    } else if (!dp->ok()) {
       return absl::Status(
           dp->status().code(),
           absl::StrCat(dp->status().message(), " (the dp was the fallback of milp: ", cause, ")"));
+    } else {
+      result = **std::move(dp);
+      result.fell_back = true;
+      result.reason = absl::StrCat("milp: ", cause, "; answered by dp: ", result.reason);
     }
-    result = **std::move(dp);
-    result.fell_back = true;
-    result.reason = absl::StrCat("milp: ", cause, "; answered by dp: ", result.reason);
     if (solved.ok()) result.branch_nodes = solved->branch_nodes;
     MALLE_LOG(WARNING) << result.reason;
   }

@@ -1,6 +1,7 @@
 // The allocation MILP, solved with COIN-OR CBC.
 //
-// Count/class formulation (docs/allocator.md): one binary per (job, option)
+// Count/class formulation (docs/allocator.md): by default one binary per
+// piece (a run of options on one line) of each job, else per (job, option),
 // with exactly one chosen per job; integer per-(job, pool) counts linked to
 // the chosen option by rows whose coefficients are node counts (no big-M,
 // no SOS in the model; CBC may branch on the choice rows as SOS1 sets); one
@@ -57,17 +58,26 @@ struct MilpOptions {
   // (where the DP is exact) CBC can only confirm it. The DP's time is not
   // part of time_limit. Off by default: the MILP stays an independent check.
   bool dp_start = false;
-  // One pool: merge each job's options whose values lie on a line into
-  // pieces (one binary per piece, one integer count inside it; milp.cc has
-  // the formulation). False: one binary per option, as with several pools.
+  // With use_mip_start: also try the baselines' answers (greedy, equal share,
+  // static; milliseconds) and start CBC from the best of them, the current
+  // allocation and the DP's (dp_start). The answer is then never worse than
+  // any of them; if CBC's were worse, or CBC fails and the DP cannot answer
+  // (a multi-pool model beyond its limits), the start is the answer
+  // (fell_back, with the reason).
+  bool heuristic_start = true;
+  // Merge each job's options whose values lie on a line into pieces (one
+  // binary per piece, one integer count inside it; with several pools an
+  // integer per job and pool besides; milp.cc has the formulation). False:
+  // one binary per option.
   bool segments = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };
 
 // Never returns an error for solver trouble (it falls back); returns an
-// error only if the fallback fails too (e.g. ResourceExhausted from a
-// multi-pool DP; then the caller may use a heuristic).
+// error only if the fallback fails too and there is no start to answer with
+// (use_mip_start = false and ResourceExhausted from a multi-pool DP; then
+// the caller may use a heuristic).
 absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOptions& options = {});
 
 }  // namespace malle::alloc

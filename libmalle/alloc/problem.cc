@@ -97,6 +97,8 @@ absl::string_view ObjectiveName(Objective objective) {
       return "speedup";
     case Objective::kWeighted:
       return "weighted";
+    case Objective::kCompletion:
+      return "completion";
   }
   return "unknown";
 }
@@ -121,6 +123,15 @@ absl::Status ValidateProblem(const Problem& problem) {
       problem.cross_locality_factor > 1) {
     return Invalid("cross_locality_factor",
                    absl::StrCat("must be in (0, 1], got ", problem.cross_locality_factor));
+  }
+
+  if (!std::isfinite(problem.resize_hysteresis) || problem.resize_hysteresis < 1) {
+    return Invalid("resize_hysteresis",
+                   absl::StrCat("must be finite and >= 1, got ", problem.resize_hysteresis));
+  }
+  if (!std::isfinite(problem.reclaim_rate) || problem.reclaim_rate < 0) {
+    return Invalid("reclaim_rate",
+                   absl::StrCat("must be finite and >= 0, got ", problem.reclaim_rate));
   }
 
   absl::flat_hash_set<std::string> class_ids;
@@ -217,6 +228,15 @@ absl::Status ValidateProblem(const Problem& problem) {
         name + ".resize_down_pause", job.resize_down_pause, /*allow_infinite=*/false));
     if (!std::isfinite(job.weight) || job.weight < 0) {
       return Invalid(name + ".weight", absl::StrCat("must be finite and >= 0, got ", job.weight));
+    }
+    if (!std::isfinite(job.remaining_samples) || job.remaining_samples < 0) {
+      return Invalid(name + ".remaining_samples",
+                     absl::StrCat("must be finite and >= 0, got ", job.remaining_samples));
+    }
+    if (problem.objective == Objective::kCompletion && job.remaining_samples <= 0) {
+      return Invalid(name + ".remaining_samples",
+                     "must be > 0 for the completion objective (it values work as a share of "
+                     "what is left)");
     }
     if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
       return Invalid(name + ".stop_penalty",

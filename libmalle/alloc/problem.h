@@ -66,7 +66,10 @@ struct JobSpec {
   // nodes counts as a grow.
   absl::Duration resize_up_pause = absl::ZeroDuration();
   absl::Duration resize_down_pause = absl::ZeroDuration();
-  double weight = 1.0;  // used by Objective::kWeighted and kSpeedup
+  double weight = 1.0;  // used by Objective::kWeighted, kSpeedup and kCompletion
+  // Samples the job still has to train (finite, >= 0; 0 = unknown). Needed by
+  // Objective::kCompletion, which values work as a share of it.
+  double remaining_samples = 0.0;
   // Subtracted from the objective when a job that holds nodes now is stopped
   // (given 0 nodes). A live elastic job keeps its training state only in its
   // ranks' memory, so the allocator service makes stopping it worse than any
@@ -99,6 +102,12 @@ enum class Objective {
   kThroughput,  // total samples/s, BFTrainer's default
   kSpeedup,     // each job's throughput over its per-node throughput at min size, times weight
   kWeighted,    // weight * samples/s
+  // The value of finishing: each job's work over the window as a share of the
+  // work it has left (capped at all of it), times weight. A node goes where it
+  // brings jobs closest to done, shortest remaining work first when curves
+  // are alike (SRPT for malleable jobs): what lowers mean completion time,
+  // where kThroughput only counts samples. Needs remaining_samples > 0.
+  kCompletion,
 };
 
 // How the cost of a resize is charged over the forward window.
@@ -122,6 +131,18 @@ struct Problem {
   // Throughput factor for a job whose nodes span several locality groups
   // (1.0 = locality does not matter).
   double cross_locality_factor = 1.0;
+  // Reclaims per idle node-second that the main scheduler makes (the
+  // machine's history gives it: reclaims of idle nodes / idle node-seconds),
+  // for nodes without their own forecast. A job on n such nodes expects
+  // 1 - exp(-rate * n * H) chance of a forced shrink within the window, which
+  // costs it its rate x its down pause (what the simulator charges); each
+  // running option's value pays that expected cost. 0 (the default): not
+  // counted. Finite, >= 0.
+  double reclaim_rate = 0.0;
+  // Hysteresis: the objective charges every resize (grow, shrink, start,
+  // batch change) this many times its pause, so that a change must pay off
+  // by a margin before it is made (1 = the pause as it is). Finite, >= 1.
+  double resize_hysteresis = 1.0;
 };
 
 // Checks every field; the error (InvalidArgument) names the offending field

@@ -71,6 +71,10 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("skip_snapshots: must be >= 0, got ", o.skip_snapshots));
   }
+  if (!std::isfinite(o.resize_hysteresis) || o.resize_hysteresis < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resize_hysteresis: must be finite and >= 1, got ", o.resize_hysteresis));
+  }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return absl::OkStatus();
 }
@@ -93,7 +97,8 @@ class Replay {
   double Rate(const JobState& j, int n) const { return alloc::Interpolate(j.mix->throughput, n); }
   void Advance(double to);
   void Record(const char* kind, int job, int node, int before, int after, double ms = 0);
-  void ChargeResize(JobState& j, int before, int after);
+  // `forced`: a reclaim, not the policy's decision (for the loss split).
+  void ChargeResize(JobState& j, int before, int after, bool forced);
   void ReleaseAll(int job);
   void StartRunning(int job);
   void StopRunning(int job, bool wait_again);
@@ -103,7 +108,10 @@ class Replay {
   double FinishTime(const JobState& j) const;
   void FinishJobs();
   void ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_node);
+  void NoteIdle(int node, double t, size_t ev, const std::vector<size_t>& next_of_node);
   void AddFragment(double length);
+  absl::Duration ForecastIdle(int node);
+  void Summarise(double ideal);
 
   const IdleTrace& trace_;
   const SimOptions& options_;
@@ -118,11 +126,22 @@ class Replay {
   absl::flat_hash_map<std::string, int> node_index_;
   std::vector<double> idle_since_;
   std::vector<double> next_busy_;  // oracle forecast, per node (replay seconds)
+  std::vector<double> next_busy_announced_;  // when that reclaim was announced
   std::deque<double> fragments_;   // estimated forecast: recent idle fragment lengths
   std::vector<double> sorted_fragments_;
   bool fragments_dirty_ = false;
   int idle_count_ = 0, used_count_ = 0;
   double idle_node_s_ = 0, used_node_s_ = 0;
+  // While jobs are present (submitted, unfinished): what they could use (sum
+  // of max_nodes), how many there are, and the integrals behind the
+  // summary's active_* and contended_fraction.
+  long long demand_ = 0;
+  int present_ = 0;
+  double active_s_ = 0, active_idle_node_s_ = 0, active_used_node_s_ = 0, contended_s_ = 0;
+  // The machine's reclaim history (SimOptions::reclaim_hazard): idle
+  // node-seconds seen before the replay start, and reclaims of idle nodes.
+  double history_idle_node_s_ = 0;
+  long long reclaims_seen_ = 0;
   std::vector<double> latencies_ms_;
   SimResult result_;
   Summary& summary_ = result_.summary;
@@ -148,6 +167,12 @@ void Replay::Advance(double to) {
   if (dt <= 0) return;
   idle_node_s_ += idle_count_ * dt;
   used_node_s_ += used_count_ * dt;
+  if (present_ > 0) {
+    active_s_ += dt;
+    active_idle_node_s_ += idle_count_ * dt;
+    active_used_node_s_ += used_count_ * dt;
+    if (demand_ > idle_count_) contended_s_ += dt;
+  }
   const double warmup = Sec(options_.learned_warmup);
   for (int rank : running_) {
     JobState& j = jobs_[by_rank_[rank]];
@@ -164,13 +189,19 @@ void Replay::Advance(double to) {
   now_ = to;
 }
 
-void Replay::ChargeResize(JobState& j, int before, int after) {
+void Replay::ChargeResize(JobState& j, int before, int after, bool forced) {
   const double pause = Sec(after > before ? j.mix->rescale_up : j.mix->rescale_down);
+  double lost = 0;
   if (options_.accounting == Accounting::kBftrainer) {
-    j.done -= Rate(j, before) * pause;  // r(0) = 0: a start is free
+    lost = Rate(j, before) * pause;  // r(0) = 0: a start is free
+    j.done -= lost;
   } else {
+    // Training stops for the pause (at the new size; a pause still running
+    // is cut short by the new one).
+    lost = Rate(j, after) * pause;
     j.paused_until = now_ + pause;
   }
+  (forced ? summary_.lost_to_reclaims : summary_.lost_to_resizes) += lost;
   j.size_since = now_;
 }
 
@@ -214,6 +245,8 @@ void Replay::FinishJobs() {
     JobState& s = jobs_[j];
     s.finished = true;
     s.out.finish = origin_ + absl::Seconds(now_);
+    --present_;
+    demand_ -= s.mix->max_nodes;
     ++summary_.jobs_finished;
     const int n = static_cast<int>(s.nodes.size());
     ReleaseAll(j);
@@ -287,18 +320,18 @@ absl::Status Replay::Decide() {
   problem.forward_window = options_.forward_window;
   problem.objective = options_.objective;
   problem.resize_cost = options_.resize_cost;
+  problem.resize_hysteresis = options_.resize_hysteresis;
+  if (options_.reclaim_hazard && reclaims_seen_ >= 32) {
+    // Idle node-seconds so far: the history before the start and the replay.
+    const double idle_s = history_idle_node_s_ + idle_node_s_;
+    if (idle_s > 0) problem.reclaim_rate = reclaims_seen_ / idle_s;
+  }
   problem.nodes.reserve(idle_count_);
   for (size_t n = 0; n < idle_.size(); ++n) {
     if (!idle_[n]) continue;
     alloc::Node node;
     node.id = trace_.nodes[n];
-    if (options_.forecast == ForecastMode::kOracle) {
-      if (std::isfinite(next_busy_[n])) {
-        node.expected_idle = absl::Seconds(std::max(0.0, next_busy_[n] - now_));
-      }
-    } else if (options_.forecast == ForecastMode::kEstimated) {
-      node.expected_idle = EstimatedIdle(static_cast<int>(n));
-    }
+    node.expected_idle = ForecastIdle(static_cast<int>(n));
     problem.nodes.push_back(std::move(node));
   }
   std::vector<int> considered;
@@ -310,6 +343,8 @@ absl::Status Replay::Decide() {
     considered.push_back(j);
     alloc::JobSpec spec = ToJobSpec(*s.mix);
     if (options_.curves != CurveMode::kOracle) spec.throughput = CurveFor(s);
+    // At least one sample: a job is finished (and not considered) once done.
+    spec.remaining_samples = std::max(1.0, s.mix->work_samples - s.done);
     spec.current_nodes.reserve(s.nodes.size());
     for (int node : s.nodes) spec.current_nodes.push_back(trace_.nodes[node]);
     problem.jobs.push_back(std::move(spec));
@@ -350,7 +385,7 @@ absl::Status Replay::Decide() {
       ++used_count_;
       s.nodes.push_back(node);
     }
-    ChargeResize(s, before[k], after);
+    ChargeResize(s, before[k], after, /*forced=*/false);
     ++s.out.resizes;
     ++summary_.resizes;
     if (before[k] == 0) {
@@ -377,15 +412,13 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     if (e.idle) {
       if (!idle_[node]) ++idle_count_;
       idle_[node] = 1;
-      idle_since_[node] = now_;
-      next_busy_[node] = next_of_node[ev] < trace_.events.size()
-                             ? Sec(trace_.events[next_of_node[ev]].time - origin_)
-                             : kInf;
+      NoteIdle(node, now_, ev, next_of_node);
       Record("idle", -1, node, 0, 0);
       continue;
     }
     if (idle_[node]) {
       --idle_count_;
+      ++reclaims_seen_;
       AddFragment(now_ - idle_since_[node]);
     }
     idle_[node] = 0;
@@ -408,7 +441,11 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
   for (const auto& [j, before] : shrunk) {
     JobState& s = jobs_[j];
     const int after = static_cast<int>(s.nodes.size());
-    ChargeResize(s, before, after);
+    ChargeResize(s, before, after, /*forced=*/true);
+    // A preemption: the job keeps its progress (samples done) and waits.
+    // Every way a job stops (here, a policy's stop in Decide) goes through
+    // StopRunning, and every restart through StartRunning: the two places
+    // where an accounting of parked state (a park + unpark time) would go.
     if (after < s.mix->min_nodes) {
       ReleaseAll(j);
       StopRunning(j, /*wait_again=*/true);
@@ -416,6 +453,116 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
       ++summary_.preemptions;
       Record("preempt", j, -1, after, 0);
     }
+  }
+}
+
+// A node became idle at `t` (trace event `ev`): when its next reclaim comes
+// and when that reclaim was announced, for the forecasts.
+void Replay::NoteIdle(int node, double t, size_t ev, const std::vector<size_t>& next_of_node) {
+  idle_since_[node] = t;
+  const size_t next = next_of_node[ev];
+  if (next < trace_.events.size()) {
+    next_busy_[node] = Sec(trace_.events[next].time - origin_);
+    const absl::Time announced = trace_.events[next].announced;
+    next_busy_announced_[node] =
+        announced == absl::InfiniteFuture() ? kInf : Sec(announced - origin_);
+  } else {
+    next_busy_[node] = kInf;
+    next_busy_announced_[node] = kInf;
+  }
+}
+
+// What the policy is told of how long `node` stays idle (ForecastMode).
+absl::Duration Replay::ForecastIdle(int node) {
+  switch (options_.forecast) {
+    case ForecastMode::kNone:
+      return absl::InfiniteDuration();
+    case ForecastMode::kOracle:
+      if (!std::isfinite(next_busy_[node])) return absl::InfiniteDuration();
+      return absl::Seconds(std::max(0.0, next_busy_[node] - now_));
+    case ForecastMode::kReservation:
+      // Known once announced (the job that takes the node is queued).
+      if (!std::isfinite(next_busy_[node]) || next_busy_announced_[node] > now_) {
+        return absl::InfiniteDuration();
+      }
+      return absl::Seconds(std::max(0.0, next_busy_[node] - now_));
+    case ForecastMode::kEstimated:
+      return EstimatedIdle(node);
+  }
+  return absl::InfiniteDuration();
+}
+
+// The summary's figures from what the replay accumulated, and the warnings
+// for results that cannot be right or say little.
+void Replay::Summarise(double ideal) {
+  std::vector<double> jct;
+  double first_arrival = kInf, last_finish = -kInf;
+  for (const JobState& s : jobs_) {
+    first_arrival = std::min(first_arrival, s.submit);
+    if (!s.finished) continue;
+    const double finish = Sec(s.out.finish - origin_);
+    jct.push_back(finish - s.submit);
+    last_finish = std::max(last_finish, finish);
+  }
+  if (!jct.empty()) {
+    double sum = 0;
+    for (double v : jct) sum += v;
+    summary_.jct_mean_s = sum / jct.size();
+    std::sort(jct.begin(), jct.end());
+    const size_t m = jct.size() / 2;
+    summary_.jct_median_s = jct.size() % 2 == 1 ? jct[m] : (jct[m - 1] + jct[m]) / 2;
+    const size_t rank = static_cast<size_t>(std::ceil(0.95 * jct.size()));
+    summary_.jct_p95_s = jct[std::max<size_t>(rank, 1) - 1];
+    summary_.jct_max_s = jct.back();
+  }
+  if (!jobs_.empty() && jct.size() == jobs_.size()) {
+    summary_.makespan_s = last_finish - first_arrival;
+  }
+  summary_.policy = std::string(alloc::PolicyName(options_.decide.policy));
+  summary_.idle_node_hours = idle_node_s_ / 3600;
+  summary_.used_node_hours = used_node_s_ / 3600;
+  summary_.efficiency = ideal > 0 ? summary_.samples_trained / ideal : 0;
+  summary_.utilisation = idle_node_s_ > 0 ? used_node_s_ / idle_node_s_ : 0;
+  if (used_node_s_ > 0)
+    summary_.samples_per_node_hour = summary_.samples_trained / (used_node_s_ / 3600);
+  summary_.active_hours = active_s_ / 3600;
+  summary_.active_idle_node_hours = active_idle_node_s_ / 3600;
+  if (active_idle_node_s_ > 0)
+    summary_.active_utilisation = active_used_node_s_ / active_idle_node_s_;
+  if (active_s_ > 0) summary_.contended_fraction = contended_s_ / active_s_;
+  if (!latencies_ms_.empty()) {
+    std::sort(latencies_ms_.begin(), latencies_ms_.end());
+    auto at = [&](double q) {
+      const size_t k = static_cast<size_t>(std::ceil(q * latencies_ms_.size())) - 1;
+      return latencies_ms_[std::min(k, latencies_ms_.size() - 1)];
+    };
+    summary_.decision_p50_ms = at(0.5);
+    summary_.decision_p99_ms = at(0.99);
+    summary_.decision_max_ms = latencies_ms_.back();
+  }
+
+  std::vector<std::string>& w = summary_.warnings;
+  const double machine_node_hours = static_cast<double>(idle_.size()) * end_ / 3600;
+  if (summary_.idle_node_hours > machine_node_hours * (1 + 1e-9)) {
+    w.push_back(absl::StrFormat(
+        "cannot be right: %.4g idle node-hours offered, more than the machine's %d nodes x the "
+        "replay's %.1f h = %.4g",
+        summary_.idle_node_hours, idle_.size(), end_ / 3600, machine_node_hours));
+  }
+  if (summary_.jobs_submitted > 0 && active_s_ < 0.1 * end_) {
+    w.push_back(absl::StrFormat(
+        "jobs were present during %.1f%% of the replay only (%.1f of %.1f h): utilisation and "
+        "idle node-hours over the whole replay say little; see the active_* figures",
+        100 * active_s_ / end_, active_s_ / 3600, end_ / 3600));
+  }
+  if (active_s_ > 0 && contended_s_ < 0.05 * active_s_) {
+    w.push_back(absl::StrFormat(
+        "the policies hardly competed: the jobs present could use more nodes than were idle "
+        "during %.1f%% of their time only; any sensible policy gives every job its max_nodes",
+        100 * contended_s_ / active_s_));
+  }
+  if (summary_.jobs_submitted > 0 && summary_.jobs_finished == 0) {
+    w.push_back("no job finished: completion times and makespan are undefined");
   }
 }
 
@@ -442,6 +589,7 @@ absl::StatusOr<SimResult> Replay::Run() {
   for (int n = 0; n < num_nodes; ++n) node_index_[trace_.nodes[n]] = n;
   idle_since_.assign(num_nodes, 0);
   next_busy_.assign(num_nodes, kInf);
+  next_busy_announced_.assign(num_nodes, kInf);
 
   // Replay start: the (skip_snapshots + 1)-th distinct event time.
   absl::Time start = trace_.events.front().time;
@@ -480,21 +628,23 @@ absl::StatusOr<SimResult> Replay::Run() {
   // Events before the start only set the initial state (and, for the
   // estimated forecast, the history of fragments).
   size_t ev = 0;
+  double last_t = trace_.events.empty() ? 0 : Sec(trace_.events.front().time - origin_);
   for (; ev < trace_.events.size() && trace_.events[ev].time < start; ++ev) {
     const IdleEvent& e = trace_.events[ev];
     const double t = Sec(e.time - origin_);
+    history_idle_node_s_ += idle_count_ * (t - last_t);
+    last_t = t;
     if (e.idle) {
       if (!idle_[e.node]) ++idle_count_;
-      idle_since_[e.node] = t;
-      next_busy_[e.node] = next_of_node[ev] < trace_.events.size()
-                               ? Sec(trace_.events[next_of_node[ev]].time - origin_)
-                               : kInf;
+      NoteIdle(e.node, t, ev, next_of_node);
     } else if (idle_[e.node]) {
       --idle_count_;
+      ++reclaims_seen_;
       AddFragment(t - idle_since_[e.node]);
     }
     idle_[e.node] = e.idle;
   }
+  if (last_t < 0) history_idle_node_s_ += idle_count_ * -last_t;  // up to the start
 
   // Submit times, aligned to the replay start when asked.
   double shift = 0;
@@ -553,6 +703,8 @@ absl::StatusOr<SimResult> Replay::Run() {
       JobState& s = jobs_[j];
       s.submitted = true;
       s.size_since = now_;
+      ++present_;
+      demand_ += s.mix->max_nodes;
       waiting_.insert(s.rank);
       ++summary_.jobs_submitted;
       Record("submit", j, -1, 0, 0);
@@ -587,43 +739,7 @@ absl::StatusOr<SimResult> Replay::Run() {
     ideal += s.out.ideal_samples;
     result_.jobs.push_back(s.out);
   }
-  {
-    std::vector<double> jct;
-    double first_arrival = kInf, last_finish = -kInf;
-    for (const JobState& s : jobs_) {
-      first_arrival = std::min(first_arrival, s.submit);
-      if (!s.finished) continue;
-      const double finish = Sec(s.out.finish - origin_);
-      jct.push_back(finish - s.submit);
-      last_finish = std::max(last_finish, finish);
-    }
-    if (!jct.empty()) {
-      double sum = 0;
-      for (double v : jct) sum += v;
-      summary_.jct_mean_s = sum / jct.size();
-      std::sort(jct.begin(), jct.end());
-      const size_t m = jct.size() / 2;
-      summary_.jct_median_s = jct.size() % 2 == 1 ? jct[m] : (jct[m - 1] + jct[m]) / 2;
-    }
-    if (!jobs_.empty() && jct.size() == jobs_.size()) {
-      summary_.makespan_s = last_finish - first_arrival;
-    }
-  }
-  summary_.policy = std::string(alloc::PolicyName(options_.decide.policy));
-  summary_.idle_node_hours = idle_node_s_ / 3600;
-  summary_.used_node_hours = used_node_s_ / 3600;
-  summary_.efficiency = ideal > 0 ? summary_.samples_trained / ideal : 0;
-  summary_.utilisation = idle_node_s_ > 0 ? used_node_s_ / idle_node_s_ : 0;
-  if (!latencies_ms_.empty()) {
-    std::sort(latencies_ms_.begin(), latencies_ms_.end());
-    auto at = [&](double q) {
-      const size_t k = static_cast<size_t>(std::ceil(q * latencies_ms_.size())) - 1;
-      return latencies_ms_[std::min(k, latencies_ms_.size() - 1)];
-    };
-    summary_.decision_p50_ms = at(0.5);
-    summary_.decision_p99_ms = at(0.99);
-    summary_.decision_max_ms = latencies_ms_.back();
-  }
+  Summarise(ideal);
   summary_.wall_s = absl::ToDoubleSeconds(absl::Now() - wall0);
   return std::move(result_);
 }

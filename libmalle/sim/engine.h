@@ -70,12 +70,17 @@ enum class ForecastMode {
   kNone,       // nothing: every window is unknown (infinite)
   kOracle,     // the true time until the node's next busy event in the trace
   kEstimated,  // from idle-fragment statistics of the trace seen so far
+  // The main scheduler's reservations: a node's reclaim is known exactly from
+  // the time the trace announces it (IdleEvent::announced; for SWF logs the
+  // submit time of the job that takes the node), unknown (infinite) before.
+  kReservation,
 };
 
 struct SimOptions {
   alloc::DecideOptions decide;  // policy and its options
   alloc::Objective objective = alloc::Objective::kThroughput;
   alloc::ResizeCostModel resize_cost = alloc::ResizeCostModel::kBftrainer;
+  double resize_hysteresis = 1.0;  // alloc::Problem::resize_hysteresis
   absl::Duration forward_window = absl::Minutes(2);
   absl::Duration debounce = absl::ZeroDuration();
   int max_waiting = 64;
@@ -89,6 +94,12 @@ struct SimOptions {
   CurveMode curves = CurveMode::kOracle;
   absl::Duration learned_warmup = absl::ZeroDuration();
   ForecastMode forecast = ForecastMode::kNone;
+  // Tell the policy the machine's reclaim rate so far (alloc::Problem::
+  // reclaim_rate: reclaims of idle nodes per idle node-second, from the trace
+  // seen up to the decision, history before the replay start included; 0
+  // until 32 reclaims were seen), so that it prices the forced shrinks that
+  // holding more nodes risks.
+  bool reclaim_hazard = false;
   // Replay window; InfinitePast/InfiniteFuture = the trace's own bounds.
   // BFTrainer's replayer starts at the trace's 1,000th snapshot
   // (skip_snapshots = 999).
@@ -150,6 +161,10 @@ struct Summary {
   // docs/simulator.md).
   double efficiency = 0;
   double utilisation = 0;       // used / idle node-hours
+  // Samples the resize pauses cost (Accounting: old rate x pause, or the
+  // rate at the new size x pause), split by cause: the policy's resizes and
+  // the reclaims (forced shrinks and preemptions).
+  double lost_to_resizes = 0, lost_to_reclaims = 0;
   int jobs_submitted = 0, jobs_finished = 0;
   int resizes = 0, preemptions = 0, reclaims = 0;
   int decisions = 0;
@@ -160,9 +175,26 @@ struct Summary {
   // start for a job submitted before it. NaN when no job finished.
   double jct_mean_s = std::numeric_limits<double>::quiet_NaN();
   double jct_median_s = std::numeric_limits<double>::quiet_NaN();
+  double jct_p95_s = std::numeric_limits<double>::quiet_NaN();  // nearest rank
+  double jct_max_s = std::numeric_limits<double>::quiet_NaN();
   // Last finish - first arrival; NaN unless every job of the mix finished
   // within the replay (otherwise it would only say when the replay ended).
   double makespan_s = std::numeric_limits<double>::quiet_NaN();
+  // Samples trained per node-hour held (NaN if none was held).
+  double samples_per_node_hour = std::numeric_limits<double>::quiet_NaN();
+  // While jobs were present (some job submitted and unfinished): how long,
+  // the idle node-hours offered then, the share of them jobs held, and the
+  // share of that time when the jobs present could have used more nodes than
+  // were idle (sum of their max_nodes > idle nodes): the time the policies
+  // actually competed for nodes.
+  double active_hours = 0;
+  double active_idle_node_hours = 0;
+  double active_utilisation = std::numeric_limits<double>::quiet_NaN();
+  double contended_fraction = std::numeric_limits<double>::quiet_NaN();
+  // Results that cannot be right or say little, in words (e.g. "idle
+  // node-hours exceed the machine x the replay", "the policies hardly
+  // competed"). Empty when nothing is suspicious.
+  std::vector<std::string> warnings;
 };
 
 struct SimResult {
@@ -178,6 +210,8 @@ absl::StatusOr<SimResult> Simulate(const IdleTrace& trace, const std::vector<Mix
                                    const SimOptions& options);
 
 // CSV writers (header line + one row per record; times as Unix seconds).
+// SummariesToCsv keeps its first columns (policy .. makespan_s) for existing
+// readers; the later Summary fields are in the Python summary's records.
 std::string EventsToCsv(const std::vector<EventRecord>& events);
 std::string JobsToCsv(const std::vector<JobOutcome>& jobs);
 std::string SummariesToCsv(const std::vector<Summary>& summaries);

@@ -40,6 +40,11 @@ struct IdleEvent {
   absl::Time time;
   int node = 0;       // index into IdleTrace::nodes
   bool idle = false;  // true: the node became idle (usable); false: reclaimed
+  // For a reclaim (idle = false): when the main scheduler knew of it, e.g.
+  // the submit time of the job that takes the node (SWF logs give it), so a
+  // forecast may use it from then on (sim::ForecastMode::kReservation).
+  // InfiniteFuture: not known before it happens (CSV traces).
+  absl::Time announced = absl::InfiniteFuture();
 };
 
 struct IdleTrace {

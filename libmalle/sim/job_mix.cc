@@ -321,6 +321,34 @@ absl::StatusOr<JobMix> SyntheticJobMix(int n, uint64_t seed, const SyntheticMixO
   return mix;
 }
 
+absl::StatusOr<std::vector<MixJob>> RepeatMix(const std::vector<MixJob>& jobs, int copies,
+                                              absl::Duration period) {
+  if (copies < 1 || copies > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("copies: must be in [1, 1000], got ", copies));
+  }
+  if (period < absl::ZeroDuration() || period == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("period: must be finite and >= 0, got ", absl::FormatDuration(period)));
+  }
+  if (jobs.size() * static_cast<size_t>(copies) > 10'000'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("copies: ", copies, " x ", jobs.size(), " jobs is more than 10,000,000 jobs"));
+  }
+  std::vector<MixJob> out;
+  out.reserve(jobs.size() * copies);
+  for (int k = 0; k < copies; ++k) {
+    for (const MixJob& job : jobs) {
+      MixJob copy = job;
+      if (k > 0) {
+        copy.name = absl::StrCat(job.name, "~", k);
+        copy.submit_time += k * period;
+      }
+      out.push_back(std::move(copy));
+    }
+  }
+  return out;
+}
+
 std::string JobMixToCsv(const std::vector<MixJob>& jobs) {
   std::string out =
       "name,submit_time,min_nodes,max_nodes,work_samples,rescale_up_s,rescale_down_s,nodes,"

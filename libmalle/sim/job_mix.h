@@ -123,6 +123,14 @@ struct SyntheticMixOptions {
 absl::StatusOr<JobMix> SyntheticJobMix(int n, uint64_t seed,
                                        const SyntheticMixOptions& options = {});
 
+// A heavier variant of a mix, for a saturated regime (the idle pool the
+// bottleneck): `copies` copies of `jobs`, copy k (0-based) submitted
+// k * period after the original, named "<name>~k" for k > 0. Never blocks.
+// InvalidArgument for copies < 1 or > 1,000, a negative or infinite period,
+// or more than 10,000,000 jobs in all.
+absl::StatusOr<std::vector<MixJob>> RepeatMix(const std::vector<MixJob>& jobs, int copies,
+                                              absl::Duration period);
+
 // The mix in the job-mix file format (header + one line per job; numbers
 // printed exactly, so ParseJobMix gives the same jobs back). Job names must
 // not contain ',' (ParseJobMix guarantees it for what it read).

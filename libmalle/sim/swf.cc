@@ -39,6 +39,9 @@ constexpr bool kInteger[kNumFields] = {true,  false, false, false, true, false, 
                                        false, true,  true,  true,  true, true,  true,  true, false};
 constexpr double kMaxExact = 9007199254740992.0;  // 2^53
 constexpr int64_t kMaxMachineNodes = 10'000'000;
+// A first submit this many seconds after the log's time 0 (3.2 years) means
+// the log gives absolute Unix times: no published log spans that long.
+constexpr double kAbsoluteTimeThreshold = 1e8;
 
 std::string Quote(absl::string_view s) {
   constexpr size_t kMax = 40;
@@ -185,9 +188,18 @@ absl::StatusOr<SwfLog> LoadSwf(const std::string& path, const SwfOptions& option
 namespace {
 
 struct Interval {
-  double start = 0, end = 0;
+  double submit = 0, start = 0, end = 0;
   int64_t nodes = 0;
   int line = 0;
+};
+
+// A state change in log seconds; `announced` (reclaims only) is the submit
+// time of the job that takes the node.
+struct LogEvent {
+  double t = 0;
+  int node = 0;
+  bool idle = false;
+  double announced = 0;
 };
 
 // The sweep over start and end times. Per time stamp: ends, then deficits of
@@ -199,7 +211,7 @@ class SwfReplay {
       : n_(num_nodes), jobs_(std::move(jobs)), report_(report) {}
 
   // Fills events (in replay seconds, converted by the caller) and the report.
-  void Run(double t0, std::vector<std::pair<double, IdleEvent>>& events);
+  void Run(double t0, std::vector<LogEvent>& events);
 
  private:
   void Take(int job, int64_t want);
@@ -216,6 +228,7 @@ class SwfReplay {
   std::vector<char> idle_;     // per node, after the last time stamp
   std::vector<char> touched_;  // per node, during this time stamp
   std::vector<int> touched_list_;
+  std::vector<int> taker_;  // per node: the job that last took it
   int64_t asked_ = 0, busy_ = 0, total_deficit_ = 0;
 };
 
@@ -230,19 +243,21 @@ void SwfReplay::Take(int job, int64_t want) {
     const int node = *free_.begin();
     free_.erase(free_.begin());
     held_[job].push_back(node);
+    taker_[node] = job;
     Touch(node);
     --want;
     ++busy_;
   }
 }
 
-void SwfReplay::Run(double t0, std::vector<std::pair<double, IdleEvent>>& events) {
+void SwfReplay::Run(double t0, std::vector<LogEvent>& events) {
   const size_t count = jobs_.size();
   held_.resize(count);
   deficit_.assign(count, 0);
   short_.assign(count, 0);
   idle_.assign(n_, 0);  // an IdleTrace's nodes start busy
   touched_.assign(n_, 0);
+  taker_.assign(n_, -1);
   // Ends: (end time, job), earliest first.
   using End = std::pair<double, int>;
   std::priority_queue<End, std::vector<End>, std::greater<End>> ends;
@@ -311,7 +326,12 @@ void SwfReplay::Run(double t0, std::vector<std::pair<double, IdleEvent>>& events
       const bool idle = free_.count(node) > 0;
       if (idle != static_cast<bool>(idle_[node])) {
         idle_[node] = idle;
-        events.push_back({t, IdleEvent{absl::InfinitePast(), node, idle}});
+        LogEvent e;
+        e.t = t;
+        e.node = node;
+        e.idle = idle;
+        if (!idle) e.announced = jobs_[taker_[node]].submit;
+        events.push_back(e);
       }
     }
     touched_list_.clear();
@@ -364,7 +384,9 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
       ++report.summary_lines_replaced;
       continue;
     }
-    if (j.submit < 0 || j.wait < 0 || j.run < 0) {
+    double wait = j.wait;
+    if (wait < 0 && options.unknown_wait_is_zero && j.submit >= 0 && j.run >= 0) wait = 0;
+    if (j.submit < 0 || wait < 0 || j.run < 0) {
       ++report.jobs_unknown_times;
       continue;
     }
@@ -381,8 +403,10 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
       ++report.jobs_zero_length;
       continue;
     }
+    if (j.wait < 0) ++report.jobs_wait_assumed_zero;
     Interval in;
-    in.start = j.submit + j.wait;
+    in.submit = j.submit;
+    in.start = j.submit + wait;
     in.end = in.start + j.run;
     in.nodes = (procs + report.procs_per_node - 1) / report.procs_per_node;
     in.line = j.line;
@@ -391,30 +415,50 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
     ++report.jobs_replayed;
   }
   if (intervals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(log.file, ": no job occupies a node for a positive time (", log.jobs.size(),
-                     " job lines, ", log.rejected.size(), " rejected)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        log.file, ": no job occupies a node for a positive time (", log.jobs.size(), " job lines, ",
+        log.rejected.size(), " rejected, ", report.jobs_unknown_times,
+        " with an unknown submit, wait or run time", ")",
+        report.jobs_unknown_times > 0 && !options.unknown_wait_is_zero
+            ? "; if the log records no wait times because its submit times are start times, "
+              "replay unknown waits as 0 (unknown_wait_is_zero)"
+            : ""));
   }
   std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
     return a.start != b.start ? a.start < b.start : a.line < b.line;
   });
-  const double t0 = std::min(0.0, intervals.front().start);
+  // The first event: nothing is replayed before the log says anything (a log
+  // with absolute times would otherwise begin with decades of idle nodes).
+  double t0 = intervals.front().start;
   double last_end = 0;
-  for (const Interval& in : intervals) last_end = std::max(last_end, in.end);
+  for (const Interval& in : intervals) {
+    t0 = std::min(t0, in.submit);
+    last_end = std::max(last_end, in.end);
+  }
+  report.absolute_times = t0 >= kAbsoluteTimeThreshold;
+  report.skipped_lead_s = std::max(0.0, t0);
+  report.span_s = last_end - t0;
 
-  std::vector<std::pair<double, IdleEvent>> events;
+  std::vector<LogEvent> events;
   SwfReplay(report.nodes, std::move(intervals), report).Run(t0, events);
 
   IdleTrace& trace = out.trace;
-  const absl::Time origin = absl::FromUnixSeconds(h.has_unix_start_time ? h.unix_start_time : 0);
+  // Absolute times already are Unix seconds: adding UnixStartTime would
+  // count the start twice.
+  const absl::Time origin = absl::FromUnixSeconds(
+      h.has_unix_start_time && !report.absolute_times ? h.unix_start_time : 0);
   const int width = static_cast<int>(absl::StrCat(report.nodes - 1).size());
   trace.nodes.reserve(report.nodes);
   for (int64_t n = 0; n < report.nodes; ++n) {
     trace.nodes.push_back(absl::StrFormat("n%0*d", width, n));
   }
   trace.events.reserve(events.size());
-  for (auto& [t, e] : events) {
-    e.time = origin + absl::Seconds(t);
+  for (const LogEvent& le : events) {
+    IdleEvent e;
+    e.time = origin + absl::Seconds(le.t);
+    e.node = le.node;
+    e.idle = le.idle;
+    if (!le.idle) e.announced = origin + absl::Seconds(le.announced);
     trace.events.push_back(e);
   }
   trace.start = origin + absl::Seconds(t0);

@@ -52,9 +52,20 @@
 //   - a job listed with partial executions (status 2, 3, 4: checkpointed or
 //     swapped-out parts) is replayed from those lines; its summary line (same
 //     job number, status 0, 1, 5 or -1) is skipped and counted;
-//   - the trace starts at the log's time 0 (or the first start, if earlier)
-//     with every node idle except those starting then, and ends at the last
-//     job end. Times are UnixStartTime + seconds (0 if the header has none).
+//   - the trace starts at the log's first event (its earliest submit or
+//     start) with every node idle except those starting then, and ends at the
+//     last job end: nothing is replayed before the log says anything.
+//     Times are UnixStartTime + seconds. Logs published with absolute Unix
+//     times (a first submit of 1e8 s or more, i.e. more than three years after
+//     the log's time 0, which no relative log has) are read as such: the
+//     origin is the Unix epoch, UnixStartTime (if any) is not added, and the
+//     report says so (`absolute_times`, `skipped_lead_s`);
+//   - every reclaim (a node becoming busy) is announced at the submit time of
+//     the job that takes the node (IdleEvent::announced): the moment a
+//     backfill scheduler knows the job is queued and can reserve nodes for it
+//     (an exact reservation is assumed: the forecast built on it,
+//     ForecastMode::kReservation, is an upper bound on what walltime-based
+//     reservations give).
 //
 // Thread-safety: plain structs and pure functions; LoadSwf only reads its
 // file. All are thread-safe.
@@ -116,6 +127,11 @@ absl::StatusOr<SwfLog> LoadSwf(const std::string& path, const SwfOptions& option
 struct SwfReplayOptions {
   int64_t nodes = 0;           // machine size; 0: MaxNodes, else MaxProcs
   int64_t procs_per_node = 0;  // 0: MaxProcs / MaxNodes, 1 if either is absent
+  // Some logs record no wait times (-1) because their submit times are start
+  // times (e.g. NASA-iPSC-1993, says its header). True: an unknown wait is
+  // read as 0 (counted in jobs_wait_assumed_zero); false: such jobs are not
+  // replayed (jobs_unknown_times).
+  bool unknown_wait_is_zero = false;
 };
 
 // What the replay did with the log's jobs. Every job line is counted in
@@ -127,6 +143,7 @@ struct SwfReplayReport {
   long long jobs_replayed = 0;           // occupied nodes for a positive time
   long long jobs_zero_length = 0;        // run time 0: occupy nothing
   long long jobs_unknown_times = 0;      // submit, wait or run time -1
+  long long jobs_wait_assumed_zero = 0;  // replayed with wait 0 (unknown_wait_is_zero)
   long long jobs_unknown_procs = 0;      // allocated and requested procs both -1 (or 0)
   long long jobs_requested_procs = 0;    // replayed with the requested procs (allocated -1)
   long long summary_lines_replaced = 0;  // replaced by the job's partial-execution lines
@@ -137,6 +154,10 @@ struct SwfReplayReport {
   double asked_node_seconds = 0;           // integral of what the log asks for
   double busy_node_seconds = 0;            // integral of busy nodes in the trace
   int64_t peak_asked_nodes = 0;            // most nodes the log asks for at once
+  // Time.
+  bool absolute_times = false;  // submit times read as Unix seconds (see above)
+  double skipped_lead_s = 0;    // log time 0 .. first event, not replayed
+  double span_s = 0;            // first event .. last job end
 };
 
 struct SwfTrace {

@@ -131,6 +131,8 @@ class SimOptions:
     accounting: str
     curves: str
     forecast: str
+    reclaim_hazard: bool
+    resize_hysteresis: float
     forward_window_s: float
     debounce_s: float
     max_waiting: int
@@ -150,7 +152,11 @@ def sim_load_trace(path: str, strict: bool = False) -> IdleTrace:
     (strict) or a bad header, MalleError(NOT_FOUND) for a missing file."""
 
 def sim_load_swf(
-    path: str, strict: bool = False, nodes: int = 0, procs_per_node: int = 0
+    path: str,
+    strict: bool = False,
+    nodes: int = 0,
+    procs_per_node: int = 0,
+    unknown_wait_is_zero: bool = False,
 ) -> IdleTrace:
     """Loads an SWF log (.swf or .swf.gz) and derives its idle-node trace (0: sizes from the
     header). Raises MalleValueError for a bad line (strict) or an unknown machine size,
@@ -158,6 +164,10 @@ def sim_load_swf(
 
 def sim_load_job_mix(path: str, strict: bool = False) -> JobMix:
     """Loads a job-mix CSV file."""
+
+def sim_repeat_mix(mix: JobMix, copies: int, period_s: float) -> JobMix:
+    """copies of the mix, copy k submitted k x period_s later. Raises MalleValueError for
+    copies outside [1, 1000] or a negative period."""
 
 def sim_synthetic_job_mix(n: int, seed: int, options: SyntheticMixOptions) -> JobMix:
     """Draws n jobs from seed (deterministic). Raises MalleValueError naming a bad option."""

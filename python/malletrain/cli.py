@@ -168,14 +168,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.seed is not None and args.synthetic is None:
         print("malletrain simulate: --seed: only with --synthetic", file=sys.stderr)
         return 2
-    if args.swf is None and (args.swf_nodes is not None or args.swf_procs_per_node is not None):
-        print("malletrain simulate: --swf-nodes/--swf-procs-per-node: only with --swf",
-              file=sys.stderr)
+    if args.swf is None and (args.swf_nodes is not None or args.swf_procs_per_node is not None
+                             or args.swf_unknown_wait_zero):
+        print("malletrain simulate: --swf-nodes/--swf-procs-per-node/--swf-unknown-wait-zero: "
+              "only with --swf", file=sys.stderr)
+        return 2
+    if args.repeat_period is not None and args.repeat_mix is None:
+        print("malletrain simulate: --repeat-period: only with --repeat-mix", file=sys.stderr)
         return 2
     try:
         if args.swf is not None:
             trace = sim.load_swf(args.swf, strict=args.strict, nodes=args.swf_nodes,
-                                 procs_per_node=args.swf_procs_per_node)
+                                 procs_per_node=args.swf_procs_per_node,
+                                 unknown_wait_is_zero=args.swf_unknown_wait_zero)
         else:
             trace = sim.load_trace(args.trace, strict=args.strict)
         if args.synthetic is not None:
@@ -183,6 +188,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             mix = sim.synthetic_job_mix(args.synthetic, seed=seed)
         else:
             mix = sim.load_job_mix(args.jobs, strict=args.strict)
+        if args.repeat_mix is not None:
+            period_h = 10.0 if args.repeat_period is None else args.repeat_period
+            mix = sim.repeat_mix(mix, args.repeat_mix, period_h * 3600)
     except (ValueError, TypeError, OSError, errors.MalleError) as e:
         print(f"malletrain simulate: {e}", file=sys.stderr)
         return 2
@@ -217,6 +225,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             result = sim.simulate(
                 trace, mix, policy=policy, curves=args.curves, forecast=args.forecast,
                 accounting=args.accounting, objective=args.objective,
+                reclaim_hazard=args.reclaim_hazard, resize_hysteresis=args.hysteresis,
                 forward_window=args.forward_window, debounce=args.debounce,
                 max_waiting=args.max_waiting, time_limit=args.time_limit,
                 skip_snapshots=args.skip_snapshots, record_events=args.events,
@@ -256,16 +265,36 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_float_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _swf_report_text(r: dict) -> str:
     """The SWF replay's counts, one line each, for stderr."""
     over_h = r["oversubscribed_node_seconds"] / 3600
     asked_h = r["asked_node_seconds"] / 3600
     share = over_h / asked_h if asked_h > 0 else 0.0
-    lines = [
+    lines = []
+    if r.get("absolute_times"):
+        lead_years = r["skipped_lead_s"] / (365.25 * 86400)
+        lines.append(
+            f"WARNING: swf: the log gives absolute Unix submit times (the first one is "
+            f"{r['skipped_lead_s']:.0f} s, {lead_years:.1f} years after 1970) and no "
+            f"UnixStartTime header: it is replayed from its first event, not from 1970")
+    lines += [
         f"swf: machine of {r['nodes']} nodes x {r['procs_per_node']} procs; "
         f"{r['jobs_replayed']} jobs replayed"
         + (f" ({r['jobs_requested_procs']} with their requested procs)"
            if r["jobs_requested_procs"] else ""),
+        f"swf: replayed span {r.get('span_s', 0) / 86400:.2f} days from the log's first event"
+        + (f"; {r['jobs_wait_assumed_zero']} jobs with an unknown wait replayed with wait 0"
+           if r.get("jobs_wait_assumed_zero") else ""),
         f"swf: not replayed: {r['jobs_zero_length']} zero-length, "
         f"{r['jobs_unknown_times']} with unknown times, {r['jobs_unknown_procs']} with unknown "
         f"size, {r['summary_lines_replaced']} summary lines replaced by partial executions",
@@ -293,19 +322,34 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
                    help="machine size for --swf (default: the log's MaxNodes, else MaxProcs)")
     p.add_argument("--swf-procs-per-node", type=int, metavar="P",
                    help="processors per node for --swf (default: MaxProcs / MaxNodes)")
+    p.add_argument("--swf-unknown-wait-zero", action="store_true",
+                   help="replay jobs with an unknown wait time (-1) as starting at submit (for "
+                   "logs whose submit times are start times)")
     mix = p.add_mutually_exclusive_group(required=True)
     mix.add_argument("--jobs", help="job-mix CSV")
     mix.add_argument("--synthetic", type=_non_negative_int, metavar="N",
                      help="a synthetic mix of N jobs drawn from --seed (written to OUT/jobs.csv)")
     p.add_argument("--seed", type=_non_negative_int, metavar="S",
                    help="seed of --synthetic (default 1); same seed, same mix")
+    p.add_argument("--repeat-mix", type=_positive_int, metavar="K",
+                   help="a saturated regime: K copies of the mix, --repeat-period apart")
+    p.add_argument("--repeat-period", type=_positive_float_or_zero, metavar="HOURS",
+                   help="hours between the copies of --repeat-mix (default 10)")
     p.add_argument("--policy", default="dp",
                    help="comma-separated policies: milp, dp, greedy, equal_share, static")
     p.add_argument("--curves", default="oracle",
                    help="what the policy knows of scalability: oracle, learned or linear")
-    p.add_argument("--forecast", default="none", help="none, oracle or estimated")
+    p.add_argument("--forecast", default="none",
+                   help="none, oracle, estimated or reservation (reclaims known from the submit "
+                   "of the job that makes them; SWF logs)")
+    p.add_argument("--reclaim-hazard", action="store_true",
+                   help="tell the policy the machine's reclaim rate so far (it prices the "
+                   "forced shrinks that holding more nodes risks)")
+    p.add_argument("--hysteresis", type=float, default=1.0, metavar="X",
+                   help="the policy charges every resize X >= 1 times its pause")
     p.add_argument("--accounting", default="bftrainer", help="bftrainer or pause")
-    p.add_argument("--objective", default="throughput", help="throughput, speedup or weighted")
+    p.add_argument("--objective", default="throughput",
+                   help="throughput, speedup, weighted or completion (the value of finishing)")
     p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")
     p.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--max-waiting", type=int, default=64)

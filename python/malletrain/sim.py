@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ def load_swf(
     strict: bool = False,
     nodes: int | None = None,
     procs_per_node: int | None = None,
+    unknown_wait_is_zero: bool = False,
 ) -> _C.IdleTrace:
     """Loads a scheduler log in the Standard Workload Format (``.swf`` or ``.swf.gz``) and
     derives the idle-node trace it implies (docs/simulator.md lists the assumptions).
@@ -76,6 +78,10 @@ def load_swf(
     in ``trace.rejected`` as ``(file, line, message)``, or raise ``ValueError`` with
     ``strict=True``; ``trace.swf_report`` says how many jobs were replayed, how many could not
     be (unknown times or sizes, zero length) and how far the log over-subscribes the machine.
+    The replay starts at the log's first event; a log with absolute Unix submit times (and no
+    ``UnixStartTime`` header) is detected and read as such (``swf_report["absolute_times"]``,
+    ``["skipped_lead_s"]``). ``unknown_wait_is_zero=True`` replays jobs whose wait time is
+    unknown (-1) as if they started at submit, for logs whose submit times are start times.
     The result is a trace like :func:`load_trace`'s: pass it to :func:`simulate`.
     """
     return _C.sim_load_swf(
@@ -83,6 +89,7 @@ def load_swf(
         strict,
         _count(nodes, "nodes"),
         _count(procs_per_node, "procs_per_node"),
+        bool(unknown_wait_is_zero),
     )
 
 
@@ -100,6 +107,18 @@ def _count(value: int | None, name: str) -> int:
 def load_job_mix(path: PathLike, *, strict: bool = False) -> _C.JobMix:
     """Loads a job-mix CSV file (bad lines in ``mix.rejected`` unless ``strict``)."""
     return _C.sim_load_job_mix(os.fspath(path), strict)
+
+
+def repeat_mix(
+    mix: _C.JobMix | PathLike, copies: int, period: float | datetime.timedelta
+) -> _C.JobMix:
+    """A saturated regime: ``copies`` copies of ``mix``, copy *k* submitted *k* x ``period``
+    later (seconds or ``timedelta``) and named ``"<name>~k"``. Bad values raise ``ValueError``."""
+    if not isinstance(mix, _C.JobMix):
+        mix = load_job_mix(mix)
+    if isinstance(copies, bool) or not isinstance(copies, int):
+        raise TypeError(f"copies: expected an int, got {copies!r}")
+    return _C.sim_repeat_mix(mix, copies, _seconds(period, "period"))
 
 
 def synthetic_job_mix(n: int, seed: int = 1, **ranges: Any) -> _C.JobMix:
@@ -161,6 +180,9 @@ class SimulationResult:
         ]
         if self.events:
             tables.append(("events.csv", self.events))
+        # One CSV cell per field: the summary's warnings joined.
+        tables[0] = ("summary.csv", [{k: " | ".join(v) if isinstance(v, list) else v
+                                      for k, v in self.summary.items()}])
         for name, rows in tables:
             path = os.path.join(os.fspath(directory), name)
             with open(path, "w", newline="") as f:
@@ -201,6 +223,8 @@ def simulate(
     accounting: str = "bftrainer",
     curves: str = "oracle",
     forecast: str = "none",
+    reclaim_hazard: bool = False,
+    resize_hysteresis: float = 1.0,
     forward_window: float | datetime.timedelta = 120.0,
     debounce: float | datetime.timedelta = 0.0,
     max_waiting: int = 64,
@@ -219,8 +243,14 @@ def simulate(
     path is read as an SWF log). ``policy`` is one of ``milp``, ``dp``, ``greedy``, ``equal_share``, ``static``;
     ``curves="learned"`` hides the true scalability curves from the policy (it sees only what
     the job measured at the sizes it ran at), ``curves="linear"`` shows it no scalability
-    information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``, ``oracle`` or
-    ``estimated``. ``accounting="bftrainer"`` charges a resize as BFTrainer's replayer does
+    information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``,
+    ``oracle``, ``estimated`` or ``reservation`` (a reclaim is known from the submit of the job
+    that makes it, as SWF logs give it). ``reclaim_hazard=True`` tells the policy the machine's
+    reclaim rate so far, so that it prices the forced shrinks more nodes risk;
+    ``resize_hysteresis`` (>= 1) makes it charge every resize that many times its pause.
+    ``objective`` is ``throughput``, ``speedup``, ``weighted`` or ``completion`` (work as a
+    share of the work left: the value of finishing). ``accounting="bftrainer"`` charges a
+    resize as BFTrainer's replayer does
     (old rate x pause); ``"pause"`` stops the job for the pause. ``progress`` is called with the
     fraction done (0..1). Bad options raise ``ValueError`` naming the option.
     """
@@ -234,6 +264,12 @@ def simulate(
     o.accounting = accounting
     o.curves = curves
     o.forecast = forecast
+    if not isinstance(reclaim_hazard, bool):
+        raise TypeError(f"reclaim_hazard: expected a bool, got {reclaim_hazard!r}")
+    o.reclaim_hazard = reclaim_hazard
+    if isinstance(resize_hysteresis, bool) or not isinstance(resize_hysteresis, (int, float)):
+        raise TypeError(f"resize_hysteresis: expected a number, got {resize_hysteresis!r}")
+    o.resize_hysteresis = float(resize_hysteresis)
     o.forward_window_s = _seconds(forward_window, "forward_window")
     o.debounce_s = _seconds(debounce, "debounce")
     o.max_waiting = int(max_waiting)
@@ -266,28 +302,49 @@ def compare(
 
 
 def summary_table(results: Sequence[SimulationResult]) -> str:
-    """A fixed-width text table of the summaries, one row per policy."""
+    """A fixed-width text table of the summaries, one row per policy, every column with its
+    unit, then the summaries' warnings (results that cannot be right or say little)."""
+    hour = 1 / 3600
     cols = [
-        ("policy", "{}", 12),
-        ("samples_trained", "{:.4g}", 12),
-        ("idle_node_hours", "{:.1f}", 11),
-        ("used_node_hours", "{:.1f}", 11),
-        ("utilisation", "{:.1%}", 8),
-        ("efficiency", "{:.1%}", 8),
-        ("jobs_finished", "{}", 6),
-        ("resizes", "{}", 8),
-        ("preemptions", "{}", 8),
-        ("decision_p50_ms", "{:.2f}", 8),
-        ("decision_p99_ms", "{:.2f}", 8),
-        ("jct_mean_s", "{:.0f}", 8),
-        ("jct_median_s", "{:.0f}", 8),
-        ("makespan_s", "{:.0f}", 8),
-        ("wall_s", "{:.1f}", 7),
+        # (header, key, format, scale, width)
+        ("policy", "policy", "{}", None, 11),
+        ("samples", "samples_trained", "{:.4g}", None, 10),
+        ("samples/node-h", "samples_per_node_hour", "{:.4g}", None, 14),
+        ("idle node-h", "idle_node_hours", "{:.1f}", None, 11),
+        ("used node-h", "used_node_hours", "{:.1f}", None, 11),
+        ("util %", "utilisation", "{:.1%}", None, 7),
+        ("util active %", "active_utilisation", "{:.1%}", None, 13),
+        ("contended %", "contended_fraction", "{:.1%}", None, 11),
+        ("eff %", "efficiency", "{:.1%}", None, 6),
+        ("finished", "jobs_finished", "{}", None, 8),
+        ("resizes", "resizes", "{}", None, 7),
+        ("preempt", "preemptions", "{}", None, 7),
+        ("dec p50 ms", "decision_p50_ms", "{:.2f}", None, 10),
+        ("dec p99 ms", "decision_p99_ms", "{:.2f}", None, 10),
+        ("JCT mean h", "jct_mean_s", "{:.2f}", hour, 10),
+        ("JCT median h", "jct_median_s", "{:.2f}", hour, 12),
+        ("JCT p95 h", "jct_p95_s", "{:.2f}", hour, 9),
+        ("makespan h", "makespan_s", "{:.2f}", hour, 10),
+        ("wall s", "wall_s", "{:.1f}", None, 7),
     ]
-    header = "  ".join(name[:w].rjust(w) for name, _, w in cols)
+
+    def cell(summary: dict, key: str, fmt: str, scale: float | None) -> str:
+        value = summary.get(key)
+        if isinstance(value, float) and math.isnan(value):
+            return "-"
+        if scale is not None:
+            value = value * scale
+        return fmt.format(value)
+
+    header = "  ".join(name.rjust(w) for name, _, _, _, w in cols)
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append("  ".join(fmt.format(r.summary[name]).rjust(w) for name, fmt, w in cols))
+        lines.append("  ".join(cell(r.summary, key, fmt, scale).rjust(w)
+                               for _, key, fmt, scale, w in cols))
+    warnings = [(r.summary["policy"], w) for r in results for w in r.summary.get("warnings", [])]
+    if warnings:
+        lines.append("")
+        lines.extend(f"WARNING ({policy}): {w}" for policy, w in warnings)
     return "\n".join(lines)
 
 

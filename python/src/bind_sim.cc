@@ -70,6 +70,10 @@ py::object SwfReportDict(const TraceHandle& h) {
   d["asked_node_seconds"] = r.asked_node_seconds;
   d["busy_node_seconds"] = r.busy_node_seconds;
   d["peak_asked_nodes"] = r.peak_asked_nodes;
+  d["jobs_wait_assumed_zero"] = r.jobs_wait_assumed_zero;
+  d["absolute_times"] = r.absolute_times;
+  d["skipped_lead_s"] = r.skipped_lead_s;
+  d["span_s"] = r.span_s;
   return std::move(d);
 }
 
@@ -90,6 +94,8 @@ struct Options {
   std::string accounting = "bftrainer";
   std::string curves = "oracle";
   std::string forecast = "none";
+  bool reclaim_hazard = false;
+  double resize_hysteresis = 1;
   double forward_window_s = 120;
   double debounce_s = 0;
   int max_waiting = 64;
@@ -110,7 +116,8 @@ sim::SimOptions ToSimOptions(const Options& o) {
   s.objective = ParseName<alloc::Objective>("objective", o.objective,
                                             {{"throughput", alloc::Objective::kThroughput},
                                              {"speedup", alloc::Objective::kSpeedup},
-                                             {"weighted", alloc::Objective::kWeighted}});
+                                             {"weighted", alloc::Objective::kWeighted},
+                                             {"completion", alloc::Objective::kCompletion}});
   s.resize_cost = ParseName<alloc::ResizeCostModel>(
       "resize_cost", o.resize_cost,
       {{"bftrainer", alloc::ResizeCostModel::kBftrainer},
@@ -126,7 +133,10 @@ sim::SimOptions ToSimOptions(const Options& o) {
   s.forecast = ParseName<sim::ForecastMode>("forecast", o.forecast,
                                             {{"none", sim::ForecastMode::kNone},
                                              {"oracle", sim::ForecastMode::kOracle},
-                                             {"estimated", sim::ForecastMode::kEstimated}});
+                                             {"estimated", sim::ForecastMode::kEstimated},
+                                             {"reservation", sim::ForecastMode::kReservation}});
+  s.reclaim_hazard = o.reclaim_hazard;
+  s.resize_hysteresis = o.resize_hysteresis;
   s.forward_window = absl::Seconds(o.forward_window_s);
   s.debounce = absl::Seconds(o.debounce_s);
   s.max_waiting = o.max_waiting;
@@ -162,6 +172,16 @@ py::dict SummaryDict(const sim::Summary& s) {
   d["jct_mean_s"] = s.jct_mean_s;
   d["jct_median_s"] = s.jct_median_s;
   d["makespan_s"] = s.makespan_s;
+  d["jct_p95_s"] = s.jct_p95_s;
+  d["jct_max_s"] = s.jct_max_s;
+  d["samples_per_node_hour"] = s.samples_per_node_hour;
+  d["lost_to_resizes"] = s.lost_to_resizes;
+  d["lost_to_reclaims"] = s.lost_to_reclaims;
+  d["active_hours"] = s.active_hours;
+  d["active_idle_node_hours"] = s.active_idle_node_hours;
+  d["active_utilisation"] = s.active_utilisation;
+  d["contended_fraction"] = s.contended_fraction;
+  d["warnings"] = s.warnings;
   return d;
 }
 
@@ -281,21 +301,35 @@ void BindSim(py::module_& m) {
       "Loads an idle-node trace (.csv or .csv.gz). Blocks on the file read.");
   m.def(
       "sim_load_swf",
-      [](const std::string& path, bool strict, long long nodes, long long procs_per_node) {
+      [](const std::string& path, bool strict, long long nodes, long long procs_per_node,
+         bool unknown_wait_is_zero) {
         sim::SwfOptions o;
         o.strict = strict;
         auto log = ValueOrThrow(sim::LoadSwf(path, o));
         sim::SwfReplayOptions r;
         r.nodes = nodes;
         r.procs_per_node = procs_per_node;
+        r.unknown_wait_is_zero = unknown_wait_is_zero;
         auto swf = ValueOrThrow(sim::SwfToIdleTrace(log, r));
         return TraceHandle{std::make_shared<const sim::IdleTrace>(std::move(swf.trace)),
                            std::make_shared<const sim::SwfReplayReport>(swf.report)};
       },
       py::arg("path"), py::arg("strict") = false, py::arg("nodes") = 0,
-      py::arg("procs_per_node") = 0, py::call_guard<py::gil_scoped_release>(),
+      py::arg("procs_per_node") = 0, py::arg("unknown_wait_is_zero") = false,
+      py::call_guard<py::gil_scoped_release>(),
       "Loads an SWF scheduler log (.swf or .swf.gz) and derives its idle-node trace. Blocks on "
       "the file read.");
+  m.def(
+      "sim_repeat_mix",
+      [](const MixHandle& mix, int copies, double period_s) {
+        auto jobs = ValueOrThrow(sim::RepeatMix(mix.mix->jobs, copies, absl::Seconds(period_s)));
+        auto out = std::make_shared<sim::JobMix>();
+        out->jobs = std::move(jobs);
+        return MixHandle{std::move(out)};
+      },
+      py::arg("mix"), py::arg("copies"), py::arg("period_s"),
+      "copies of the mix, copy k submitted k x period_s later (a saturated regime). Never "
+      "blocks.");
   m.def(
       "sim_load_job_mix",
       [](const std::string& path, bool strict) {
@@ -315,6 +349,8 @@ void BindSim(py::module_& m) {
       .def_readwrite("accounting", &Options::accounting)
       .def_readwrite("curves", &Options::curves)
       .def_readwrite("forecast", &Options::forecast)
+      .def_readwrite("reclaim_hazard", &Options::reclaim_hazard)
+      .def_readwrite("resize_hysteresis", &Options::resize_hysteresis)
       .def_readwrite("forward_window_s", &Options::forward_window_s)
       .def_readwrite("debounce_s", &Options::debounce_s)
       .def_readwrite("max_waiting", &Options::max_waiting)

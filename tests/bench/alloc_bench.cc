@@ -58,6 +58,9 @@ ABSL_FLAG(double, t_fwd_s, 120, "forward window T_fwd, seconds");
 ABSL_FLAG(double, milp_time_limit_s, 10, "CBC time limit for our MILP, seconds");
 ABSL_FLAG(double, pernode_time_limit_s, 60, "CBC time limit for the per-node reference, seconds");
 ABSL_FLAG(bool, in_process, true, "also time SolveMilp with SolveIsolation::kInProcess");
+ABSL_FLAG(bool, milp_heuristic_start, true,
+          "MilpOptions::heuristic_start: CBC starts from the best of the current allocation and "
+          "the heuristics' answers (false: from the current allocation)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
 
@@ -187,6 +190,7 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, bool pernode, Row& row) {
   const int pernode_reps = std::min(reps, absl::GetFlag(FLAGS_pernode_reps));
   malle::alloc::MilpOptions fork_opts;
   fork_opts.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
+  fork_opts.heuristic_start = absl::GetFlag(FLAGS_milp_heuristic_start);
   malle::alloc::MilpOptions inproc_opts = fork_opts;
   inproc_opts.isolation = malle::alloc::SolveIsolation::kInProcess;
   malle::bench::PerNodeOptions pn_opts;

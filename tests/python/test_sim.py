@@ -253,3 +253,76 @@ def test_cli_swf_and_synthetic(tmp_path, capsys):
     assert main(["simulate", "--swf", TINY_SWF, "--swf-nodes", "0", "--synthetic", "2",
                  "--quiet"]) == 2
     assert "nodes" in capsys.readouterr().err
+
+
+FORECAST_SWF = os.path.join(os.path.dirname(__file__), "..", "data", "forecast.swf")
+
+
+def test_absolute_time_log_replays_from_its_first_event(tmp_path, capsys):
+    # Submit times are Unix seconds and there is no UnixStartTime header.
+    trace = sim.load_swf(FORECAST_SWF)
+    r = trace.swf_report
+    assert r["absolute_times"] is True
+    assert r["skipped_lead_s"] == pytest.approx(1600000000)
+    assert r["span_s"] == pytest.approx(500)
+    assert trace.start == pytest.approx(1600000000)
+    mix = tmp_path / "mix.csv"
+    mix.write_text(MIX_HEADER + "job,0,1,2,1000000000,10,5,0;1;2,0;10;20\n")
+    s = sim.simulate(trace, mix, policy="dp").summary
+    # n1 0..200, n0 100..200, both 300..400, n1 400..500: not fifty years of idle nodes.
+    assert s["idle_node_hours"] == pytest.approx(600 / 3600)
+    assert not any("cannot be right" in w for w in s["warnings"])
+    # The CLI says so, loudly.
+    assert main(["simulate", "--swf", FORECAST_SWF, "--jobs", str(mix), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: swf: the log gives absolute Unix submit times" in err
+    assert "replayed from its first event, not from 1970" in err
+    assert "replayed span 0.01 days" in err
+
+
+def test_summary_table_has_units_and_warnings(tiny):
+    trace, mix = tiny
+    r = sim.simulate(trace, mix, policy="dp")
+    table = sim.summary_table([r])
+    header = table.splitlines()[0]
+    for column in ("samples/node-h", "idle node-h", "util %", "eff %", "dec p99 ms",
+                   "JCT mean h", "JCT p95 h", "makespan h", "wall s"):
+        assert column in header, column
+    # The job could use 2 nodes; only n0 was idle until t = 100 (of 1,000 s).
+    assert r.summary["contended_fraction"] == pytest.approx(0.1)
+    assert "WARNING (dp): no job finished" in table
+    assert "hardly competed" not in table
+    s = r.summary
+    assert s["samples_per_node_hour"] == pytest.approx(18900 / (1900 / 3600))
+    assert s["lost_to_resizes"] == pytest.approx(100)
+    assert s["lost_to_reclaims"] == pytest.approx(0)
+    assert math.isnan(s["jct_p95_s"])
+
+
+def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
+    trace, mix = tiny
+    for options in ({"forecast": "reservation"}, {"reclaim_hazard": True},
+                    {"resize_hysteresis": 2.0}, {"objective": "completion"}):
+        s = sim.simulate(trace, mix, policy="dp", **options).summary
+        assert s["decisions"] > 0, options
+    # Hysteresis 2 charges the grow at 100 s 2 x 10 s x 20 samples/s = 400 samples against
+    # 900 s x 10 samples/s gained: still worth it.
+    s = sim.simulate(trace, mix, policy="dp", resize_hysteresis=2.0).summary
+    assert s["resizes"] == 2
+    with pytest.raises(MalleValueError, match="resize_hysteresis: must be finite and >= 1"):
+        sim.simulate(trace, mix, resize_hysteresis=0.5)
+    with pytest.raises(MalleValueError, match="forecast"):
+        sim.simulate(trace, mix, forecast="psychic")
+    three = sim.repeat_mix(mix, 3, 3600)
+    assert three.num_jobs == 3
+    assert three.names == ["job", "job~1", "job~2"]
+    with pytest.raises(MalleValueError, match="copies: must be in"):
+        sim.repeat_mix(mix, 0, 3600)
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(trace), "--jobs", str(mix), "--repeat-mix", "2",
+                 "--repeat-period", "0.01", "--reclaim-hazard", "--hysteresis", "1.5",
+                 "--forecast", "reservation", "--quiet", "--out", str(out)]) == 0
+    with open(out / "dp" / "summary.csv") as f:
+        row = next(csv.DictReader(f))
+    assert row["jobs_submitted"] == "2"
+    assert "hardly competed" not in row["warnings"]  # two jobs want 4 nodes of 2

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libmalle/alloc/decide.h"
 #include "libmalle/alloc/dp.h"
 #include "libmalle/base/testing/status_matchers.h"
 
@@ -82,6 +83,92 @@ TEST(CompileCountModelTest, ObjectivesScaleValues) {
   ASSERT_OK_AND_ASSIGN(CountModel s, CompileCountModel(p));
   // Per-node rate at min_nodes = 8/s, so 16/s counts as speedup 2, weight 3.
   EXPECT_DOUBLE_EQ(s.jobs[0].options[1].value, 3 * 2 * 100);
+}
+
+// The completion objective on a hand-checked instance: 3 nodes, two linear
+// jobs (10 samples/s per node, 10 s start-up pause, window 100 s), a with
+// 1,000 samples left, b with 6,000. Work in the window is 900 per node,
+// counted as a share of what is left and capped at all of it:
+// a: 0.9, 1, 1 at 1..3 nodes; b: 0.15, 0.30, 0.45. Best: a on 1 node, b on
+// 2 (0.9 + 0.3 = 1.2; a on 2 and b on 1 is 1.15). The throughput objective
+// values every split of the 3 nodes alike (2,700 samples).
+TEST(CompileCountModelTest, CompletionObjectiveValuesShareOfRemainingWork) {
+  Problem p = SingleClass(3);
+  JobSpec a = Job("a", 1, 3, {{0, 0}, {3, 30}});
+  a.resize_up_pause = absl::Seconds(10);
+  a.remaining_samples = 1000;
+  JobSpec b = a;
+  b.id = "b";
+  b.remaining_samples = 6000;
+  p.jobs = {a, b};
+  p.objective = Objective::kCompletion;
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  ASSERT_EQ(m.jobs[0].options.size(), 4u);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 0.9);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 1.0);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[3].value, 1.0);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 0.15);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 0.30);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[3].value, 0.45);
+  for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
+    DecideOptions o;
+    o.policy = policy;
+    o.milp.isolation = SolveIsolation::kInProcess;
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    EXPECT_NEAR(d.objective, 1.2, 1e-12) << PolicyName(policy);
+    EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 1u) << PolicyName(policy);
+    EXPECT_EQ(d.allocation.jobs[1].nodes.size(), 2u) << PolicyName(policy);
+  }
+  // Weight 2 on b doubles its shares: a on 1 node and b on 2 is 0.9 + 0.6.
+  p.jobs[1].weight = 2;
+  ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, DecideOptions{PolicyKind::kDp}));
+  EXPECT_NEAR(d.objective, 1.5, 1e-12);
+
+  // The objective needs the remaining work.
+  p.jobs[1].remaining_samples = 0;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("jobs[1] (\"b\").remaining_samples: must be > 0 for the "
+                                 "completion objective")));
+  p.jobs[1].remaining_samples = -1;
+  p.objective = Objective::kThroughput;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("jobs[1] (\"b\").remaining_samples: must be finite and >= 0")));
+}
+
+// Reclaim hazard and hysteresis on a hand-checked instance: 2 nodes, a
+// linear job (10 samples/s per node, 10 s up, 5 s down), window 100 s, lost
+// work. Without either, starting on n nodes is worth 10 n (100 - 10).
+TEST(CompileCountModelTest, ReclaimRateAndHysteresisPriceResizes) {
+  Problem p = SingleClass(2);
+  JobSpec a = Job("a", 1, 2, {{0, 0}, {2, 20}});
+  a.resize_up_pause = absl::Seconds(10);
+  a.resize_down_pause = absl::Seconds(5);
+  p.jobs = {a};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 900);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 1800);
+  // 0.001 reclaims per node-second: on n nodes a forced shrink within the
+  // window has probability 1 - exp(-0.1 n) and costs 10 n x 5 s.
+  p.reclaim_rate = 0.001;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_NEAR(m.jobs[0].options[1].value, 900 - 50 * (1 - std::exp(-0.1)), 1e-9);
+  EXPECT_NEAR(m.jobs[0].options[2].value, 1800 - 100 * (1 - std::exp(-0.2)), 1e-9);
+  // Hysteresis 2: the start is charged 20 s; the reclaim cost stays at 5 s.
+  p.resize_hysteresis = 2;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_NEAR(m.jobs[0].options[1].value, 800 - 50 * (1 - std::exp(-0.1)), 1e-9);
+  EXPECT_NEAR(m.jobs[0].options[2].value, 1600 - 100 * (1 - std::exp(-0.2)), 1e-9);
+  p.resize_hysteresis = 0.5;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("resize_hysteresis: must be finite and >= 1, got 0.5")));
+  p.resize_hysteresis = 1;
+  p.reclaim_rate = -1;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("reclaim_rate: must be finite and >= 0, got -1")));
 }
 
 TEST(CompileCountModelTest, ShortIdleWindowsBoundTheValue) {
@@ -181,6 +268,8 @@ struct Brute {
         return j.weight;
       case Objective::kSpeedup:
         return j.weight * j.min_nodes / Interpolate(c0, j.min_nodes);
+      case Objective::kCompletion:
+        return j.weight / j.remaining_samples;
     }
     return 1;
   }

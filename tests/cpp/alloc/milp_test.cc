@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "libmalle/alloc/count_model.h"
 #include "libmalle/alloc/dp.h"
+#include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/problem.h"
 #include "libmalle/base/testing/status_matchers.h"
 
@@ -270,6 +274,131 @@ TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
     if (::testing::Test::HasFailure()) break;
   }
   EXPECT_GT(multi, 150);  // the generator really makes several pools
+}
+
+// Eight pools (2 speeds x 2 locality groups x 2 idle-window buckets), a few
+// jobs: the MILP's optimum equals an exhaustive search over every way of
+// splitting every pool's nodes among the jobs, valued by JobVectorValue
+// (the count model's rules), independent of the DP.
+TEST(MilpTest, MultiPoolMatchesExhaustiveSearchWithEightPools) {
+  std::mt19937 rng(8080);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  int eight = 0;
+  for (int i = 0; i < 60; ++i) {
+    Problem p;
+    p.forward_window = absl::Seconds(100 + rng() % 200);
+    p.objective = static_cast<Objective>(rng() % 3);
+    p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
+    p.cross_locality_factor = 0.7 + 0.3 * u(rng);
+    int index = 0;
+    for (const char* rack : {"rackA", "rackB"}) {
+      for (double speed : {1.0, 0.6 + 0.3 * u(rng)}) {
+        const std::string cls = absl::StrCat(rack, "-", index++);
+        p.classes.push_back(NodeClass{cls, rack, speed});
+        // One or two nodes with no forecast, one reclaimed within the window.
+        const int long_nodes = 1 + static_cast<int>(rng() % 2);
+        for (int k = 0; k < long_nodes; ++k) {
+          p.nodes.push_back(Node{absl::StrCat(cls, "-l", k), cls});
+        }
+        p.nodes.push_back(
+            Node{absl::StrCat(cls, "-s"), cls, p.forward_window * (0.15 + 0.6 * u(rng))});
+      }
+    }
+    std::vector<int> free_nodes(p.nodes.size());
+    for (size_t k = 0; k < free_nodes.size(); ++k) free_nodes[k] = static_cast<int>(k);
+    std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
+    const int num_jobs = 2 + static_cast<int>(rng() % 2);
+    for (int j = 0; j < num_jobs; ++j) {
+      JobSpec job;
+      job.id = absl::StrCat("j", j);
+      job.min_nodes = 1 + static_cast<int>(rng() % 2);
+      job.max_nodes = job.min_nodes + static_cast<int>(rng() % 4);
+      job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 100 * (0.5 + u(rng)));
+      job.resize_up_pause = absl::Seconds(rng() % 40);
+      job.resize_down_pause = absl::Seconds(rng() % 20);
+      job.weight = 0.5 + 2.0 * u(rng);
+      if (rng() % 2 == 0) {
+        const int want = 1 + static_cast<int>(rng() % job.max_nodes);
+        for (int k = 0; k < want && !free_nodes.empty(); ++k) {
+          job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
+          free_nodes.pop_back();
+        }
+      }
+      p.jobs.push_back(job);
+    }
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+    eight += model.pools.size() == 8;
+
+    // Exhaustive: pool by pool, every split of its capacity among the jobs.
+    const int num_pools = static_cast<int>(model.pools.size());
+    std::vector<std::vector<int>> x(num_jobs, std::vector<int>(num_pools, 0));
+    double best = -std::numeric_limits<double>::infinity();
+    long long leaves = 0;
+    std::function<void(int, int, int)> split = [&](int pool, int job, int left) {
+      if (pool == num_pools) {
+        ++leaves;
+        double total = 0;
+        for (int j = 0; j < num_jobs; ++j) {
+          const std::optional<double> v = JobVectorValue(model.jobs[j], x[j]);
+          if (!v) return;
+          total += *v;
+        }
+        best = std::max(best, total);
+        return;
+      }
+      if (job == num_jobs) {
+        split(pool + 1, 0, pool + 1 < num_pools ? model.pools[pool + 1].capacity : 0);
+        return;
+      }
+      for (int take = 0; take <= left; ++take) {
+        x[job][pool] = take;
+        split(pool, job + 1, left - take);
+      }
+      x[job][pool] = 0;
+    };
+    split(0, 0, model.pools[0].capacity);
+    ASSERT_TRUE(std::isfinite(best)) << "instance " << i;  // stopping everyone is allowed
+    ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
+    EXPECT_LE(Rel(milp.solution.objective, best), 1e-9)
+        << "instance " << i << ": milp " << milp.solution.objective << " exhaustive " << best
+        << " over " << leaves << " splits; " << milp.reason;
+    EXPECT_TRUE(milp.optimal) << "instance " << i << ": " << milp.reason;
+    EXPECT_FALSE(milp.fell_back) << "instance " << i << ": " << milp.reason;
+    EXPECT_THAT(CheckSolution(model, milp.solution), IsOk());
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(eight, 40);  // most instances really have eight pools
+}
+
+// The MILP's start is the best of the current allocation and the baselines'
+// answers: with no time to search, the answer is still at least the best
+// heuristic's, on one pool and on several.
+TEST(MilpTest, NeverWorseThanTheBestHeuristic) {
+  std::mt19937 rng(99);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Milliseconds(1);
+  for (bool multi : {false, true}) {
+    GenOptions g;
+    g.multi_pool = multi;
+    g.max_nodes = multi ? 10 : 40;
+    for (int i = 0; i < 200; ++i) {
+      const Problem problem = RandomProblem(rng, g);
+      ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+      ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
+      for (auto* solve : {&SolveGreedy, &SolveEqualShare, &SolveStatic}) {
+        ASSERT_OK_AND_ASSIGN(PolicyResult h, solve(model));
+        EXPECT_GE(milp.solution.objective,
+                  h.solution.objective - 1e-9 * std::max(1.0, std::fabs(h.solution.objective)))
+            << (multi ? "multi" : "single") << "-pool instance " << i << ": " << milp.reason
+            << " vs " << h.reason;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
 }
 
 TEST(MilpTest, NoJobsAndNoNodes) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -135,6 +136,17 @@ TEST(EngineTest, ReclaimForcesAShrink) {
   EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 1500.0 / 3600);
   EXPECT_DOUBLE_EQ(r.summary.used_node_hours, 1500.0 / 3600);
   EXPECT_THAT(EventsOf(r, "reclaim"), ElementsAre("500 jn1 2->1"));
+}
+
+// The losses split by cause: the grow at 100 (policy) costs 10/s x 10 s, the
+// reclaim at 500 (forced) r(2) x 5 s.
+TEST(EngineTest, LossesSplitIntoResizesAndReclaims) {
+  ASSERT_OK_AND_ASSIGN(SimResult r,
+                       Simulate(Trace("0,n0,1\n0,n1,0\n100,n1,1\n500,n1,0\n1000,n0,1\n"),
+                                {Job("j", 1, 2, 1e9)}, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_resizes, 100);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_reclaims, 100);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 10 * 100 + 20 * 400 + 10 * 500 - 200);
 }
 
 TEST(EngineTest, NodesReclaimedAtOneTimeAreOneShrink) {
@@ -554,6 +566,76 @@ TEST(EngineTest, JobCompletionTimesAndMakespan) {
   ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
   EXPECT_TRUE(std::isnan(r.summary.jct_mean_s));
   EXPECT_TRUE(std::isnan(r.summary.jct_median_s));
+}
+
+// Tail JCT, samples per node-hour, the active-period figures and the
+// decision latencies (same run as above: a 0..100, b 0..300, c 100..150).
+TEST(EngineTest, ActivePeriodContentionAndTail) {
+  MixJob c = Job("c", 1, 1, 500);
+  c.submit_time = T(50);
+  const std::vector<MixJob> jobs = {Job("a", 1, 1, 1000), Job("b", 1, 1, 3000), c};
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), jobs, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.jct_p95_s, 300);  // nearest rank of {100, 100, 300}
+  EXPECT_DOUBLE_EQ(r.summary.jct_max_s, 300);
+  // 4,500 samples on 100 + 300 + 50 node-seconds.
+  EXPECT_DOUBLE_EQ(r.summary.samples_per_node_hour, 4500 / (450 / 3600.0));
+  // Jobs present 0..300; 2 idle nodes all along; a, b and c could use 3
+  // nodes from 50 to 100 only.
+  EXPECT_DOUBLE_EQ(r.summary.active_hours, 300 / 3600.0);
+  EXPECT_DOUBLE_EQ(r.summary.active_idle_node_hours, 600 / 3600.0);
+  EXPECT_DOUBLE_EQ(r.summary.active_utilisation, 0.75);
+  EXPECT_DOUBLE_EQ(r.summary.contended_fraction, 50.0 / 300);
+  EXPECT_THAT(r.summary.warnings, ::testing::IsEmpty());
+  EXPECT_GT(r.summary.decision_p50_ms, 0);
+  EXPECT_LE(r.summary.decision_p50_ms, r.summary.decision_p99_ms);
+  EXPECT_LE(r.summary.decision_p99_ms, r.summary.decision_max_ms);
+}
+
+TEST(EngineTest, WarnsWhenNothingCompetesOrJobsAreRarelyThere) {
+  // One job on two idle nodes: it never wants more than there are.
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 5000)}, Dp()));
+  EXPECT_DOUBLE_EQ(r.summary.contended_fraction, 0);
+  EXPECT_THAT(r.summary.warnings,
+              ElementsAre(HasSubstr("the policies hardly competed: the jobs present could use "
+                                    "more nodes than were idle during 0.0% of their time")));
+  // Done at 25 s of a 1,000-s replay: the whole-replay utilisation says little.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("k", 1, 2, 500)}, Dp()));
+  EXPECT_THAT(r.summary.warnings,
+              ::testing::Contains(HasSubstr("jobs were present during 2.5% of the replay only")));
+  // Nothing finished.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
+  EXPECT_THAT(r.summary.warnings, ::testing::Contains(HasSubstr("no job finished")));
+}
+
+// The reclaim hazard the policy is told: reclaims of idle nodes per idle
+// node-second of the history. n0 flips idle/busy every 10 s from 0 to 800
+// (40 reclaims, 400 idle node-seconds); the replay starts at 800.
+TEST(EngineTest, ReclaimHazardFromTheHistory) {
+  std::string rows;
+  for (int t = 0; t < 800; t += 20) {
+    absl::StrAppend(&rows, t, ",n0,1\n", t + 10, ",n0,0\n");
+  }
+  absl::StrAppend(&rows, "0,n1,0\n800,n0,1\n800,n1,1\n1000,n0,1\n");
+  // Rows must be in time order: n1's initial state goes with time 0.
+  std::vector<std::string> lines = absl::StrSplit(rows, '\n', absl::SkipEmpty());
+  std::stable_sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return std::stoi(a) < std::stoi(b);
+  });
+  const IdleTrace trace = Trace(absl::StrCat(absl::StrJoin(lines, "\n"), "\n"));
+  auto rates = [&](bool hazard) {
+    std::vector<double> seen;
+    SimOptions o = Dp();
+    o.skip_snapshots = 80;  // times 0, 10, ..., 790 skipped
+    o.reclaim_hazard = hazard;
+    o.on_decision = [&seen](const alloc::Problem& p, const alloc::Decision&, absl::Duration) {
+      seen.push_back(p.reclaim_rate);
+    };
+    absl::StatusOr<SimResult> r = Simulate(trace, {Job("j", 1, 2, 1e9)}, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return seen;
+  };
+  EXPECT_THAT(rates(true), ElementsAre(40.0 / 400));
+  EXPECT_THAT(rates(false), ElementsAre(0.0));
 }
 
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {

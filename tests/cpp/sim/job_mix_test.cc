@@ -378,3 +378,27 @@ TEST(SyntheticJobMixTest, BadOptionsNameTheField) {
 
 }  // namespace
 }  // namespace malle::sim
+
+namespace malle::sim {
+namespace {
+
+TEST(RepeatMixTest, CopiesAreShiftedAndRenamed) {
+  ASSERT_OK_AND_ASSIGN(JobMix mix, SyntheticJobMix(2, 7));
+  ASSERT_OK_AND_ASSIGN(std::vector<MixJob> jobs, RepeatMix(mix.jobs, 3, absl::Hours(10)));
+  ASSERT_EQ(jobs.size(), 6u);
+  EXPECT_EQ(jobs[0].name, "S00000");
+  EXPECT_EQ(jobs[3].name, "S00001~1");
+  EXPECT_EQ(jobs[5].name, "S00001~2");
+  EXPECT_EQ(jobs[2].submit_time, mix.jobs[0].submit_time + absl::Hours(10));
+  EXPECT_EQ(jobs[5].submit_time, mix.jobs[1].submit_time + absl::Hours(20));
+  EXPECT_EQ(jobs[4].work_samples, mix.jobs[0].work_samples);
+  EXPECT_THAT(RepeatMix(mix.jobs, 0, absl::Hours(1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("copies: must be in [1, 1000], got 0")));
+  EXPECT_THAT(
+      RepeatMix(mix.jobs, 2, -absl::Hours(1)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("period: must be finite and >= 0")));
+}
+
+}  // namespace
+}  // namespace malle::sim

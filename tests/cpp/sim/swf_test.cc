@@ -223,6 +223,28 @@ TEST(SwfTest, EveryJobLineIsCountedOnce) {
                           Ev{100, "n0", false}, Ev{140, "n0", true}));
 }
 
+// Logs whose submit times are start times record no wait (-1): replayed
+// with wait 0 when asked, counted apart; otherwise the error says what to do.
+TEST(SwfTest, UnknownWaitsReplayedAsZeroWhenAsked) {
+  const std::string text =
+      absl::StrCat("; MaxNodes: 2\n", Job(1, 0, -1, 100, 1), Job(2, 50, -1, 100, 2));
+  ASSERT_OK_AND_ASSIGN(SwfLog log, ParseSwf(text, "w.swf"));
+  EXPECT_THAT(SwfToIdleTrace(log).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("2 with an unknown submit, wait or run time); if the log records "
+                                 "no wait times because its submit times are start times, replay "
+                                 "unknown waits as 0 (unknown_wait_is_zero)")));
+  SwfReplayOptions o;
+  o.unknown_wait_is_zero = true;
+  ASSERT_OK_AND_ASSIGN(SwfTrace t, SwfToIdleTrace(log, o));
+  EXPECT_EQ(t.report.jobs_wait_assumed_zero, 2);
+  EXPECT_EQ(t.report.jobs_replayed, 2);
+  EXPECT_EQ(t.report.jobs_unknown_times, 0);
+  // Job 1 on n0 0..100; job 2 asks for both at 50: n1 at once, n0 at 100.
+  EXPECT_THAT(Events(t.trace), ElementsAre(Ev{0, "n1", true}, Ev{50, "n1", false},
+                                           Ev{150, "n0", true}, Ev{150, "n1", true}));
+}
+
 TEST(SwfTest, MachineSizeFromHeaderOrOptions) {
   const std::string jobs = Job(1, 0, 0, 10, 4);
   ASSERT_OK_AND_ASSIGN(SwfLog bare, ParseSwf(jobs, "bare.swf"));
@@ -313,6 +335,95 @@ TEST(SwfTest, DerivedTraceDrivesTheSimulator) {
   EXPECT_EQ(r.summary.resizes, 2);
   EXPECT_EQ(r.summary.reclaims, 1);
   EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, (1000 + 100) / 3600.0);
+}
+
+// A log with absolute Unix submit times and no UnixStartTime header (as
+// several published logs are): the replay starts at its first event, not at
+// 1970 with every node idle for fifty years.
+TEST(SwfTest, AbsoluteTimesStartAtTheFirstEvent) {
+  ASSERT_OK_AND_ASSIGN(SwfLog log, LoadSwf(absl::StrCat(MALLE_TEST_DATA_DIR, "/forecast.swf")));
+  EXPECT_FALSE(log.header.has_unix_start_time);
+  ASSERT_OK_AND_ASSIGN(SwfTrace t, SwfToIdleTrace(log));
+  EXPECT_TRUE(t.report.absolute_times);
+  EXPECT_DOUBLE_EQ(t.report.skipped_lead_s, 1600000000);
+  EXPECT_DOUBLE_EQ(t.report.span_s, 500);
+  EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(1600000000));
+  EXPECT_EQ(t.trace.end, absl::FromUnixSeconds(1600000500));
+  EXPECT_THAT(Events(t.trace, 1600000000),
+              ElementsAre(Ev{0, "n1", true}, Ev{100, "n0", true}, Ev{200, "n0", false},
+                          Ev{200, "n1", false}, Ev{300, "n0", true}, Ev{300, "n1", true},
+                          Ev{400, "n0", false}, Ev{500, "n0", true}));
+  // Each reclaim is announced when the job that takes the node is submitted.
+  std::vector<std::string> announced;
+  for (const IdleEvent& e : t.trace.events) {
+    if (!e.idle) {
+      announced.push_back(
+          absl::StrCat(t.trace.nodes[e.node], "@", absl::ToUnixSeconds(e.announced) - 1600000000));
+    }
+  }
+  EXPECT_THAT(announced, ElementsAre("n0@50", "n1@50", "n0@400"));
+
+  // Idle node-hours are those of the log's 500 s, not of 50 years:
+  // n1 0..200, n0 100..200, both 300..400, n1 400..500.
+  ASSERT_OK_AND_ASSIGN(JobMix mix, ParseJobMix("name,submit_time,min_nodes,max_nodes,work_samples,"
+                                               "rescale_up_s,rescale_down_s,nodes,throughput\n"
+                                               "j,0,1,2,1e9,10,5,0;1;2,0;10;20\n",
+                                               "mix.csv"));
+  SimOptions o;
+  o.decide.policy = alloc::PolicyKind::kDp;
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(t.trace, mix.jobs, o));
+  EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 600 / 3600.0);
+  EXPECT_THAT(r.summary.warnings,
+              ::testing::Not(::testing::Contains(HasSubstr("cannot be right"))));
+}
+
+// A relative log whose first job arrives late starts there too.
+TEST(SwfTest, RelativeLogStartsAtItsFirstSubmit) {
+  const SwfTrace t =
+      Replay(absl::StrCat("; MaxNodes: 2\n; UnixStartTime: 1000\n", Job(1, 5000, 10, 100, 1)));
+  EXPECT_FALSE(t.report.absolute_times);
+  EXPECT_DOUBLE_EQ(t.report.skipped_lead_s, 5000);
+  EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(6000));
+  EXPECT_THAT(Events(t.trace, 1000), ElementsAre(Ev{5000, "n0", true}, Ev{5000, "n1", true},
+                                                 Ev{5010, "n0", false}, Ev{5110, "n0", true}));
+}
+
+// What each forecast mode tells the policy, decision by decision, on the
+// hand-written log (times after its first event): the reservation knows a
+// reclaim from the submit of the job that makes it, the oracle always.
+TEST(SwfTest, ReservationForecastFromTheLog) {
+  ASSERT_OK_AND_ASSIGN(SwfLog log, LoadSwf(absl::StrCat(MALLE_TEST_DATA_DIR, "/forecast.swf")));
+  ASSERT_OK_AND_ASSIGN(SwfTrace t, SwfToIdleTrace(log));
+  ASSERT_OK_AND_ASSIGN(JobMix mix, ParseJobMix("name,submit_time,min_nodes,max_nodes,work_samples,"
+                                               "rescale_up_s,rescale_down_s,nodes,throughput\n"
+                                               "j,0,1,2,1e9,10,5,0;1;2,0;10;20\n",
+                                               "mix.csv"));
+  auto forecasts = [&](ForecastMode mode) {
+    std::vector<std::string> seen;
+    SimOptions o;
+    o.decide.policy = alloc::PolicyKind::kDp;
+    o.forecast = mode;
+    o.on_decision = [&seen](const alloc::Problem& p, const alloc::Decision&, absl::Duration) {
+      std::string line;
+      for (const alloc::Node& n : p.nodes) {
+        absl::StrAppend(&line, line.empty() ? "" : " ", n.id, "=",
+                        n.expected_idle == absl::InfiniteDuration()
+                            ? std::string("?")
+                            : absl::StrCat(absl::ToInt64Seconds(n.expected_idle)));
+      }
+      seen.push_back(line);
+    };
+    absl::StatusOr<SimResult> r = Simulate(t.trace, mix.jobs, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return seen;
+  };
+  // Decisions at 0, 100, 200 (no idle node), 300 and 400.
+  EXPECT_THAT(forecasts(ForecastMode::kReservation),
+              ElementsAre("n1=?", "n0=100 n1=100", "", "n0=? n1=?", "n1=?"));
+  EXPECT_THAT(forecasts(ForecastMode::kOracle),
+              ElementsAre("n1=200", "n0=100 n1=100", "", "n0=100 n1=?", "n1=?"));
+  EXPECT_THAT(forecasts(ForecastMode::kNone),
+              ElementsAre("n1=?", "n0=? n1=?", "", "n0=? n1=?", "n1=?"));
 }
 
 }  // namespace
