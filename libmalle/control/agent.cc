@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/cluster/rank_env.h"
 #include "libmalle/comm/elastic_group.h"
 #include "libmalle/control/client.h"
 
@@ -20,9 +21,11 @@ namespace malle::control {
 absl::Status AgentOptions::Validate() const {
   MALLE_RETURN_IF_ERROR(ValidateId("AgentOptions.node", node));
   MALLE_RETURN_IF_ERROR(ValidateId("AgentOptions.agent_id", agent_id));
-  if (store_address.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AgentOptions.store_address must be host:port, got '", store_address, "'"));
+  cluster::RankEnv env;  // what the agent's ranks will be given must be valid
+  env.store = store_address;
+  env.node = node;
+  if (absl::Status s = env.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("AgentOptions.store_address: ", s.message()));
   }
   for (auto [name, d] : {std::pair{"heartbeat_interval", heartbeat_interval},
                          std::pair{"poll_interval", poll_interval},
@@ -281,15 +284,18 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   }
   for (const auto& [k, v] : spec.env) p.env.emplace_back(k, v);
   for (const auto& kv : options_.extra_env) p.env.push_back(kv);
-  p.env.emplace_back("MALLE_STORE", options_.store_address);
-  p.env.emplace_back("MALLE_JOB_ID", w.runtime_id);
-  p.env.emplace_back("MALLE_MEMBER_ID", r.member);
-  p.env.emplace_back("MALLE_BOOTSTRAP_SIZE", bootstrap ? "1" : "0");
-  p.env.emplace_back("MALLE_CONTROL_JOB", w.job);
-  p.env.emplace_back("MALLE_MIN_NODES", absl::StrCat(spec.min_nodes));
-  p.env.emplace_back("MALLE_MAX_NODES", absl::StrCat(spec.EffectiveMaxNodes()));
-  p.env.emplace_back("MALLE_NODE", options_.node);
-  if (!options_.secret_path.empty()) p.env.emplace_back("MALLE_CONTROL_SECRET", options_.secret_path);
+  // The rank environment contract (cluster/rank_env.h); added last, so it wins.
+  cluster::RankEnv env;
+  env.store = options_.store_address;
+  env.job_id = w.runtime_id;
+  env.member_id = r.member;
+  env.bootstrap_size = bootstrap ? 1 : 0;
+  env.control_job = w.job;
+  env.control_secret = options_.secret_path;
+  env.node = options_.node;
+  env.min_nodes = spec.min_nodes;
+  env.max_nodes = spec.EffectiveMaxNodes();
+  for (auto& kv : cluster::RankEnvVars(env)) p.env.push_back(std::move(kv));
   absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
   if (!process.ok()) {
     MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();

@@ -445,4 +445,17 @@ def read_rank_env(environ: dict[str, str]) -> RankEnv:
     """Reads and validates the contract from a mapping (e.g. ``dict(os.environ)``).
     Raises MalleValueError naming the variable."""
 def rank_env_names() -> list[str]: ...
+ENV_STORE: str
+ENV_JOB_ID: str
+ENV_MEMBER_ID: str
+ENV_BOOTSTRAP_SIZE: str
+ENV_CONTROL_JOB: str
+ENV_CONTROL_SECRET: str
+ENV_NODE: str
+ENV_MIN_NODES: str
+ENV_MAX_NODES: str
+ENV_BACKEND: str
+ENV_SECRET: str
+ENV_LOG_LEVEL: str
+ENV_BIN_DIR: str
 def generated_member_id() -> str: ...

@@ -51,11 +51,11 @@ def agent_binary(name: str = "malle-agent") -> str:
     here = Path(__file__).resolve().parent / "bin" / name
     if here.is_file() and os.access(here, os.X_OK):
         return str(here)
-    env = os.environ.get("MALLE_BIN_DIR")
+    env = os.environ.get(_C.ENV_BIN_DIR)
     if env and (Path(env) / name).is_file():
         return str(Path(env) / name)
     raise MalleValueError(f"{name}: not found in {here.parent} (reinstall malletrain) "
-                          f"nor in $MALLE_BIN_DIR")
+                          f"nor in ${_C.ENV_BIN_DIR}")
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,7 @@ class _Local:
         self.log_dir = log_dir
         self.env = dict(os.environ if env is None else env)
         # libmalle logs every generation at INFO; ranks report their changes themselves.
-        self.env.setdefault("MALLE_LOG_LEVEL", "warning")
+        self.env.setdefault(_C.ENV_LOG_LEVEL, "warning")
         self.rng = random.Random(seed) if seed is not None else None
         self.quiet = quiet
         self.store = _C.ControlStore.serve("127.0.0.1", 0)
@@ -233,9 +233,12 @@ class _Local:
     def spawn(self, bootstrap: int) -> str:
         member = f"node{self.next_id}"
         self.next_id += 1
-        env = dict(self.env, MALLE_STORE=f"127.0.0.1:{self.store.port}",
-                   MALLE_JOB_ID=self.job_id, MALLE_MEMBER_ID=member,
-                   MALLE_BOOTSTRAP_SIZE=str(bootstrap))
+        rank = _C.RankEnv()  # the rank environment contract (libmalle/cluster/rank_env.h)
+        rank.store = f"127.0.0.1:{self.store.port}"
+        rank.job_id = self.job_id
+        rank.member_id = member
+        rank.bootstrap_size = bootstrap
+        env = dict(self.env, **rank.vars())
         out = None
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "libmalle/cluster/rank_env.h"
 #include "python/src/bind_common.h"
@@ -45,6 +46,22 @@ void BindCluster(py::module_& m) {
     }));
   });
   m.def("rank_env_names", &cluster::RankEnvNames);
+  // The names themselves, so that no Python starter spells them.
+  for (auto [attr, name] : {std::pair{"ENV_STORE", cluster::kEnvStore},
+                            std::pair{"ENV_JOB_ID", cluster::kEnvJobId},
+                            std::pair{"ENV_MEMBER_ID", cluster::kEnvMemberId},
+                            std::pair{"ENV_BOOTSTRAP_SIZE", cluster::kEnvBootstrapSize},
+                            std::pair{"ENV_CONTROL_JOB", cluster::kEnvControlJob},
+                            std::pair{"ENV_CONTROL_SECRET", cluster::kEnvControlSecret},
+                            std::pair{"ENV_NODE", cluster::kEnvNode},
+                            std::pair{"ENV_MIN_NODES", cluster::kEnvMinNodes},
+                            std::pair{"ENV_MAX_NODES", cluster::kEnvMaxNodes},
+                            std::pair{"ENV_BACKEND", cluster::kEnvBackend},
+                            std::pair{"ENV_SECRET", cluster::kEnvSecret},
+                            std::pair{"ENV_LOG_LEVEL", cluster::kEnvLogLevel},
+                            std::pair{"ENV_BIN_DIR", cluster::kEnvBinDir}}) {
+    m.attr(attr) = name;
+  }
   m.def("generated_member_id", &cluster::GeneratedMemberId);
 }
 
