@@ -209,11 +209,11 @@ absl::Status Agent::KillAndReportDead() {
 
 absl::Status Agent::Reap(absl::Time now) {
   if (!rank_ || !rank_->process) return absl::OkStatus();
-  std::optional<int> status = rank_->process->Poll();
+  std::optional<cluster::ExitStatus> status = rank_->process->PollStatus();
   if (!status) {
     if (rank_->ending != Rank::Ending::kNone && now >= rank_->deadline) {
       MALLE_RETURN_IF_ERROR(KillAndReportDead());
-      status = rank_->process->Poll();
+      status = rank_->process->PollStatus();
     }
     if (!status) return absl::OkStatus();
   }
@@ -221,8 +221,8 @@ absl::Status Agent::Reap(absl::Time now) {
   e.node = options_.node;
   e.job = rank_->runtime_id;
   e.member = rank_->member;
-  e.exit_code = *status > 128 ? 0 : std::clamp(*status, 0, 255);
-  e.signal = *status > 128 ? std::min(*status - 128, 127) : 0;
+  e.exit_code = std::clamp(status->code, 0, 255);
+  e.signal = std::clamp(status->signal, 0, 127);
   switch (rank_->ending) {
     case Rank::Ending::kNone:
     case Rank::Ending::kFinishing:
@@ -236,10 +236,11 @@ absl::Status Agent::Reap(absl::Time now) {
       e.cause = RankExitCause::kStopped;
       break;
   }
-  const bool crashed = e.cause == RankExitCause::kExited && *status != 0;
-  if (e.cause == RankExitCause::kExited && *status == 0) finished_[e.job] = true;
-  MALLE_LOG(INFO) << "rank " << e.member << " of " << e.job << " ended with status " << *status << " ("
-                  << RankExitCauseName(e.cause) << ")";
+  const bool clean = status->code == 0 && status->signal == 0;
+  const bool crashed = e.cause == RankExitCause::kExited && !clean;
+  if (e.cause == RankExitCause::kExited && clean) finished_[e.job] = true;
+  MALLE_LOG(INFO) << "rank " << e.member << " of " << e.job << " ended with status "
+                  << status->ShellCode() << " (" << RankExitCauseName(e.cause) << ")";
   if (crashed) {
     // The others are waiting in a collective or a boundary: tell them now.
     MALLE_RETURN_IF_ERROR(comm::ElasticGroup::ReportDead(*store_, e.job, e.member));
@@ -284,8 +285,9 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   }
   for (const auto& [k, v] : spec.env) p.env.emplace_back(k, v);
   for (const auto& kv : options_.extra_env) p.env.push_back(kv);
-  // The rank environment contract (cluster/rank_env.h); added last, so it wins.
-  cluster::RankEnv env;
+  // The rank environment contract (cluster/rank_env.h); LocalProcess adds it
+  // last, so it wins over the job's own env.
+  cluster::RankEnv& env = p.rank_env.emplace();
   env.store = options_.store_address;
   env.job_id = w.runtime_id;
   env.member_id = r.member;
@@ -295,7 +297,8 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   env.node = options_.node;
   env.min_nodes = spec.min_nodes;
   env.max_nodes = spec.EffectiveMaxNodes();
-  for (auto& kv : cluster::RankEnvVars(env)) p.env.push_back(std::move(kv));
+  // Its own process group: stopping the rank stops what it started too.
+  p.new_process_group = true;
   absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
   if (!process.ok()) {
     MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();

@@ -31,8 +31,9 @@
 // step boundary or is killed at the grace deadline (less a margin), then
 // NodeLeave and Run returns. Stop(): the same without the reclaim notice.
 //
-// Every process the agent starts is its child (LocalProcess: it dies with
-// the agent) and is stopped by pid.
+// Every process the agent starts is its child (cluster::LocalProcess: it
+// dies with the agent, leads its own process group, gets the rank
+// environment contract of cluster/rank_env.h) and is stopped by pid.
 //
 // Thread-safety: Run on one thread; Reclaim, Stop and running() from any.
 #ifndef MALLE_CONTROL_AGENT_H_

@@ -6,7 +6,7 @@ between releases. Every function that fails raises a class of
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -445,6 +445,28 @@ def read_rank_env(environ: dict[str, str]) -> RankEnv:
     """Reads and validates the contract from a mapping (e.g. ``dict(os.environ)``).
     Raises MalleValueError naming the variable."""
 def rank_env_names() -> list[str]: ...
+
+class LocalProcess:
+    """A child process owned by this object (libmalle/cluster/local_process.h): it gets
+    PR_SET_PDEATHSIG(SIGKILL) and is killed (with its group) when the object goes away.
+    Exit codes follow subprocess.Popen: the code, or -signal."""
+    @staticmethod
+    def spawn(argv: list[str], *, env: dict[str, str] = ..., clear_env: bool = False,
+              rank_env: Optional[RankEnv] = None, stdout: str = "", stderr: str = "",
+              stderr_to_stdout: bool = False, truncate: bool = False, cwd: str = "",
+              new_process_group: bool = False) -> LocalProcess:
+        """Starts argv[0] (a path, or a name looked up in PATH). ``env`` is added to this
+        process's environment (or replaces it: ``clear_env``), ``rank_env``'s variables last.
+        Log files are opened before the fork; MalleValueError / MalleError name what is wrong."""
+    @property
+    def pid(self) -> int: ...
+    @property
+    def leads_group(self) -> bool: ...
+    def poll(self) -> Optional[int]: ...
+    def wait(self, timeout: float) -> int:
+        """Raises MalleTimeoutError if it still runs after ``timeout`` seconds."""
+    def signal(self, signal: int) -> None: ...
+    def kill(self, timeout: float = 10.0) -> int: ...
 ENV_STORE: str
 ENV_JOB_ID: str
 ENV_MEMBER_ID: str

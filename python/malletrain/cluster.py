@@ -17,7 +17,8 @@ idle-node trace; jobs you submit grow and shrink in place as the allocator decid
 
 Everything binds to 127.0.0.1. The shared secret is a fresh random file (mode 0600) in the
 cluster's work directory; agents and ranks read it from there. Every process the cluster starts
-is stopped by pid when it closes (agents with SIGINT, then SIGKILL; their ranks die with them).
+is a ``_C.LocalProcess`` (it dies with this process) and is stopped by pid when it closes
+(agents with SIGINT, then SIGKILL; their ranks die with them).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -167,11 +167,10 @@ class LocalCluster:
             default_samples_per_s=1.0, max_rank_failures=3, objective=objective)
         self._service: Any = None
         self._allocator_mode = allocator
-        self._allocator_proc: Optional[subprocess.Popen] = None
+        self._allocator_proc: Any = None  # _C.LocalProcess
         self.start_allocator()
         self.client = _C.ControlClient(self.store, self._secret)
-        self._agents: Dict[str, subprocess.Popen] = {}
-        self._agent_logs: Dict[str, Any] = {}
+        self._agents: Dict[str, Any] = {}  # node -> _C.LocalProcess
         self._lock = threading.Lock()
         self._trace_thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -195,10 +194,8 @@ class LocalCluster:
                 f"--debounce={a['debounce_s']}s"]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
-        log = open(self.log_dir / "allocator.log", "ab")
-        self._allocator_proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL)
-        log.close()
+        self._allocator_proc = _C.LocalProcess.spawn(
+            args, stdout=str(self.log_dir / "allocator.log"), stderr_to_stdout=True)
         self._note(f"allocator started (pid {self._allocator_proc.pid})")
 
     def stop_allocator(self, *, kill: bool = False) -> None:
@@ -209,12 +206,11 @@ class LocalCluster:
             service.stop()
         p, self._allocator_proc = self._allocator_proc, None
         if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            p.signal(signal.SIGKILL if kill else signal.SIGTERM)
             try:
                 p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            except MalleTimeoutError:
+                p.kill(timeout=10)
             self._note(f"allocator {'killed (kill -9)' if kill else 'stopped'}")
 
     @property
@@ -237,11 +233,9 @@ class LocalCluster:
                     f"--grace={self.grace}s", f"--log_dir={self.log_dir}"]
             if idle_until is not None:
                 args.append(f"--idle_until={idle_until}")
-            log = open(self.log_dir / f"agent-{node}.log", "ab")
-            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+            p = _C.LocalProcess.spawn(args, stdout=str(self.log_dir / f"agent-{node}.log"),
+                                      stderr_to_stdout=True)
             self._agents[node] = p
-            self._agent_logs[node] = log
             self._note(f"node {node} up (agent pid {p.pid})")
             return p.pid
 
@@ -253,7 +247,10 @@ class LocalCluster:
             p = self._agents.get(node)
         if p is None or p.poll() is not None:
             return
-        p.send_signal(signal.SIGTERM)
+        try:
+            p.signal(signal.SIGTERM)
+        except MalleError:  # exited meanwhile
+            return
         self._note(f"node {node} reclaimed (grace {self.grace:g} s)")
         if wait:
             self._wait_agent(node, p, (grace if grace is not None else self.grace) + 10)
@@ -263,20 +260,18 @@ class LocalCluster:
         with self._lock:
             p = self._agents.get(node)
         if p is not None and p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
+            p.kill(timeout=10)
             self._note(f"node {node} agent killed (kill -9)")
 
     def live_nodes(self) -> List[str]:
         with self._lock:
             return [n for n, p in self._agents.items() if p.poll() is None]
 
-    def _wait_agent(self, node: str, p: subprocess.Popen, timeout: float) -> None:
+    def _wait_agent(self, node: str, p: Any, timeout: float) -> None:
         try:
             p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        except MalleTimeoutError:
+            p.kill(timeout=10)
             self._note(f"node {node} agent did not exit in {timeout:g} s: killed")
 
     # --- trace --------------------------------------------------------------------------
@@ -375,16 +370,16 @@ class LocalCluster:
             agents = dict(self._agents)
         for p in agents.values():
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                try:
+                    p.signal(signal.SIGINT)
+                except MalleError:  # exited meanwhile
+                    pass
         deadline = time.monotonic() + 15
         for node, p in agents.items():
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        for log in self._agent_logs.values():
-            log.close()
+            except MalleTimeoutError:
+                p.kill(timeout=10)
         try:
             self.stop_allocator()
         finally:
