@@ -1,4 +1,4 @@
-// malle-agent: the node agent (libmalle/control/agent.h) as a program.
+// malle-agent: the node agent (libmalle/control/service/agent.h) as a program.
 //
 //   malle-agent --store=127.0.0.1:29400 --secret=/etc/malle/secret --node=n3 \
 //       [--group=rack1] [--speed=1] [--idle_until=UNIX_SECONDS] [--grace=30s] \
@@ -24,8 +24,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/agent.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/agent.h"
+#include "libmalle/control/wire/secret.h"
 
 ABSL_FLAG(std::string, store, "", "control store HOST:PORT (required)");
 ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");

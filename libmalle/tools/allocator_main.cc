@@ -1,4 +1,4 @@
-// malle-allocator: the shared allocator (libmalle/control/allocator_service.h)
+// malle-allocator: the shared allocator (libmalle/control/service/allocator_service.h)
 // as a daemon.
 //
 //   malle-allocator --secret=/etc/malle/secret --store=HOST:PORT \
@@ -27,8 +27,8 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/allocator_service.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/allocator_service.h"
+#include "libmalle/control/wire/secret.h"
 
 ABSL_FLAG(std::string, store, "", "control store HOST:PORT to connect to");
 ABSL_FLAG(std::string, listen, "", "host the control store on HOST:PORT instead (port 0: any)");

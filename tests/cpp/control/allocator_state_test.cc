@@ -1,7 +1,7 @@
 // AllocatorState: the allocator's decisions as pure functions of (state,
 // message, now). Nodes, jobs and agents are scripted message by message; the
 // policy is the exact DP.
-#include "libmalle/control/allocator_state.h"
+#include "libmalle/control/state/allocator_state.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 #include <cstdint>
 #include <functional>

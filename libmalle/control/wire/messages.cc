@@ -4,7 +4,7 @@
 // type check (and, for integers, the range, since they are narrowed), then
 // runs the same Validate function that encoding runs first: the rules live
 // in one place, and a decoded message is always one that would encode.
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 #include <algorithm>
 #include <cmath>

@@ -54,7 +54,7 @@
 #include "libmalle/alloc/decide.h"
 #include "libmalle/advisor/probe.h"
 #include "libmalle/alloc/problem.h"
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 namespace malle::control {
 

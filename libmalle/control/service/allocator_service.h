@@ -46,11 +46,11 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/allocator_state.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/envelope.h"
-#include "libmalle/control/journal.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/state/allocator_state.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/wire/envelope.h"
+#include "libmalle/control/state/journal.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 

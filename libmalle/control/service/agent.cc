@@ -1,4 +1,4 @@
-#include "libmalle/control/agent.h"
+#include "libmalle/control/service/agent.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "libmalle/base/status_macros.h"
 #include "libmalle/cluster/rank_env.h"
 #include "libmalle/comm/elastic_group.h"
-#include "libmalle/control/client.h"
+#include "libmalle/control/service/client.h"
 
 namespace malle::control {
 

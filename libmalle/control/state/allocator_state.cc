@@ -1,4 +1,4 @@
-#include "libmalle/control/allocator_state.h"
+#include "libmalle/control/state/allocator_state.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "libmalle/control/allocator_service.h"
+#include "libmalle/control/service/allocator_service.h"
 
 #include <algorithm>
 #include <utility>
