@@ -58,6 +58,12 @@ constexpr std::pair<absl::string_view, RankExitCause> kRankExitCauseNames[] = {
     {"stopped", RankExitCause::kStopped},
 };
 
+constexpr std::pair<absl::string_view, RankPhase> kRankPhaseNames[] = {
+    {"starting", RankPhase::kStarting},
+    {"training", RankPhase::kTraining},
+    {"draining", RankPhase::kDraining},
+};
+
 constexpr std::pair<absl::string_view, JobStatus> kJobStatusNames[] = {
     {"succeeded", JobStatus::kSucceeded},
     {"failed", JobStatus::kFailed},
@@ -369,6 +375,17 @@ absl::Status Validate(const AgentHeartbeat& m, const std::string& p) {
     MALLE_RETURN_IF_ERROR(CheckId(Member(running, "job"), m.running->job));
     MALLE_RETURN_IF_ERROR(CheckId(Member(running, "member"), m.running->member));
     MALLE_RETURN_IF_ERROR(CheckInt(Member(running, "pid"), m.running->pid, 1, kMaxPid));
+    if (m.running->phase.has_value()) {
+      const bool known = std::any_of(std::begin(kRankPhaseNames), std::end(kRankPhaseNames),
+                                     [&](const auto& entry) { return entry.second == *m.running->phase; });
+      if (!known) {
+        return PathError(Member(running, "phase"),
+                         absl::StrCat("unknown RankPhase ", static_cast<int>(*m.running->phase)));
+      }
+    }
+    if (m.running->phase_since.has_value()) {
+      MALLE_RETURN_IF_ERROR(CheckTime(Member(running, "phase_since"), *m.running->phase_since));
+    }
   }
   return absl::OkStatus();
 }
@@ -571,11 +588,26 @@ absl::StatusOr<AgentHeartbeat> DecodeAgentHeartbeat(const Json& body, const std:
   MALLE_ASSIGN_OR_RETURN(m.node, Required(f, "node", StringReader()));
   if (const Json* running = f.FindOptional("running")) {
     MALLE_ASSIGN_OR_RETURN(Fields r,
-                           Fields::Open(*running, f.Path("running"), {"job", "member", "pid"}));
+                           Fields::Open(*running, f.Path("running"),
+                                        {"job", "member", "pid", "phase", "phase_since"}));
     RunningRank rank;
     MALLE_ASSIGN_OR_RETURN(rank.job, Required(r, "job", StringReader()));
     MALLE_ASSIGN_OR_RETURN(rank.member, Required(r, "member", StringReader()));
     MALLE_ASSIGN_OR_RETURN(rank.pid, Required(r, "pid", IntReader(1, kMaxPid)));
+    if (const Json* phase = r.FindOptional("phase")) {
+      MALLE_ASSIGN_OR_RETURN(std::string name, ReadString(*phase, r.Path("phase")));
+      for (const auto& [known, value] : kRankPhaseNames) {
+        if (known == name) rank.phase = value;
+      }
+      if (!rank.phase) {
+        return PathError(r.Path("phase"),
+                         absl::StrCat("expected one of \"starting\", \"training\", \"draining\", got ",
+                                      Quote(name)));
+      }
+    }
+    if (const Json* since = r.FindOptional("phase_since")) {
+      MALLE_ASSIGN_OR_RETURN(rank.phase_since, ReadTime(*since, r.Path("phase_since")));
+    }
     m.running = std::move(rank);
   }
   return m;
@@ -846,6 +878,8 @@ OrderedJson Encode(const AgentHeartbeat& m) {
   OrderedJson running = nullptr;
   if (m.running.has_value()) {
     running = {{"job", m.running->job}, {"member", m.running->member}, {"pid", m.running->pid}};
+    if (m.running->phase) running["phase"] = std::string(RankPhaseName(*m.running->phase));
+    if (m.running->phase_since) running["phase_since"] = ToWireSeconds(*m.running->phase_since);
   }
   return {{"node", m.node}, {"running", std::move(running)}};
 }
@@ -949,6 +983,13 @@ MessageType TypeOf(const Message& message) { return static_cast<MessageType>(mes
 absl::string_view RankExitCauseName(RankExitCause cause) {
   for (const auto& [name, value] : kRankExitCauseNames) {
     if (value == cause) return name;
+  }
+  return "unknown";
+}
+
+absl::string_view RankPhaseName(RankPhase phase) {
+  for (const auto& [name, value] : kRankPhaseNames) {
+    if (value == phase) return name;
   }
   return "unknown";
 }
@@ -1058,7 +1099,8 @@ bool operator==(const NodeLeave& a, const NodeLeave& b) {
   return std::tie(a.node, a.reason) == std::tie(b.node, b.reason);
 }
 bool operator==(const RunningRank& a, const RunningRank& b) {
-  return std::tie(a.job, a.member, a.pid) == std::tie(b.job, b.member, b.pid);
+  return std::tie(a.job, a.member, a.pid, a.phase, a.phase_since) ==
+         std::tie(b.job, b.member, b.pid, b.phase, b.phase_since);
 }
 bool operator==(const AgentHeartbeat& a, const AgentHeartbeat& b) {
   return std::tie(a.node, a.running) == std::tie(b.node, b.running);
