@@ -632,6 +632,42 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
   }
   const std::vector<std::string> probe_notes =
       options_.honour_probes ? ApplyProbes(wanted, now) : std::vector<std::string>{};
+  // A job that shrinks gives back the nodes whose ranks are not training
+  // first: the policy chose how many nodes of each class it keeps, not which
+  // ones, and releasing the node of a member while keeping one whose rank
+  // still warms up would make the member drain (a leave, or for the last
+  // member a whole job held by a rank that cannot leave) for nothing.
+  auto trains_for = [&](const NodeRecord& n, const JobRecord& job) {
+    return n.running && n.running->job == job.RuntimeId() &&
+           n.running->phase.value_or(RankPhase::kTraining) == RankPhase::kTraining;
+  };
+  for (auto& [id, job] : jobs_) {
+    auto w = wanted.find(id);
+    if (w == wanted.end() || job.nodes.empty()) continue;
+    std::vector<std::string>& next = w->second;
+    for (const std::string& gone : job.nodes) {
+      std::sort(next.begin(), next.end());
+      if (std::binary_search(next.begin(), next.end(), gone) || !trains_for(nodes_.at(gone), job)) continue;
+      for (std::string& kept : next) {
+        const NodeRecord& k = nodes_.at(kept);
+        if (std::binary_search(job.nodes.begin(), job.nodes.end(), kept) && !trains_for(k, job) &&
+            k.node_class == nodes_.at(gone).node_class) {
+          // The member stays, the warming (or empty) node goes; a job the
+          // policy gave the member's node gets the other one (same class).
+          const std::string released = kept;
+          kept = gone;
+          for (auto& [other, nodes] : wanted) {
+            if (other == id) continue;
+            for (std::string& n : nodes) {
+              if (n == gone) n = released;
+            }
+            std::sort(nodes.begin(), nodes.end());
+          }
+          break;
+        }
+      }
+    }
+  }
   for (auto& [id, job] : jobs_) {
     auto w = wanted.find(id);
     std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;

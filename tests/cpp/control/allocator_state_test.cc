@@ -189,6 +189,22 @@ TEST_F(AllocatorStateTest, ANewIncarnationNeverBootstrapsOnADrainingNode) {
   EXPECT_DOUBLE_EQ(state_.HeldOf("b", kT0 + absl::Seconds(3)).starting, 1);
 }
 
+TEST_F(AllocatorStateTest, AShrinkingJobGivesBackItsWarmingNodeNotItsMember) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  // n0's rank trains, n1's warms up; then b comes and a shrinks to one node.
+  // (Left to itself the policy releases n0: equal windows, lower index first.)
+  ASSERT_OK(Heartbeat("n0", kT0 + absl::Seconds(1), "a.i1", RankPhase::kTraining));
+  ASSERT_OK(Heartbeat("n1", kT0 + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  ASSERT_OK(Submit("b", 1, 1, kT0 + absl::Seconds(2)).status());
+  DecideAndAdopt(kT0 + absl::Seconds(2));
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0"));  // the member stays
+  EXPECT_THAT(Job("b").nodes, ElementsAre("n1"));
+}
+
 TEST_F(AllocatorStateTest, ARunningJobIsNotStoppedForAnotherButWaitersAre) {
   ASSERT_OK(Register("n0").status());
   ASSERT_OK(Submit("first", 1, 1).status());
