@@ -2,13 +2,18 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include <sys/stat.h>
@@ -39,6 +44,47 @@ class FileDescriptor {
  private:
   int fd_;
 };
+
+// PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not
+// the process. So every fork happens on one process-wide thread that never
+// ends: a child started from a short-lived thread (LocalCluster's trace
+// follower, a Python worker thread) lives as long as this process, and dies
+// with it. The thread blocks every signal (they belong to the process's own
+// handlers); the child unblocks them.
+pid_t OnSpawnerThread(const std::function<pid_t()>& fork_child) {
+  struct Spawner {
+    std::mutex mu;
+    std::condition_variable cv;
+    const std::function<pid_t()>* job = nullptr;
+    pid_t result = 0;
+    bool done = false;
+    std::mutex serial;  // one Spawn at a time
+  };
+  static Spawner* spawner = [] {
+    auto* s = new Spawner;  // leaked on purpose: lives until the process exits
+    std::thread([s] {
+      sigset_t all;
+      sigfillset(&all);
+      ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+      for (;;) {
+        std::unique_lock<std::mutex> lock(s->mu);
+        s->cv.wait(lock, [s] { return s->job != nullptr; });
+        s->result = (*s->job)();
+        s->job = nullptr;
+        s->done = true;
+        s->cv.notify_all();
+      }
+    }).detach();
+    return s;
+  }();
+  std::lock_guard<std::mutex> one(spawner->serial);
+  std::unique_lock<std::mutex> lock(spawner->mu);
+  spawner->done = false;
+  spawner->job = &fork_child;
+  spawner->cv.notify_all();
+  spawner->cv.wait(lock, [] { return spawner->done; });
+  return spawner->result;
+}
 
 }  // namespace
 
@@ -118,8 +164,10 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
   const pid_t parent = ::getpid();
   const bool group = spec.new_process_group;
 
+  int fork_errno = 0;
+  const pid_t pid = OnSpawnerThread([&]() -> pid_t {
   const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid < 0) fork_errno = errno;
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     // A parent that takes signals with sigwait has them blocked; the child
@@ -136,6 +184,9 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
     ::execve(program.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }
+  return pid;
+  });
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(fork_errno)));
   // Also in the parent, so that a signal to the group right after Spawn
   // cannot race the child's own setpgid.
   if (group) ::setpgid(pid, pid);

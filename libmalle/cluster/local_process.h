@@ -4,7 +4,10 @@
 // multi-process tests and benchmarks).
 //
 // Every child gets PR_SET_PDEATHSIG(SIGKILL), so it cannot outlive a parent
-// that crashes, and starts with no signal blocked. Its output can go to log
+// that crashes, and starts with no signal blocked. The signal follows the
+// thread that forks, so every fork runs on one process-wide thread that never
+// ends (docs/threading.md): a child started from a short-lived thread lives as
+// long as the process. Its output can go to log
 // files (opened by Spawn, so a bad path is Spawn's error, not a silent loss),
 // its environment can be the parent's plus additions or only what the spec
 // gives, with the rank environment contract (rank_env.h) added last; it can
