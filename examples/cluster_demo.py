@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 from malletrain import _C
-from malletrain.cluster import LocalCluster, format_status, live_table, load_idle_trace
+from malletrain.cluster import (LocalCluster, format_status, held_summary, live_table,
+                                load_idle_trace)
 
 HERE = Path(__file__).resolve().parent
 
@@ -70,6 +71,8 @@ def results(log_dir: Path) -> dict:
 
 
 def plot(samples: list, names: list, nodes_up: list, path: Path) -> None:
+    """Per job, the nodes it trains on (solid) and the nodes it holds without training
+    (hatched: starting, warming up, draining), stacked, with the idle nodes offered."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,15 +81,24 @@ def plot(samples: list, names: list, nodes_up: list, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     t = [s[0] for s in samples]
     bottom = [0] * len(samples)
-    for name in names:
-        y = [s[1].get(name, 0) for s in samples]
-        ax.fill_between(t, bottom, [b + v for b, v in zip(bottom, y)], step="post", label=name,
-                        alpha=0.8)
-        bottom = [b + v for b, v in zip(bottom, y)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, name in enumerate(names):
+        color = colors[k % len(colors)]
+        productive = [s[1].get(name, (0, 0))[0] for s in samples]
+        held = [s[1].get(name, (0, 0))[1] for s in samples]
+        top = [b + p for b, p in zip(bottom, productive)]
+        ax.fill_between(t, bottom, top, step="post", label=name, color=color, alpha=0.8)
+        idle_top = [b + max(h, p) for b, h, p in zip(bottom, held, productive)]
+        ax.fill_between(t, top, idle_top, step="post", facecolor="none", edgecolor=color,
+                        hatch="//", linewidth=0,
+                        label=f"{name}: held, not training" if any(h > p for h, p in
+                                                                    zip(held, productive)) else None)
+        bottom = idle_top
     ax.step(t, nodes_up, where="post", color="black", linewidth=1.5, label="idle nodes offered")
     ax.set_xlabel("seconds")
     ax.set_ylabel("nodes")
-    ax.set_title("malletrain: nodes held by each job as idle nodes come and go")
+    ax.set_title("malletrain: nodes each job trains on (solid) and holds without training "
+                 "(hatched)", fontsize=10)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -126,7 +138,8 @@ def main(argv=None) -> int:
         def poll(c: LocalCluster) -> None:
             st = c.status()
             now = time.monotonic() - t_start
-            samples.append((now, {j["job"]: len(j.get("nodes", [])) for j in st.get("jobs", [])}))
+            samples.append((now, {j["job"]: (j.get("productive_nodes", 0), j.get("held_nodes", 0))
+                                  for j in st.get("jobs", [])}))
             nodes_up.append(sum(1 for n in st.get("nodes", []) if n.get("offered")))
             if now - last[0] >= 3:
                 last[0] = now
@@ -146,6 +159,16 @@ def main(argv=None) -> int:
         print("results (rank 0 of each job):")
         for n in names:
             print(f"  {n:<8} {final[n]['phase']:<9} {done.get(n, '(no result line)')}")
+        print()
+        print("node time, per job (productive: a member training where the plan wants it; held "
+              "without training: starting, warming up, draining):")
+        for j in status.get("jobs", []):
+            h = j.get("held") or {}
+            print(f"  {j['job']:<8} productive {h.get('productive_node_s', 0):6.1f} node-s, held "
+                  f"without training {h.get('held_idle_node_s', 0):5.1f} node-s (starting "
+                  f"{h.get('starting_node_s', 0):.1f}, warming {h.get('warming_node_s', 0):.1f}, "
+                  f"draining {h.get('draining_node_s', 0):.1f})")
+        print("  " + held_summary(status.get("held") or {}))
         if reports.get("digits"):
             print()
             print("the digits job's scalability, as its profiling advisor learned it:")

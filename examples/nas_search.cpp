@@ -1,5 +1,5 @@
 // nas_search: a tiny neural-architecture search driven from C++ through the
-// allocator's client API (libmalle/control/client.h), the way a NAS or HPO
+// allocator's client API (libmalle/control/service/client.h), the way a NAS or HPO
 // framework would use malletrain.
 //
 // It submits one elastic trial per hidden width of the digits classifier
@@ -29,8 +29,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "libmalle/advisor/report_json.h"
-#include "libmalle/control/client.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/client.h"
+#include "libmalle/control/wire/secret.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, store, "", "control store HOST:PORT");

@@ -23,6 +23,7 @@ MALLE_DEBIAN_PACKAGES=(
   coinor-libcbc-dev libgloo-dev libssl-dev nlohmann-json3-dev zlib1g-dev
   python3-venv python3-dev
   slurmctld slurmd slurm-client munge
+  etcd-server etcd-client libcurl4-openssl-dev
 )
 
 malle_log() { printf '\n==> %s\n' "$*" >&2; }

@@ -1,10 +1,12 @@
 #include "libmalle/base/json_path.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace malle::json_path {
@@ -71,9 +73,61 @@ class DuplicateKeyFinder {
   std::string duplicate_;
 };
 
+// Rejects nesting deeper than `max_depth` before the parser sees the text.
+absl::Status CheckDepth(absl::string_view text, int max_depth, int enclosing_depth) {
+  int depth = enclosing_depth;
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "nested deeper than ", max_depth, " levels",
+            enclosing_depth > 0 ? " (counting the enclosing document)" : "", " at byte ", i));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+std::string Quote(absl::string_view text) {
+  constexpr size_t kShown = 40;
+  std::string out = "\"";
+  for (size_t i = 0; i < text.size() && i < kShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      absl::StrAppend(&out, "\\", std::string(1, static_cast<char>(c)));
+    } else if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", c);
+    }
+  }
+  if (text.size() > kShown) out += "...";
+  return out + "\"";
+}
+
 std::string Member(const std::string& path, absl::string_view key) {
+  const bool plain = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+  if (!plain) return absl::StrCat(path, "[", Quote(key), "]");
   return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
 }
 
@@ -93,17 +147,26 @@ std::string Describe(const Json& value) {
       return "an object";
     case Json::value_t::array:
       return "an array";
-    case Json::value_t::string: {
-      std::string text = value.dump();
-      if (text.size() > 42) text = absl::StrCat(text.substr(0, 38), "...\"");
-      return absl::StrCat("the string ", text);
-    }
+    case Json::value_t::string:
+      return absl::StrCat("the string ", Quote(value.get_ref<const std::string&>()));
     default:
       return value.dump();  // null, true, false, a number
   }
 }
 
 absl::StatusOr<Json> ParseStrictJson(absl::string_view text) {
+  return ParseStrictJson(text, "", std::numeric_limits<int>::max());
+}
+
+absl::StatusOr<Json> ParseStrictJson(absl::string_view text, const std::string& prefix,
+                                     int max_depth, int enclosing_depth) {
+  auto malformed = [&prefix](absl::string_view what) {
+    const std::string message = absl::StrCat("malformed JSON: ", what);
+    return prefix.empty() ? absl::InvalidArgumentError(message) : PathError(prefix, message);
+  };
+  if (absl::Status depth = CheckDepth(text, max_depth, enclosing_depth); !depth.ok()) {
+    return malformed(depth.message());
+  }
   DuplicateKeyFinder finder;
   Json document;
   try {
@@ -120,10 +183,18 @@ absl::StatusOr<Json> ParseStrictJson(absl::string_view text) {
     if (what.substr(0, 1) == "[" && bracket != absl::string_view::npos) {
       what.remove_prefix(bracket + 2);
     }
-    return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", what));
+    return malformed(what);
   }
   if (!finder.duplicate().empty()) {
-    return PathError(finder.duplicate(), "duplicate key (each key may appear once per object)");
+    // The finder's path starts at this document; name it from `prefix`.
+    const std::string& inner = finder.duplicate();
+    std::string path = prefix;
+    if (path.empty()) {
+      path = inner;
+    } else if (!inner.empty()) {
+      path += inner[0] == '[' ? inner : absl::StrCat(".", inner);
+    }
+    return PathError(path, "duplicate key (each key may appear once per object)");
   }
   return document;
 }

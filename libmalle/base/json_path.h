@@ -1,5 +1,5 @@
 // Strict JSON documents with error paths, shared by the JSON formats of
-// libmalle (alloc/problem_json, advisor/report_json).
+// libmalle (alloc/problem_json, advisor/report_json, control/wire/messages).
 //
 // ParseStrictJson parses a document and refuses duplicate keys (nlohmann
 // keeps the last value silently); errors are kInvalidArgument with a message
@@ -22,7 +22,9 @@
 
 namespace malle::json_path {
 
-// "a.b" ("b" at the top level).
+// "a.b" ("b" at the top level). A key that is not made of [A-Za-z0-9_-] is
+// quoted and escaped, a["k e y"], so that no input can put a newline or a
+// misleading path into an error message.
 std::string Member(const std::string& path, absl::string_view key);
 // "a[3]".
 std::string Element(const std::string& path, size_t index);
@@ -32,6 +34,20 @@ absl::Status PathError(const std::string& path, absl::string_view message);
 std::string Describe(const nlohmann::json& value);
 // Parses `text`; "malformed JSON: ..." or "<path>: duplicate key ..." errors.
 absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text);
+
+// The same for a document that sits at `prefix` inside a larger one (errors
+// are named from there: "body.report: malformed JSON: ..."), below
+// `enclosing_depth` levels of that larger one, with nesting (arrays and
+// objects, the enclosing levels included) limited to `max_depth`, checked
+// before parsing (the parser and the serialiser recurse; a message from the
+// network must not choose how deep).
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, const std::string& prefix,
+                                               int max_depth, int enclosing_depth = 0);
+
+// `text` (a string from a struct: maybe not UTF-8, maybe long) as a short
+// quoted literal for an error message: printable ASCII kept, the rest \xNN,
+// cut at 40 bytes with "...".
+std::string Quote(absl::string_view text);
 
 // `value` is an object whose keys are all in `allowed` (none is required):
 // "<path>: expected an object, got ..." or "<path>.<key>: unknown key; expected one of ...".

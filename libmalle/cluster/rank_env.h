@@ -43,6 +43,12 @@ inline constexpr char kEnvBackend[] = "MALLE_BACKEND";              // "gloo" or
 // Every variable above, in that order (for docs and for clearing an environment).
 std::vector<std::string> RankEnvNames();
 
+// Variables of the deployment's tools, not part of what a rank reads. They are
+// spelled here too, so that no starter (CLI, launcher, agent) spells them.
+inline constexpr char kEnvSecret[] = "MALLE_SECRET";       // default --secret of the CLI tools
+inline constexpr char kEnvLogLevel[] = "MALLE_LOG_LEVEL";  // libmalle's log level (base/log.h)
+inline constexpr char kEnvBinDir[] = "MALLE_BIN_DIR";      // where malle-agent etc. are if not in the package
+
 struct RankEnv {
   std::string store;              // "host:port"; required to read
   std::string job_id = "local";

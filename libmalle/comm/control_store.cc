@@ -3,6 +3,8 @@
 #include "libmalle/comm/control_store.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,7 +12,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <atomic>
 #include <exception>
+#include <mutex>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -19,9 +23,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/comm/internal/etcd_store.h"
 
 namespace malle::comm {
 namespace {
@@ -109,7 +116,185 @@ absl::StatusOr<int> ListenOn(absl::string_view host, int port, int* bound_port) 
   return fd;
 }
 
+// Whether something accepts connections on host:port, within `timeout`. A
+// plain non-blocking connect: c10d's client would retry a refused connection
+// for its whole timeout, blocking the caller each time the server is still down.
+bool Accepts(const std::string& host, int port, absl::Duration timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) {
+    return false;
+  }
+  bool ok = false;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    int rc = ::connect(fd, found->ai_addr, found->ai_addrlen);
+    if (rc == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) == 1) {
+        int error = 0;
+        socklen_t len = sizeof(error);
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+        ok = error == 0;
+      }
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return ok;
+}
+
+// A TCPStore client that replaces its connection after losing it. c10d's
+// client does not reconnect: once its server restarted, or an operation ran
+// out of time (its reply may still arrive and be taken for the next one's),
+// the connection is useless. While the server is unreachable, operations fail
+// at once (DistNetworkError, kUnavailable for ControlStore) instead of each
+// waiting out the timeout, and a new connection is tried at most every
+// `backoff` (100 ms, doubling to 2 s), each try bounded by 1 s. This is what
+// lets a job train through a store outage at its current size: its per-step
+// store reads fail fast and are skipped, and the next one after the outage
+// reconnects.
+class ReconnectingStore final : public c10d::Store {
+ public:
+  ReconnectingStore(std::string host, int port, std::chrono::milliseconds timeout,
+                    c10::intrusive_ptr<c10d::Store> connected)
+      : host_(std::move(host)), port_(port), inner_(std::move(connected)) {
+    timeout_ = timeout;
+  }
+
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    auto inner = Acquire();
+    try {
+      return c10::make_intrusive<ReconnectingStore>(host_, port_, timeout_, inner->clone());
+    } catch (const std::exception&) {
+      MarkDown(inner);
+      throw;
+    }
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Do([&](c10d::Store& s) { s.set(key, value); return 0; });
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return Do([&](c10d::Store& s) { return s.compareSet(key, expected, desired); });
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return Do([&](c10d::Store& s) { return s.get(key); }, /*waits=*/true);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return Do([&](c10d::Store& s) { return s.add(key, value); });
+  }
+  bool deleteKey(const std::string& key) override {
+    return Do([&](c10d::Store& s) { return s.deleteKey(key); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return Do([&](c10d::Store& s) { return s.check(keys); });
+  }
+  int64_t getNumKeys() override {
+    return Do([&](c10d::Store& s) { return s.getNumKeys(); });
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    Do([&](c10d::Store& s) { s.wait(keys); return 0; }, /*waits=*/true);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    Do([&](c10d::Store& s) { s.wait(keys, timeout); return 0; }, /*waits=*/true);
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    return Do([&](c10d::Store& s) { return s.multiGet(keys); });
+  }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<std::vector<uint8_t>>& values) override {
+    Do([&](c10d::Store& s) { s.multiSet(keys, values); return 0; });
+  }
+  void append(const std::string& key, const std::vector<uint8_t>& value) override {
+    Do([&](c10d::Store& s) { s.append(key, value); return 0; });
+  }
+  bool hasExtendedApi() const override { return true; }
+
+ private:
+  template <typename F>
+  auto Do(F f, bool waits = false) -> decltype(f(std::declval<c10d::Store&>())) {
+    c10::intrusive_ptr<c10d::Store> inner = Acquire();
+    try {
+      return f(*inner);
+    } catch (const std::exception& e) {
+      // A wait that ran out of time on a live server is an answer, not a lost connection.
+      const std::string what = absl::AsciiStrToLower(e.what());
+      const bool timed_out = absl::StrContains(what, "timeout") || absl::StrContains(what, "timed out");
+      if (!(waits && timed_out)) MarkDown(inner);
+      throw;
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> Acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!down_) return inner_;
+    const absl::Time now = absl::Now();
+    if (now < retry_at_) {
+      C10_THROW_ERROR(DistNetworkError, absl::StrCat("control store ", host_, ":", port_, " unreachable since ",
+                                               absl::FormatTime("%H:%M:%E3S", down_since_, absl::LocalTimeZone()),
+                                               "; next reconnect in ",
+                                               absl::FormatDuration(absl::Trunc(retry_at_ - now, absl::Milliseconds(1)))));
+    }
+    if (!Accepts(host_, port_, absl::Milliseconds(300))) {
+      retry_at_ = now + backoff_;
+      backoff_ = std::min(backoff_ * 2, absl::Seconds(1));
+      C10_THROW_ERROR(DistNetworkError, absl::StrCat("control store ", host_, ":", port_,
+                                                     " unreachable (nothing accepts connections)"));
+    }
+    try {
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<uint16_t>(port_);
+      opts.isServer = false;
+      opts.waitWorkers = false;
+      opts.timeout = std::chrono::milliseconds(1000);
+      auto fresh = c10::make_intrusive<c10d::TCPStore>(host_, opts);
+      fresh->setTimeout(timeout_);
+      inner_ = fresh;
+      down_ = false;
+      backoff_ = absl::Milliseconds(100);
+      reconnects_.fetch_add(1);
+      MALLE_LOG(WARNING) << "control store " << host_ << ":" << port_ << " reachable again after "
+                         << absl::FormatDuration(absl::Trunc(absl::Now() - down_since_, absl::Milliseconds(1)));
+      return inner_;
+    } catch (const std::exception& e) {
+      retry_at_ = absl::Now() + backoff_;
+      backoff_ = std::min(backoff_ * 2, absl::Seconds(2));
+      C10_THROW_ERROR(DistNetworkError, absl::StrCat("control store ", host_, ":", port_, " unreachable: ", e.what()));
+    }
+  }
+
+  void MarkDown(const c10::intrusive_ptr<c10d::Store>& failed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (down_ || failed.get() != inner_.get()) return;  // already replaced or known
+    down_ = true;
+    down_since_ = absl::Now();
+    retry_at_ = down_since_;  // the next operation tries once at once
+    MALLE_LOG(WARNING) << "control store " << host_ << ":" << port_ << " lost; reconnecting";
+  }
+
+  const std::string host_;
+  const int port_;
+  std::mutex mu_;
+  c10::intrusive_ptr<c10d::Store> inner_;
+  bool down_ = false;
+  absl::Time down_since_;
+  absl::Time retry_at_;
+  absl::Duration backoff_ = absl::Milliseconds(100);
+  static std::atomic<int64_t> reconnects_;
+
+ public:
+  static int64_t reconnects() { return reconnects_.load(); }
+};
+
+std::atomic<int64_t> ReconnectingStore::reconnects_{0};
+
 }  // namespace
+
+int64_t ControlStoreReconnects() { return ReconnectingStore::reconnects(); }
 
 struct ControlStore::Server {
   c10::intrusive_ptr<c10d::Store> server;
@@ -154,8 +339,32 @@ absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Host(absl::string_vi
       new ControlStore(*created, server, host_str, bound_port, "", timeout));
 }
 
+absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Open(absl::string_view address,
+                                                                 absl::Duration timeout) {
+  MALLE_RETURN_IF_ERROR(ValidateTimeout(timeout));
+  if (absl::StartsWith(address, "etcd://")) {
+    MALLE_ASSIGN_OR_RETURN(internal::EtcdAddress etcd, internal::ParseEtcdAddress(address));
+    MALLE_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, internal::MakeEtcdStore(etcd, timeout));
+    return std::shared_ptr<ControlStore>(new ControlStore(store, nullptr, std::string(address), 0, "", timeout));
+  }
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "control store address must be host:port or etcd://host:port,..., got '", address, "'"));
+  }
+  return Connect(address.substr(0, colon), port, timeout);
+}
+
+std::string ControlStore::address() const {
+  if (absl::StartsWith(host_, "etcd://")) return host_;
+  if (port_ == 0) return "";
+  return absl::StrCat(host_, ":", port_);
+}
+
 absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Connect(absl::string_view host, int port,
                                                                     absl::Duration timeout) {
+  if (absl::StartsWith(host, "etcd://")) return Open(absl::StrCat(host, ":", port), timeout);
   MALLE_RETURN_IF_ERROR(ValidateEndpoint(host, port));
   MALLE_RETURN_IF_ERROR(ValidateTimeout(timeout));
   if (port == 0) return absl::InvalidArgumentError("control store port must not be 0 to connect");
@@ -169,7 +378,8 @@ absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::Connect(absl::string
                            return c10::intrusive_ptr<c10d::Store>(
                                c10::make_intrusive<c10d::TCPStore>(host_str, opts));
                          }));
-  return std::shared_ptr<ControlStore>(new ControlStore(store, nullptr, host_str, port, "", timeout));
+  auto reconnecting = c10::make_intrusive<ReconnectingStore>(host_str, port, ToChrono(timeout), store);
+  return std::shared_ptr<ControlStore>(new ControlStore(reconnecting, nullptr, host_str, port, "", timeout));
 }
 
 std::shared_ptr<ControlStore> ControlStore::InMemory() {

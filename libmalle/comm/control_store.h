@@ -1,8 +1,12 @@
 // ControlStore: the key-value store that elastic groups agree through.
 //
-// A thin, Status-returning adapter over c10d's Store (TCPStore in production,
-// HashStore in single-process tests). It is hosted by a process that outlives
-// the ranks (a launcher, the allocator, a test driver), never by rank 0.
+// A thin, Status-returning adapter over a c10d::Store, the store interface.
+// Backends: c10d's TCPStore (the default: one server, hosted by a process that
+// outlives the ranks, never by rank 0), an etcd cluster (replicated: it
+// survives the loss of a minority of its members; internal/etcd_store.h), and
+// c10d's HashStore in single-process tests. Every backend is a c10d::Store, so
+// the Gloo rendezvous of each generation runs on whichever one is in use.
+// Open() takes the address: "host:port" or "etcd://h1:p1,h2:p2,h3:p3[/ns]".
 //
 //   ASSIGN_OR_RETURN(auto server, ControlStore::Host("127.0.0.1", /*port=*/0));
 //   // in a rank process:
@@ -12,7 +16,11 @@
 //
 // Every operation blocks for at most the timeout it is given (or the timeout
 // the store was opened with) and returns kUnavailable when the server cannot be
-// reached and kDeadlineExceeded when a key did not appear in time.
+// reached and kDeadlineExceeded when a key did not appear in time. A client of
+// a TCPStore server replaces a lost connection by itself: while the server is
+// unreachable operations fail at once (kUnavailable), and the first one after
+// it is back reconnects (its contents are whatever the server kept: a server
+// that restarted has lost them). An etcd client moves to the next member.
 //
 // Thread-safety: a ControlStore may be used from several threads, but c10d's
 // TCPStore client serialises operations on one connection, so a thread that
@@ -50,8 +58,17 @@ class ControlStore {
                                                             absl::Duration timeout = absl::Seconds(30));
   // Connects to a running server, retrying until `timeout`.
   // Errors: kInvalidArgument, kUnavailable / kDeadlineExceeded (unreachable).
+  // Connect(host, port) is Open(host + ":" + port): a caller that splits an
+  // address at its last colon (as ranks do with MALLE_STORE) reaches an etcd
+  // cluster too.
   static absl::StatusOr<std::shared_ptr<ControlStore>> Connect(absl::string_view host, int port,
                                                                absl::Duration timeout);
+  // "host:port": a TCPStore server (Connect). "etcd://h1:p1,h2:p2[/ns]": an
+  // etcd v3 cluster (keys under ns, default "malle/"); requests go to the
+  // next member when one fails, until `timeout`. Errors: kInvalidArgument (a
+  // malformed address), kUnavailable (nothing answered in time).
+  static absl::StatusOr<std::shared_ptr<ControlStore>> Open(absl::string_view address,
+                                                            absl::Duration timeout);
   // A process-local store (c10d HashStore), for tests with ranks as threads.
   static std::shared_ptr<ControlStore> InMemory();
 
@@ -60,7 +77,9 @@ class ControlStore {
   ControlStore& operator=(const ControlStore&) = delete;
 
   const std::string& host() const { return host_; }
-  int port() const { return port_; }  // 0 for an in-memory store
+  int port() const { return port_; }  // 0 for an in-memory or etcd store
+  // What Open() takes to reach this store ("" for an in-memory one).
+  std::string address() const;
   const std::string& prefix() const { return prefix_; }
   absl::Duration timeout() const { return timeout_; }
 
@@ -109,6 +128,10 @@ class ControlStore {
 // Status payload naming the Python exception class for an error (read by the
 // binding's translator): control-store failures carry "StoreError".
 inline constexpr char kErrorClassPayload[] = "malletrain/error_class";
+
+// How many times a connection to a TCPStore server was replaced after it was
+// lost, in this process (the metrics export it).
+int64_t ControlStoreReconnects();
 
 // Key of job `job_id` inside a deployment's store: "malle/job/<id>/".
 std::string JobPrefix(absl::string_view job_id);

@@ -201,6 +201,9 @@ class ElasticGroup::Watchdog {
       absl::Status status = Tick(snapshot, clock);
       if (!status.ok()) {
         if (failures++ % 50 == 0) MALLE_LOG(WARNING) << "watchdog: " << status;
+        // While the store is unreachable nobody's heartbeat can be seen to
+        // move: staleness restarts from the first tick that reads them again.
+        restart_tracking_ = true;
       } else {
         failures = 0;
       }
@@ -236,6 +239,10 @@ class ElasticGroup::Watchdog {
     if (!TrackingStarted(w->generation)) tracker_.Reset(peers, now);
     if (keys.empty()) return absl::OkStatus();
     MALLE_ASSIGN_OR_RETURN(std::vector<std::string> values, store_->MultiGet(keys));
+    if (restart_tracking_) {
+      restart_tracking_ = false;
+      tracker_.Reset(peers, now);
+    }
     for (size_t i = 0; i < peers.size(); ++i) {
       int64_t counter = 0;
       if (absl::SimpleAtoi(values[i], &counter)) tracker_.Observe(peers[i], counter, now);
@@ -267,6 +274,7 @@ class ElasticGroup::Watchdog {
   std::shared_ptr<ControlStore> store_;
   const absl::Duration interval_;
   HeartbeatTracker tracker_;  // watchdog thread only
+  bool restart_tracking_ = false;  // watchdog thread only: a tick failed at the store
   const std::string heartbeat_key_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -576,6 +584,18 @@ absl::Status ElasticGroup::RequireMember() const {
       "member ", member_id(), " is no longer in job '", job_id(), "' (", transition_.reason, ")"));
 }
 
+bool ElasticGroup::StoreOutage(const absl::Status& status) {
+  // The control store is down (or restarting): the generation itself needs
+  // no store to run its collectives, so the job keeps training at its size;
+  // changes wait until the store answers again.
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return false;
+  if (store_failures_++ % 100 == 0) {
+    MALLE_LOG(WARNING) << "job " << job_id() << ": control store unreachable (" << status.message()
+                       << "); training on at the current size, changes wait for it";
+  }
+  return true;
+}
+
 absl::Status ElasticGroup::BeginStepBoundary() {
   MALLE_RETURN_IF_ERROR(RequireMember());
   if (early_vote_.has_value() || comm_->aborted()) return absl::OkStatus();
@@ -583,8 +603,12 @@ absl::Status ElasticGroup::BeginStepBoundary() {
   if (rank() == 0) {
     // What LeaderPropose() would look at first: are requests queued past
     // those already read? (Deferred joins alone change nothing, as there.)
-    MALLE_ASSIGN_OR_RETURN(int64_t tickets, job_->Add(internal::kRequestTicket, 0));
-    wanted = tickets > pending_.requests_consumed ? 1 : 0;
+    absl::StatusOr<int64_t> tickets = job_->Add(internal::kRequestTicket, 0);
+    if (tickets.ok()) {
+      wanted = *tickets > pending_.requests_consumed ? 1 : 0;
+    } else if (!StoreOutage(tickets.status())) {
+      return tickets.status();
+    }
   }
   at::Tensor value = at::zeros({1}, at::kLong);
   value.data_ptr<int64_t>()[0] = wanted;
@@ -621,7 +645,12 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
   if (failure.ok()) {
     int64_t proposal = 0;
     if (rank() == 0) {
-      MALLE_ASSIGN_OR_RETURN(proposal, LeaderPropose());
+      absl::StatusOr<int64_t> proposed = LeaderPropose();
+      if (proposed.ok()) {
+        proposal = *proposed;
+      } else if (!StoreOutage(proposed.status())) {
+        return proposed.status();
+      }
     }
     at::Tensor vote = at::zeros({1}, at::kLong);
     vote.data_ptr<int64_t>()[0] = proposal;

@@ -238,6 +238,9 @@ class ElasticGroup {
   absl::StatusOr<GenerationRecord> Recover(const GenerationRecord& failed, absl::Status why);
   // kFailedPrecondition once this member left or was excluded.
   absl::Status RequireMember() const;
+  // True (and logged, rate-limited) for a status that says the control store
+  // is unreachable: the step boundary then goes on without a change.
+  bool StoreOutage(const absl::Status& status);
   // Before each recovery: kAborted once max_recoveries_without_commit is used up.
   absl::Status CountRecovery(const absl::Status& why);
   absl::StatusOr<int64_t> LeaderPropose();
@@ -268,6 +271,7 @@ class ElasticGroup {
   Transition transition_;
   std::atomic<int64_t> committed_{-1};
   int recoveries_since_commit_ = 0;       // training thread only (Commit, AtStepBoundary)
+  int64_t store_failures_ = 0;            // training thread only (StoreOutage)
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
   std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
   // Refuses connections once this group is gone (others probe it in a recovery);

@@ -1,4 +1,4 @@
-// malle-agent: the node agent (libmalle/control/agent.h) as a program.
+// malle-agent: the node agent (libmalle/control/service/agent.h) as a program.
 //
 //   malle-agent --store=127.0.0.1:29400 --secret=/etc/malle/secret --node=n3 \
 //       [--group=rack1] [--speed=1] [--idle_until=UNIX_SECONDS] [--grace=30s] \
@@ -7,8 +7,9 @@
 // SIGTERM: the node is reclaimed (the main scheduler wants it back): the rank
 // leaves at its next step boundary within --grace, then the agent exits.
 // SIGINT: the same without a reclaim notice (the agent stops offering it).
-// Exit codes: 0 after a completed reclaim or stop, 1 an error (the store was
-// lost, ...), 2 bad flags or a bad secret file.
+// A control store outage does not stop it (the rank keeps running).
+// Exit codes: 0 after a completed reclaim or stop, 1 an error (the store
+// unreachable at the start, ...), 2 bad flags or a bad secret file.
 #include <signal.h>
 
 #include <iostream>
@@ -24,10 +25,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/agent.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/metrics.h"
+#include "libmalle/control/service/agent.h"
+#include "libmalle/control/wire/secret.h"
 
-ABSL_FLAG(std::string, store, "", "control store HOST:PORT (required)");
+ABSL_FLAG(std::string, store, "", "control store HOST:PORT or etcd://H:P,H:P,... (required)");
+ABSL_FLAG(std::string, metrics, "",
+          "serve Prometheus metrics on HOST:PORT (port 0: any; e.g. 127.0.0.1:0); empty: none");
 ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");
 ABSL_FLAG(std::string, node, "", "this node's name (required)");
 ABSL_FLAG(std::string, group, "default", "locality group (rack, switch)");
@@ -58,11 +62,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   const std::string store_address = absl::GetFlag(FLAGS_store);
-  std::vector<std::string> hp = absl::StrSplit(store_address, absl::MaxSplits(':', 1));
-  int port = 0;
-  if (hp.size() != 2 || hp[0].empty() || !absl::SimpleAtoi(hp[1], &port)) {
-    return Usage(absl::StrCat("--store must be HOST:PORT, got '", store_address, "'"));
-  }
+  if (store_address.empty()) return Usage("--store is required (HOST:PORT or etcd://H:P,...)");
   if (absl::GetFlag(FLAGS_secret).empty()) return Usage("--secret is required");
   absl::StatusOr<malle::control::Secret> secret = malle::control::LoadSecret(absl::GetFlag(FLAGS_secret));
   if (!secret.ok()) return Usage(secret.status().ToString());
@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   if (grace < absl::ZeroDuration() || grace > absl::Hours(1)) return Usage("--grace must be in [0, 1h]");
 
   absl::StatusOr<std::shared_ptr<malle::comm::ControlStore>> store =
-      malle::comm::ControlStore::Connect(hp[0], port, absl::Seconds(30));
+      malle::comm::ControlStore::Open(store_address, absl::Seconds(30));
+  if (absl::IsInvalidArgument(store.status())) return Usage(store.status().ToString());
   if (!store.ok()) {
     std::cerr << "malle-agent: " << store.status() << "\n";
     return 1;
@@ -89,6 +90,21 @@ int main(int argc, char** argv) {
       malle::control::Agent::Create(*store, *secret, o);
   if (!agent.ok()) return Usage(agent.status().ToString());
 
+  std::unique_ptr<malle::control::MetricsEndpoint> metrics;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics); !m.empty()) {
+    const size_t colon = m.rfind(':');
+    int mport = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(m.substr(colon + 1), &mport)) {
+      return Usage(absl::StrCat("--metrics: expected HOST:PORT, got '", m, "'"));
+    }
+    auto* source = (*agent).get();
+    absl::StatusOr<std::unique_ptr<malle::control::MetricsEndpoint>> e = malle::control::MetricsEndpoint::Start(
+        m.substr(0, colon), mport, [source] { return source->MetricsText(); });
+    if (!e.ok()) return Usage(e.status().ToString());
+    metrics = *std::move(e);
+    std::cerr << "malle-agent: metrics on http://" << m.substr(0, colon) << ":" << metrics->port() << "/metrics"
+              << std::endl;
+  }
   std::thread signals([&set, a = agent->get(), grace] {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) return;

@@ -1,4 +1,4 @@
-// malle-allocator: the shared allocator (libmalle/control/allocator_service.h)
+// malle-allocator: the shared allocator (libmalle/control/service/allocator_service.h)
 // as a daemon.
 //
 //   malle-allocator --secret=/etc/malle/secret --store=HOST:PORT \
@@ -9,8 +9,10 @@
 // a launcher): jobs keep training while the allocator restarts. With --listen
 // it hosts the store (one process; a restart then interrupts the jobs' step
 // boundaries). SIGTERM / SIGINT stop it.
-// Exit codes: 0 stopped by a signal, 1 an error (store lost, journal not
-// writable, another allocator took over), 2 bad flags, secret or journal.
+// A control store outage does not stop it: it waits and re-seeds the store.
+// Exit codes: 0 stopped by a signal, 1 an error (store unreachable at the
+// start, journal not writable, another allocator took over), 2 bad flags,
+// secret or journal.
 #include <signal.h>
 
 #include <iostream>
@@ -27,11 +29,14 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/allocator_service.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/metrics.h"
+#include "libmalle/control/service/allocator_service.h"
+#include "libmalle/control/wire/secret.h"
 
-ABSL_FLAG(std::string, store, "", "control store HOST:PORT to connect to");
+ABSL_FLAG(std::string, store, "", "control store HOST:PORT or etcd://H:P,H:P,... to connect to");
 ABSL_FLAG(std::string, listen, "", "host the control store on HOST:PORT instead (port 0: any)");
+ABSL_FLAG(std::string, metrics, "",
+          "serve Prometheus metrics on HOST:PORT (port 0: any; e.g. 127.0.0.1:0); empty: none");
 ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");
 ABSL_FLAG(std::string, journal, "", "journal file (empty: none; a restart then starts empty)");
 ABSL_FLAG(std::string, policy, "milp", "milp, dp, greedy, equal_share or static");
@@ -66,8 +71,8 @@ int main(int argc, char** argv) {
   if (connect.empty() == listen.empty()) return Usage("give exactly one of --store and --listen");
   std::string host;
   int port = 0;
-  if (!HostPort(connect.empty() ? listen : connect, &host, &port)) {
-    return Usage(absl::StrCat("expected HOST:PORT, got '", connect.empty() ? listen : connect, "'"));
+  if (!listen.empty() && !HostPort(listen, &host, &port)) {
+    return Usage(absl::StrCat("--listen: expected HOST:PORT, got '", listen, "'"));
   }
   if (absl::GetFlag(FLAGS_secret).empty()) return Usage("--secret is required");
   absl::StatusOr<malle::control::Secret> secret = malle::control::LoadSecret(absl::GetFlag(FLAGS_secret));
@@ -77,7 +82,8 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<std::shared_ptr<malle::comm::ControlStore>> store =
       connect.empty() ? malle::comm::ControlStore::Host(host, port)
-                      : malle::comm::ControlStore::Connect(host, port, absl::Seconds(30));
+                      : malle::comm::ControlStore::Open(connect, absl::Seconds(30));
+  if (absl::IsInvalidArgument(store.status())) return Usage(store.status().ToString());
   if (!store.ok()) {
     std::cerr << "malle-allocator: " << store.status() << "\n";
     return 1;
@@ -93,6 +99,21 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<malle::control::AllocatorService>> service =
       malle::control::AllocatorService::Create(*store, *secret, o);
   if (!service.ok()) return Usage(service.status().ToString());
+  std::unique_ptr<malle::control::MetricsEndpoint> metrics;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics); !m.empty()) {
+    const size_t colon = m.rfind(':');
+    int mport = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(m.substr(colon + 1), &mport)) {
+      return Usage(absl::StrCat("--metrics: expected HOST:PORT, got '", m, "'"));
+    }
+    auto* source = (*service).get();
+    absl::StatusOr<std::unique_ptr<malle::control::MetricsEndpoint>> e = malle::control::MetricsEndpoint::Start(
+        m.substr(0, colon), mport, [source] { return source->MetricsText(); });
+    if (!e.ok()) return Usage(e.status().ToString());
+    metrics = *std::move(e);
+    std::cerr << "malle-allocator: metrics on http://" << m.substr(0, colon) << ":" << metrics->port() << "/metrics"
+              << std::endl;
+  }
   std::thread signals([&set, s = service->get()] {
     int sig = 0;
     if (sigwait(&set, &sig) == 0) (void)s->Stop();

@@ -6,7 +6,7 @@ between releases. Every function that fails raises a class of
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -459,6 +459,7 @@ class AllocatorService:
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def status_json(self) -> str: ...
+    def metrics_text(self) -> str: ...
     def stats(self) -> dict[str, Any]: ...
 
 class Agent:
@@ -542,4 +543,43 @@ def read_rank_env(environ: dict[str, str]) -> RankEnv:
     """Reads and validates the contract from a mapping (e.g. ``dict(os.environ)``).
     Raises MalleValueError naming the variable."""
 def rank_env_names() -> list[str]: ...
+
+def open_store(address: str, timeout: float = 30.0) -> ControlStore:
+    """'host:port' (a TCPStore server) or 'etcd://h1:p1,h2:p2,...[/ns]' (an etcd cluster)."""
+def store_address(store: ControlStore) -> str: ...
+
+class LocalProcess:
+    """A child process owned by this object (libmalle/cluster/local_process.h): it gets
+    PR_SET_PDEATHSIG(SIGKILL) and is killed (with its group) when the object goes away.
+    Exit codes follow subprocess.Popen: the code, or -signal."""
+    @staticmethod
+    def spawn(argv: list[str], *, env: dict[str, str] = ..., clear_env: bool = False,
+              rank_env: Optional[RankEnv] = None, stdout: str = "", stderr: str = "",
+              stderr_to_stdout: bool = False, truncate: bool = False, cwd: str = "",
+              new_process_group: bool = False) -> LocalProcess:
+        """Starts argv[0] (a path, or a name looked up in PATH). ``env`` is added to this
+        process's environment (or replaces it: ``clear_env``), ``rank_env``'s variables last.
+        Log files are opened before the fork; MalleValueError / MalleError name what is wrong."""
+    @property
+    def pid(self) -> int: ...
+    @property
+    def leads_group(self) -> bool: ...
+    def poll(self) -> Optional[int]: ...
+    def wait(self, timeout: float) -> int:
+        """Raises MalleTimeoutError if it still runs after ``timeout`` seconds."""
+    def signal(self, signal: int) -> None: ...
+    def kill(self, timeout: float = 10.0) -> int: ...
+ENV_STORE: str
+ENV_JOB_ID: str
+ENV_MEMBER_ID: str
+ENV_BOOTSTRAP_SIZE: str
+ENV_CONTROL_JOB: str
+ENV_CONTROL_SECRET: str
+ENV_NODE: str
+ENV_MIN_NODES: str
+ENV_MAX_NODES: str
+ENV_BACKEND: str
+ENV_SECRET: str
+ENV_LOG_LEVEL: str
+ENV_BIN_DIR: str
 def generated_member_id() -> str: ...

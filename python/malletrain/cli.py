@@ -434,13 +434,31 @@ def _store_address(text: str) -> str:
     return text
 
 
+def _deployment_defaults(args: argparse.Namespace) -> None:
+    """--store and --secret default to the deployment's variables (their names come from the
+    rank environment contract, libmalle/cluster/rank_env.h). Resolved here rather than when
+    the parser is built, so that ``malletrain --help`` does not load the extension."""
+    import os
+
+    from malletrain import _C
+
+    if getattr(args, "store", "unset") is None and os.environ.get(_C.ENV_STORE):
+        try:
+            args.store = _store_address(os.environ[_C.ENV_STORE])
+        except argparse.ArgumentTypeError as e:
+            raise SystemExit(_usage_error(args, f"{_C.ENV_STORE}: {e}")) from None
+    if getattr(args, "secret", "unset") is None:
+        args.secret = os.environ.get(_C.ENV_SECRET) or None
+
+
 def _control_client(args: argparse.Namespace):
     from malletrain import _C
 
+    _deployment_defaults(args)
     if not args.store:
-        raise SystemExit(_usage_error(args, "--store (or MALLE_STORE) is required"))
+        raise SystemExit(_usage_error(args, f"--store (or {_C.ENV_STORE}) is required"))
     if not args.secret:
-        raise SystemExit(_usage_error(args, "--secret (or MALLE_SECRET) is required"))
+        raise SystemExit(_usage_error(args, f"--secret (or {_C.ENV_SECRET}) is required"))
     host, _, port = args.store.rpartition(":")
     secret = _C.load_secret(args.secret)
     store = _C.ControlStore.connect(host, int(port), timeout=args.connect_timeout)
@@ -501,10 +519,13 @@ def _exec_daemon(name: str, argv: list) -> int:
 
 
 def _cmd_allocator(args: argparse.Namespace) -> int:
+    from malletrain import _C
+
+    _deployment_defaults(args)
     if (args.store is None) == (args.listen is None):
         return _usage_error(args, "give exactly one of --store and --listen")
     if not args.secret:
-        return _usage_error(args, "--secret (or MALLE_SECRET) is required")
+        return _usage_error(args, f"--secret (or {_C.ENV_SECRET}) is required")
     argv = [f"--secret={args.secret}", f"--policy={args.policy}",
             f"--forward_window={args.forward_window}s",
             f"--heartbeat_timeout={args.heartbeat_timeout}s"]
@@ -515,8 +536,12 @@ def _cmd_allocator(args: argparse.Namespace) -> int:
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
+    from malletrain import _C
+
+    _deployment_defaults(args)
     if not args.store or not args.secret:
-        return _usage_error(args, "--store and --secret (or MALLE_STORE, MALLE_SECRET) are required")
+        return _usage_error(args, f"--store and --secret (or {_C.ENV_STORE}, {_C.ENV_SECRET}) are "
+                            "required")
     argv = [f"--store={args.store}", f"--secret={args.secret}", f"--node={args.node}",
             f"--group={args.group}", f"--speed={args.speed}", f"--grace={args.grace}s"]
     if args.idle_until is not None:
@@ -587,13 +612,11 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
-    import os
-
     def connection(p: argparse.ArgumentParser, store: bool = True) -> None:
         if store:
-            p.add_argument("--store", type=_store_address, default=os.environ.get("MALLE_STORE"),
+            p.add_argument("--store", type=_store_address, default=None,
                            metavar="HOST:PORT", help="the control store (default: $MALLE_STORE)")
-        p.add_argument("--secret", default=os.environ.get("MALLE_SECRET"), metavar="FILE",
+        p.add_argument("--secret", default=None, metavar="FILE",
                        help="the shared secret file, mode 0600 (default: $MALLE_SECRET)")
         p.add_argument("--connect-timeout", type=_positive_seconds, default=30.0,
                        metavar="SECONDS", help=argparse.SUPPRESS)

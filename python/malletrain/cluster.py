@@ -17,7 +17,8 @@ idle-node trace; jobs you submit grow and shrink in place as the allocator decid
 
 Everything binds to 127.0.0.1. The shared secret is a fresh random file (mode 0600) in the
 cluster's work directory; agents and ranks read it from there. Every process the cluster starts
-is stopped by pid when it closes (agents with SIGINT, then SIGKILL; their ranks die with them).
+is a ``_C.LocalProcess`` (it dies with this process) and is stopped by pid when it closes
+(agents with SIGINT, then SIGKILL; their ranks die with them).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import logging
 import os
 import signal
-import subprocess
+import socket
 import sys
 import tempfile
 import threading
@@ -41,9 +42,17 @@ from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
 
 log = logging.getLogger("malletrain")
 
-__all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "format_status"]
+__all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "format_status",
+           "held_summary"]
 
 _ENDED = ("succeeded", "failed", "cancelled")
+
+
+def _free_port() -> int:
+    """An ephemeral loopback port that is free now (the store process binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def agent_binary(name: str = "malle-agent") -> str:
@@ -51,11 +60,11 @@ def agent_binary(name: str = "malle-agent") -> str:
     here = Path(__file__).resolve().parent / "bin" / name
     if here.is_file() and os.access(here, os.X_OK):
         return str(here)
-    env = os.environ.get("MALLE_BIN_DIR")
+    env = os.environ.get(_C.ENV_BIN_DIR)
     if env and (Path(env) / name).is_file():
         return str(Path(env) / name)
     raise MalleValueError(f"{name}: not found in {here.parent} (reinstall malletrain) "
-                          f"nor in $MALLE_BIN_DIR")
+                          f"nor in ${_C.ENV_BIN_DIR}")
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,14 @@ class LocalCluster:
         allocator: ``"thread"`` (embedded in this process, the default) or ``"process"`` (the
             ``malle-allocator`` daemon as a child process, which :meth:`stop_allocator` can
             kill -9 and :meth:`start_allocator` restart from its journal).
+        store: where the control store is. ``"embedded"`` (default): a TCPStore server in
+            this process. ``"process"``: a ``malletrain store`` child process on a fixed
+            loopback port, which :meth:`stop_store` can kill -9 (or SIGSTOP) and
+            :meth:`start_store` bring back on the same port (an outage). An
+            ``"etcd://h1:p1,h2:p2,..."`` address: an etcd cluster run by the caller.
+        metrics: export Prometheus metrics on loopback, ephemeral ports: the allocator's at
+            :attr:`metrics_url` (through ``prometheus-client`` for the embedded one), each
+            agent's at :meth:`agent_metrics_url`.
     """
 
     def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
@@ -136,7 +153,8 @@ class LocalCluster:
                  forward_window: float = 120.0, heartbeat_timeout: float = 5.0,
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
                  objective: str = "throughput", keep_logs: bool = False,
-                 allocator: str = "thread") -> None:
+                 allocator: str = "thread", store: str = "embedded",
+                 metrics: bool = False) -> None:
         if allocator not in ("thread", "process"):
             raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
         names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
@@ -157,8 +175,21 @@ class LocalCluster:
         if not self.secret_path.exists():
             _C.write_new_secret(str(self.secret_path))
         self._secret = _C.load_secret(str(self.secret_path))
-        self.store = _C.ControlStore.serve("127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self.store.port}"
+        self._store_proc: Any = None  # _C.LocalProcess of store="process"
+        self._store_port = 0
+        if store == "embedded":
+            self.store = _C.ControlStore.serve("127.0.0.1", 0)
+            self.address = f"127.0.0.1:{self.store.port}"
+        elif store == "process":
+            self._store_port = _free_port()
+            self.start_store()
+            self.address = f"127.0.0.1:{self._store_port}"
+            self.store = _C.open_store(self.address, timeout=30.0)
+        elif store.startswith("etcd://"):
+            self.address = store
+            self.store = _C.open_store(store, timeout=30.0)
+        else:
+            raise MalleValueError(f"store: 'embedded', 'process' or an etcd:// address, got {store!r}")
         self.journal_path = self.workdir / "journal" if journal else None
         self._service_args = dict(
             policy=policy, journal=str(self.journal_path) if journal else "",
@@ -167,11 +198,13 @@ class LocalCluster:
             default_samples_per_s=1.0, max_rank_failures=3, objective=objective)
         self._service: Any = None
         self._allocator_mode = allocator
-        self._allocator_proc: Optional[subprocess.Popen] = None
+        self._metrics = bool(metrics)
+        self.metrics_url: Optional[str] = None
+        self._metrics_server: Any = None
+        self._allocator_proc: Any = None  # _C.LocalProcess
         self.start_allocator()
         self.client = _C.ControlClient(self.store, self._secret)
-        self._agents: Dict[str, subprocess.Popen] = {}
-        self._agent_logs: Dict[str, Any] = {}
+        self._agents: Dict[str, Any] = {}  # node -> _C.LocalProcess
         self._lock = threading.Lock()
         self._trace_thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -186,6 +219,8 @@ class LocalCluster:
         if self._allocator_mode == "thread":
             self._service = _C.AllocatorService(self.store, self._secret, **self._service_args)
             self._service.start()
+            if self._metrics and self._metrics_server is None:
+                self._start_metrics()
             return
         a = self._service_args
         args = [agent_binary("malle-allocator"), f"--store={self.address}",
@@ -195,10 +230,10 @@ class LocalCluster:
                 f"--debounce={a['debounce_s']}s"]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
-        log = open(self.log_dir / "allocator.log", "ab")
-        self._allocator_proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL)
-        log.close()
+        if self._metrics:
+            args.append("--metrics=127.0.0.1:0")
+        self._allocator_proc = _C.LocalProcess.spawn(
+            args, stdout=str(self.log_dir / "allocator.log"), stderr_to_stdout=True)
         self._note(f"allocator started (pid {self._allocator_proc.pid})")
 
     def stop_allocator(self, *, kill: bool = False) -> None:
@@ -209,18 +244,110 @@ class LocalCluster:
             service.stop()
         p, self._allocator_proc = self._allocator_proc, None
         if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            p.signal(signal.SIGKILL if kill else signal.SIGTERM)
             try:
                 p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            except MalleTimeoutError:
+                p.kill(timeout=10)
             self._note(f"allocator {'killed (kill -9)' if kill else 'stopped'}")
 
     @property
     def allocator_running(self) -> bool:
         return self._service is not None or (
             self._allocator_proc is not None and self._allocator_proc.poll() is None)
+
+    # --- metrics ------------------------------------------------------------------------
+    def _start_metrics(self) -> None:
+        """The embedded allocator's metrics through prometheus-client, on loopback. The
+        metrics themselves are defined once, in C++ (AllocatorService::MetricsText)."""
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.parser import text_string_to_metric_families
+
+        cluster = self
+
+        class _Allocator:
+            def collect(self):
+                service = cluster._service
+                if service is not None:
+                    yield from text_string_to_metric_families(service.metrics_text())
+
+        registry = CollectorRegistry()
+        registry.register(_Allocator())
+        server, _thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+        self._metrics_server = server
+        self.metrics_url = f"http://127.0.0.1:{server.server_port}/metrics"
+
+    def agent_metrics_url(self, node: str, timeout: float = 10.0) -> str:
+        """Where the agent of ``node`` serves its metrics (it says so in its log)."""
+        import re
+
+        deadline = time.monotonic() + timeout
+        log_file = self.log_dir / f"agent-{node}.log"
+        while True:
+            text = log_file.read_text(errors="replace") if log_file.exists() else ""
+            found = re.findall(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", text)
+            if found:
+                return found[-1]
+            if time.monotonic() > deadline:
+                raise MalleTimeoutError(f"agent {node}: no metrics endpoint in {log_file}")
+            time.sleep(0.05)
+
+    def allocator_metrics_url(self, timeout: float = 10.0) -> str:
+        """The allocator's metrics endpoint (embedded: :attr:`metrics_url`; daemon: its log)."""
+        if self.metrics_url is not None:
+            return self.metrics_url
+        import re
+
+        deadline = time.monotonic() + timeout
+        log_file = self.log_dir / "allocator.log"
+        while True:
+            text = log_file.read_text(errors="replace") if log_file.exists() else ""
+            found = re.findall(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", text)
+            if found:
+                return found[-1]
+            if time.monotonic() > deadline:
+                raise MalleTimeoutError(f"allocator: no metrics endpoint in {log_file}")
+            time.sleep(0.05)
+
+    # --- the store (store="process") ----------------------------------------------------
+    def start_store(self) -> None:
+        """Starts the ``malletrain store`` process on the cluster's port (again, after
+        :meth:`stop_store`: a restarted TCPStore is empty; the allocator re-seeds it)."""
+        if self._store_port == 0:
+            raise MalleValueError("start_store: the cluster's store is not a process")
+        if self._store_proc is not None and self._store_proc.poll() is None:
+            raise MalleValueError("the store is already running")
+        self._store_proc = _C.LocalProcess.spawn(
+            [sys.executable, "-m", "malletrain.cli", "store", "--listen",
+             f"127.0.0.1:{self._store_port}"],
+            stdout=str(self.log_dir / "store.log"), stderr_to_stdout=True)
+        deadline = time.monotonic() + 30
+        while True:  # serving once it accepts a connection
+            try:
+                with socket.create_connection(("127.0.0.1", self._store_port), timeout=1):
+                    break
+            except OSError:
+                if self._store_proc.poll() is not None or time.monotonic() > deadline:
+                    raise MalleError(f"the store process did not start; see {self.log_dir}/store.log")
+                time.sleep(0.05)
+        self._note(f"store started (pid {self._store_proc.pid}, port {self._store_port})")
+
+    def stop_store(self, *, kill: bool = True) -> None:
+        """kill -9 of the store process (``kill=False``: SIGTERM): a store outage."""
+        p = self._store_proc
+        if p is not None and p.poll() is None:
+            if kill:
+                p.kill(timeout=10)
+            else:
+                p.signal(signal.SIGTERM)
+                p.wait(timeout=15)
+            self._note(f"store {'killed (kill -9)' if kill else 'stopped'}")
+
+    def pause_store(self, paused: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) of the store process: unreachable, its contents kept."""
+        if self._store_proc is not None and self._store_proc.poll() is None:
+            self._store_proc.signal(signal.SIGSTOP if paused else signal.SIGCONT)
+            self._note(f"store {'paused (SIGSTOP)' if paused else 'resumed (SIGCONT)'}")
 
     # --- nodes --------------------------------------------------------------------------
     def node_up(self, node: str, *, idle_until: Optional[float] = None, group: str = "default",
@@ -237,11 +364,11 @@ class LocalCluster:
                     f"--grace={self.grace}s", f"--log_dir={self.log_dir}"]
             if idle_until is not None:
                 args.append(f"--idle_until={idle_until}")
-            log = open(self.log_dir / f"agent-{node}.log", "ab")
-            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+            if self._metrics:
+                args.append("--metrics=127.0.0.1:0")
+            p = _C.LocalProcess.spawn(args, stdout=str(self.log_dir / f"agent-{node}.log"),
+                                      stderr_to_stdout=True)
             self._agents[node] = p
-            self._agent_logs[node] = log
             self._note(f"node {node} up (agent pid {p.pid})")
             return p.pid
 
@@ -253,7 +380,10 @@ class LocalCluster:
             p = self._agents.get(node)
         if p is None or p.poll() is not None:
             return
-        p.send_signal(signal.SIGTERM)
+        try:
+            p.signal(signal.SIGTERM)
+        except MalleError:  # exited meanwhile
+            return
         self._note(f"node {node} reclaimed (grace {self.grace:g} s)")
         if wait:
             self._wait_agent(node, p, (grace if grace is not None else self.grace) + 10)
@@ -263,20 +393,18 @@ class LocalCluster:
         with self._lock:
             p = self._agents.get(node)
         if p is not None and p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
+            p.kill(timeout=10)
             self._note(f"node {node} agent killed (kill -9)")
 
     def live_nodes(self) -> List[str]:
         with self._lock:
             return [n for n, p in self._agents.items() if p.poll() is None]
 
-    def _wait_agent(self, node: str, p: subprocess.Popen, timeout: float) -> None:
+    def _wait_agent(self, node: str, p: Any, timeout: float) -> None:
         try:
             p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        except MalleTimeoutError:
+            p.kill(timeout=10)
             self._note(f"node {node} agent did not exit in {timeout:g} s: killed")
 
     # --- trace --------------------------------------------------------------------------
@@ -375,19 +503,24 @@ class LocalCluster:
             agents = dict(self._agents)
         for p in agents.values():
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                try:
+                    p.signal(signal.SIGINT)
+                except MalleError:  # exited meanwhile
+                    pass
         deadline = time.monotonic() + 15
         for node, p in agents.items():
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        for log in self._agent_logs.values():
-            log.close()
+            except MalleTimeoutError:
+                p.kill(timeout=10)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         try:
             self.stop_allocator()
         finally:
+            if self._store_proc is not None and self._store_proc.poll() is None:
+                self._store_proc.kill(timeout=10)
             if self._own_dir and not self._keep_logs:
                 import shutil
                 shutil.rmtree(self.workdir, ignore_errors=True)
@@ -412,11 +545,17 @@ def format_status(status: Dict[str, Any]) -> str:
                      f"{str(n.get('running') or '-'):<18} {n.get('last_seen_s_ago', 0):5.1f}s")
     lines.append("")
     lines.append(f"{'job':<16} {'phase':<10} {'nodes':>5} {'running':>7} {'samples/s':>10} "
-                 f"{'step':>6}  message")
+                 f"{'step':>6} {'productive':>11} {'held idle':>10}  message")
     for j in status.get("jobs", []):
+        held = j.get("held") or {}
         lines.append(f"{j['job']:<16} {j['phase']:<10} {len(j.get('nodes', [])):>5} "
                      f"{j.get('running_nodes', 0):>7} {j.get('samples_per_s', 0):>10.1f} "
-                     f"{j.get('step', 0):>6}  {j.get('message', '')}")
+                     f"{j.get('step', 0):>6} {held.get('productive_node_s', 0):>10.1f}s "
+                     f"{held.get('held_idle_node_s', 0):>9.1f}s  {j.get('message', '')}")
+    total = status.get("held")
+    if total:
+        lines.append("")
+        lines.append(held_summary(total))
     d = status.get("last_decision")
     if d:
         lines.append("")
@@ -427,6 +566,15 @@ def format_status(status: Dict[str, Any]) -> str:
                      f"{a['rejected']} rejected"
                      + (f" (last: {a['last_rejection']})" if a.get("last_rejection") else ""))
     return "\n".join(lines)
+
+
+def held_summary(held: Dict[str, Any]) -> str:
+    """One line on node time: productive vs held without training (docs/operations.md)."""
+    return (f"node time held: {held.get('held_node_s', 0):.1f} node-s, productive "
+            f"{held.get('productive_node_s', 0):.1f}, held without training "
+            f"{held.get('held_idle_node_s', 0):.1f} ({held.get('held_idle_pct', 0):.1f} %: starting "
+            f"{held.get('starting_node_s', 0):.1f}, warming {held.get('warming_node_s', 0):.1f}, "
+            f"draining {held.get('draining_node_s', 0):.1f})")
 
 
 def live_table(cluster: LocalCluster) -> str:

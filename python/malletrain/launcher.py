@@ -19,29 +19,28 @@ Schedule grammar (comma-separated events, fired in order, each waiting for its t
              | stop          SIGSTOP members, chosen like kill (a hang)
              | cont          SIGCONT the COUNT members stopped first (the hang ends)
 
-Every process the launcher starts gets ``PR_SET_PDEATHSIG=SIGKILL`` (it cannot outlive the
-launcher) and is stopped by pid: at the end, on a timeout (exit 124) and on SIGINT/SIGTERM
-(exit 130). Nothing here blocks for long except :func:`run_local` itself, which returns
+Every process the launcher starts is a ``_C.LocalProcess`` (libmalle/cluster/local_process.h,
+the one way ranks are started): it gets ``PR_SET_PDEATHSIG=SIGKILL`` (it cannot outlive the
+launcher), leads its own process group (a kill reaches what the rank started too) and is
+stopped by pid: at the end, on a timeout (exit 124) and on SIGINT/SIGTERM (exit 130). Nothing here blocks for long except :func:`run_local` itself, which returns
 when every process it started has exited.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Optional
+from typing import Optional
 
 from malletrain import _C
-from malletrain.errors import MalleValueError
+from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
 
 __all__ = ["Event", "Generation", "LocalResult", "choose_members", "parse_schedule",
            "progress_key", "run_local"]
@@ -169,20 +168,6 @@ class LocalResult:
             if m not in self.killed and m not in self.unadmitted)
 
 
-# Resolved here, in the parent: the child runs _die_with_parent between fork and exec,
-# where the launcher's other threads (the store server) may hold locks dlopen needs.
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-            os._exit(1)
-    return preexec
-
-
 def _generation(record: dict, seen_t: float) -> Generation:
     reason = str(record["reason"])
     # The library starts every reason with its cause ("bootstrap of 3 members",
@@ -201,12 +186,11 @@ class _Local:
         self.log_dir = log_dir
         self.env = dict(os.environ if env is None else env)
         # libmalle logs every generation at INFO; ranks report their changes themselves.
-        self.env.setdefault("MALLE_LOG_LEVEL", "warning")
+        self.env.setdefault(_C.ENV_LOG_LEVEL, "warning")
         self.rng = random.Random(seed) if seed is not None else None
         self.quiet = quiet
         self.store = _C.ControlStore.serve("127.0.0.1", 0)
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.files: list[IO[str]] = []
+        self.procs: dict[str, _C.LocalProcess] = {}
         self.killed: list[str] = []
         self.unadmitted: list[str] = []
         self.stopped: list[str] = []
@@ -233,17 +217,18 @@ class _Local:
     def spawn(self, bootstrap: int) -> str:
         member = f"node{self.next_id}"
         self.next_id += 1
-        env = dict(self.env, MALLE_STORE=f"127.0.0.1:{self.store.port}",
-                   MALLE_JOB_ID=self.job_id, MALLE_MEMBER_ID=member,
-                   MALLE_BOOTSTRAP_SIZE=str(bootstrap))
-        out = None
+        rank = _C.RankEnv()  # the rank environment contract (libmalle/cluster/rank_env.h)
+        rank.store = f"127.0.0.1:{self.store.port}"
+        rank.job_id = self.job_id
+        rank.member_id = member
+        rank.bootstrap_size = bootstrap
+        log = ""
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-            out = open(os.path.join(self.log_dir, f"{member}.log"), "w")
-            self.files.append(out)
-        self.procs[member] = subprocess.Popen(
-            self.command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-            preexec_fn=_die_with_parent(os.getpid()))
+            log = os.path.join(self.log_dir, f"{member}.log")
+        self.procs[member] = _C.LocalProcess.spawn(
+            self.command, env=self.env, clear_env=True, rank_env=rank, stdout=log,
+            stderr_to_stdout=True, truncate=True, new_process_group=True)
         return member
 
     def poll_generations(self, force: bool = False) -> list[str]:
@@ -297,15 +282,15 @@ class _Local:
             sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
             for m in ev.members:
                 try:
-                    self.procs[m].send_signal(sig[ev.action])
-                except ProcessLookupError:  # pragma: no cover - exited since running()
+                    self.procs[m].signal(sig[ev.action])
+                except MalleError:  # pragma: no cover - exited since running()
                     pass
             if ev.action == "kill":
                 self.killed.extend(ev.members)
                 for m in ev.members:
                     try:
                         self.procs[m].wait(timeout=5)
-                    except subprocess.TimeoutExpired:  # pragma: no cover
+                    except MalleTimeoutError:  # pragma: no cover
                         pass
                 self.report_exits()
             elif ev.action == "stop":
@@ -315,20 +300,10 @@ class _Local:
         self.say(f"step={ev.fired_step}: {ev.action} {' '.join(ev.members) or '(nobody)'}")
 
     def stop_all(self) -> None:
-        """SIGKILLs every process still running, by pid, and reaps all of them."""
+        """SIGKILLs every process still running (and its group), by pid, and reaps all."""
         for p in self.procs.values():
             if p.poll() is None:
-                try:
-                    p.kill()
-                except ProcessLookupError:  # pragma: no cover - exited meanwhile
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
-                pass
-        for f in self.files:
-            f.close()
+                p.kill(timeout=10)
 
 
 class _SignalsDeferred:
@@ -410,8 +385,7 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
                     hung = [m for m in alive if m in run.stopped]
                     waiting = [m for m in alive if m not in run.stopped]
                     for m in alive:
-                        run.procs[m].kill()
-                        run.procs[m].wait(timeout=10)
+                        run.procs[m].kill(timeout=10)
                     run.killed.extend(hung)
                     run.unadmitted.extend(waiting)
                     run.say("job over; killed "
@@ -430,7 +404,7 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
             except Exception:  # noqa: BLE001 - the summary only; never mask the real error
                 pass
     last = run.history[-1] if run.history else None
-    codes = {m: p.returncode for m, p in run.procs.items()}
+    codes = {m: p.poll() for m, p in run.procs.items()}
     result = LocalResult(exit_codes=codes, killed=run.killed, unadmitted=run.unadmitted,
                          events=events,
                          generations=(last.generation + 1) if last else 0,

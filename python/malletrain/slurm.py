@@ -830,10 +830,16 @@ def _seconds(text: str) -> float:
 def _cmd_harvest(args: argparse.Namespace) -> int:
     import signal as _signal
 
+    from malletrain import _C
+
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # The deployment's variables (names from libmalle/cluster/rank_env.h), read only now so
+    # that building the parser does not load the extension.
+    store = args.store or os.environ.get(_C.ENV_STORE) or ""
+    secret = args.secret or os.environ.get(_C.ENV_SECRET) or ""
     try:
         options = HarvestOptions(
-            store=args.store or "", secret=args.secret or "", slots=args.slots,
+            store=store, secret=secret, slots=args.slots,
             partition=args.partition, per=args.per, cpus_per_slot=args.cpus_per_slot,
             grace=args.grace, time_limit=args.time_limit, job_name=args.job_name,
             node_prefix=args.node_prefix, group=args.group, log_dir=args.log_dir, qos=args.qos,
@@ -904,9 +910,9 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
         "node is expected to be wanted back; resubmits those that end (preempted, cancelled). "
         "Runs until SIGINT/SIGTERM, then reclaims and cancels its agent jobs. Exit codes: "
         "0 stopped, 1 Slurm failed, 2 bad input or partition setup.")
-    h.add_argument("--store", default=os.environ.get("MALLE_STORE"), metavar="HOST:PORT",
+    h.add_argument("--store", default=None, metavar="HOST:PORT",
                    help="the control store as the compute nodes reach it (default $MALLE_STORE)")
-    h.add_argument("--secret", default=os.environ.get("MALLE_SECRET"), metavar="FILE",
+    h.add_argument("--secret", default=None, metavar="FILE",
                    help="shared secret, readable on the compute nodes (default $MALLE_SECRET)")
     h.add_argument("--slots", type=int, required=True, help="agent jobs to keep submitted")
     h.add_argument("--partition", default="scavenger", help="the preemptible partition")

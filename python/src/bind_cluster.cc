@@ -1,12 +1,20 @@
 // Binds libmalle/cluster: the rank environment contract (rank_env.h), so that
-// Python launchers and ranks read and write the same variables as C++ ones.
+// Python launchers and ranks read and write the same variables as C++ ones,
+// and LocalProcess (local_process.h), the one way rank processes are started.
+// Blocking calls (wait, kill, spawn's fork) release the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "libmalle/cluster/local_process.h"
 #include "libmalle/cluster/rank_env.h"
 #include "python/src/bind_common.h"
 
@@ -45,7 +53,84 @@ void BindCluster(py::module_& m) {
     }));
   });
   m.def("rank_env_names", &cluster::RankEnvNames);
+  // The names themselves, so that no Python starter spells them.
+  for (auto [attr, name] : {std::pair{"ENV_STORE", cluster::kEnvStore},
+                            std::pair{"ENV_JOB_ID", cluster::kEnvJobId},
+                            std::pair{"ENV_MEMBER_ID", cluster::kEnvMemberId},
+                            std::pair{"ENV_BOOTSTRAP_SIZE", cluster::kEnvBootstrapSize},
+                            std::pair{"ENV_CONTROL_JOB", cluster::kEnvControlJob},
+                            std::pair{"ENV_CONTROL_SECRET", cluster::kEnvControlSecret},
+                            std::pair{"ENV_NODE", cluster::kEnvNode},
+                            std::pair{"ENV_MIN_NODES", cluster::kEnvMinNodes},
+                            std::pair{"ENV_MAX_NODES", cluster::kEnvMaxNodes},
+                            std::pair{"ENV_BACKEND", cluster::kEnvBackend},
+                            std::pair{"ENV_SECRET", cluster::kEnvSecret},
+                            std::pair{"ENV_LOG_LEVEL", cluster::kEnvLogLevel},
+                            std::pair{"ENV_BIN_DIR", cluster::kEnvBinDir}}) {
+    m.attr(attr) = name;
+  }
   m.def("generated_member_id", &cluster::GeneratedMemberId);
+
+  using cluster::LocalProcess;
+  // Exit codes follow subprocess.Popen: the code, or -signal.
+  py::class_<LocalProcess>(m, "LocalProcess", "A child process owned by this object (PDEATHSIG).")
+      .def_static(
+          "spawn",
+          [](const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+             bool clear_env, std::optional<RankEnv> rank_env, const std::string& stdout_path,
+             const std::string& stderr_path, bool stderr_to_stdout, bool truncate_logs,
+             const std::string& cwd, bool new_process_group) {
+            cluster::ProcessSpec spec;
+            spec.argv = argv;
+            spec.env.assign(env.begin(), env.end());
+            spec.clear_env = clear_env;
+            spec.rank_env = std::move(rank_env);
+            spec.stdout_path = stdout_path;
+            spec.stderr_path = stderr_path;
+            spec.stderr_to_stdout = stderr_to_stdout;
+            spec.truncate_logs = truncate_logs;
+            spec.cwd = cwd;
+            spec.new_process_group = new_process_group;
+            py::gil_scoped_release release;
+            return ValueOrThrow(LocalProcess::Spawn(spec));
+          },
+          py::arg("argv"), py::kw_only(), py::arg("env") = std::map<std::string, std::string>{},
+          py::arg("clear_env") = false, py::arg("rank_env") = std::nullopt, py::arg("stdout") = "",
+          py::arg("stderr") = "", py::arg("stderr_to_stdout") = false, py::arg("truncate") = false,
+          py::arg("cwd") = "", py::arg("new_process_group") = false)
+      .def_property_readonly("pid", &LocalProcess::pid)
+      .def_property_readonly("leads_group", &LocalProcess::leads_group)
+      .def(
+          "poll",
+          [](LocalProcess& p) -> std::optional<int> {
+            auto e = p.PollStatus();
+            if (!e) return std::nullopt;
+            return e->PythonCode();
+          },
+          "The exit code (-signal if killed), or None while it runs. Does not block.")
+      .def(
+          "wait",
+          [](LocalProcess& p, double timeout_s) {
+            if (!(timeout_s >= 0)) {
+              throw StatusError(absl::InvalidArgumentError("timeout: must be >= 0 seconds"));
+            }
+            py::gil_scoped_release release;
+            return ValueOrThrow(p.WaitStatus(absl::Seconds(timeout_s))).PythonCode();
+          },
+          py::arg("timeout"), "Waits for the exit; MalleTimeoutError after `timeout` seconds.")
+      .def(
+          "signal", [](LocalProcess& p, int sig) { ThrowIfError(p.Signal(sig)); }, py::arg("signal"),
+          "Sends `signal` (to its group if it leads one); MalleError once it has exited.")
+      .def(
+          "kill",
+          [](LocalProcess& p, double timeout_s) {
+            py::gil_scoped_release release;
+            (void)p.Kill(absl::Seconds(timeout_s));
+            auto e = p.PollStatus();
+            if (!e) throw StatusError(absl::DeadlineExceededError("the process did not die"));
+            return e->PythonCode();
+          },
+          py::arg("timeout") = 10.0, "SIGKILL (its group too), then waits; returns the exit code.");
 }
 
 }  // namespace malle::python

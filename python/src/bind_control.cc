@@ -14,13 +14,13 @@
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/advisor/report_json.h"
-#include "libmalle/control/agent.h"
-#include "libmalle/control/allocator_service.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/client.h"
-#include "libmalle/control/envelope.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/agent.h"
+#include "libmalle/control/service/allocator_service.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/service/client.h"
+#include "libmalle/control/wire/envelope.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 #include "python/src/bind_common.h"
 
 namespace malle::python {
@@ -47,6 +47,19 @@ struct Service {
 }  // namespace
 
 void BindControl(py::module_& m) {
+  m.def(
+      "open_store",
+      [](const std::string& address, double timeout_s) {
+        const absl::Duration timeout = Secs(timeout_s, "timeout");
+        py::gil_scoped_release release;
+        return ValueOrThrow(ControlStore::Open(address, timeout));
+      },
+      py::arg("address"), py::arg("timeout") = 30.0,
+      "Connects to the control store at `address`: 'host:port' (a TCPStore server) or "
+      "'etcd://h1:p1,h2:p2,...[/ns]' (an etcd cluster).");
+  m.def(
+      "store_address", [](const ControlStore& s) { return s.address(); }, py::arg("store"),
+      "What open_store takes to reach this store ('' for an in-memory one).");
   py::class_<Secret>(m, "Secret", "A shared secret (its bytes are never shown).")
       .def("__repr__", &Secret::Redacted);
   m.def(
@@ -112,6 +125,9 @@ void BindControl(py::module_& m) {
           },
           "Stops the loop (at most one decision later); raises what ended it, if anything did.")
       .def("status_json", [](Service& s) { return s.service->StatusJson(); })
+      .def(
+          "metrics_text", [](Service& s) { return s.service->MetricsText(); },
+          "The allocator's metrics in Prometheus' text format (docs/operations.md).")
       .def("stats", [](Service& s) {
         control::AllocatorStats st = s.service->stats();
         py::dict d;
@@ -127,6 +143,7 @@ void BindControl(py::module_& m) {
       });
 
   py::class_<control::Agent>(m, "Agent", "A node agent (run() blocks until stop() or a reclaim).")
+      .def("metrics_text", &control::Agent::MetricsText)
       .def(py::init([](std::shared_ptr<ControlStore> store, const Secret& secret, const std::string& node,
                        const std::string& store_address, const std::string& secret_path,
                        const std::string& log_dir, const std::string& group, double speed,

@@ -38,9 +38,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/allocator_service.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/allocator_service.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/wire/secret.h"
 #include <variant>
 
 ABSL_FLAG(int, agents, 1000, "simulated node agents");

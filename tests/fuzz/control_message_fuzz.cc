@@ -22,10 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "libmalle/control/envelope.h"
-#include "libmalle/control/hmac.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/envelope.h"
+#include "libmalle/control/wire/hmac.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace {
 

@@ -165,6 +165,65 @@ def test_two_jobs_share_nodes_that_come_and_go(tmp_path, fixed):
     assert b_nodes[-1] in gone and "reclaimed" in gone[b_nodes[-1]]["why_gone"], status["nodes"]
 
 
+def node_view(cluster, node):
+    return next((n for n in cluster.status()["nodes"] if n["node"] == node), {})
+
+
+def test_a_warming_joiner_never_holds_its_node(tmp_path):
+    """The demo's case (issue 26): a joiner still warming up (not yet a member) when its node
+    is reclaimed, or when its job completes, is stopped at once: the node is back within a
+    second or two, not after the agent's 60 s finish/leave timeout, and another job gets it.
+    The allocator counts that time as held without training (warming), not as productive."""
+    out_a = tmp_path / "a"
+    # Joiners of `a` warm up for 120 s (a model that takes long to build); its bootstrap rank
+    # starts at once and trains alone.
+    slow = ("if [ \"$MALLE_BOOTSTRAP_SIZE\" = 0 ]; then sleep 120; fi; exec \"$@\"")
+    cmd_a = ["/bin/sh", "-c", slow, "sh",
+             *train_cmd(out_a, 70, ["--logical-workers", "2"], 0.1)]
+    with LocalCluster(["n0", "n1", "n2"], policy="dp", grace=8.0, heartbeat_timeout=5.0,
+                      workdir=tmp_path / "cluster") as c:
+        try:
+            c.node_up("n0")
+            c.submit("a", cmd_a, max_nodes=2, logical_workers=2)
+            wait_for("a training on n0", lambda: progress(c, "a.i1") >= 3, timeout=120)
+            # n1 comes: a grows onto it, its joiner warms up there. Then n1 is reclaimed.
+            c.node_up("n1")
+            wait_for("a's joiner warming on n1", lambda: node_view(c, "n1").get("rank_phase")
+                     == "starting", timeout=30)
+            t0 = time.monotonic()
+            c.node_down("n1", wait=True)
+            reclaim_s = time.monotonic() - t0
+            # n2 comes: another warming joiner; a completes meanwhile; b waits for a node.
+            c.node_up("n2")
+            wait_for("a's joiner warming on n2", lambda: node_view(c, "n2").get("rank_phase")
+                     == "starting", timeout=30)
+            c.submit("b", train_cmd(tmp_path / "b", 10, ["--logical-workers", "1"], 0.0),
+                     max_nodes=1, logical_workers=1)
+            wait_for("a done", lambda: job_view(c, "a").get("phase") == "succeeded", timeout=180)
+            t_done = time.monotonic()
+            wait_for("n2 free of a's joiner", lambda: node_view(c, "n2").get("running") != "a.i1",
+                     timeout=60, poll=0.05)
+            release_s = time.monotonic() - t_done
+            wait_for("b training", lambda: progress(c, "b.i1") >= 1, timeout=120)
+            final = c.wait(["a", "b"], timeout=120)
+            status = c.status()
+        except BaseException:
+            print(dump_logs(c))
+            raise
+    assert final["a"]["phase"] == "succeeded" and final["b"]["phase"] == "succeeded", status
+    # The agent stopped the warming rank at once instead of waiting for a leave that cannot
+    # happen (grace 8 s) or a finish that never comes (60 s).
+    assert reclaim_s < 3.0, f"n1's agent took {reclaim_s:.1f} s to vacate a warming joiner"
+    assert release_s < 2.5, f"n2 was held {release_s:.1f} s by a joiner of a completed job"
+    held_a = next(j for j in status["jobs"] if j["job"] == "a")["held"]
+    # Two joiners warmed for seconds each: held, not productive; nothing drained for long.
+    assert held_a["warming_node_s"] >= 1.0, held_a
+    assert held_a["draining_node_s"] < 5.0, held_a
+    total = status["held"]
+    assert abs(total["held_node_s"] - total["productive_node_s"] - total["held_idle_node_s"]) < 1e-6
+    assert total["productive_node_s"] > 0 and total["held_idle_pct"] > 0, total
+
+
 def test_allocator_kill9_and_restart_lose_nothing(tmp_path, fixed):
     """kill -9 of the allocator daemon mid-run: the job keeps training meanwhile, what was sent
     while it was down is handled after the restart, no job or node is lost."""
@@ -286,3 +345,213 @@ def test_cpp_nas_driver_submits_trials_that_share_the_nodes(tmp_path):
         assert f"nas-w{w} (width {w}): succeeded, test accuracy" in r.stdout
         assert json.loads((tmp_path / "nas" / f"nas-w{w}" / "result.json").read_text())["steps"] == 60
     assert "best: nas-w" in r.stdout
+
+
+def commits(out: pathlib.Path) -> int:
+    """Steps committed so far, from the ranks' traces (readable while the store is down)."""
+    steps = set()
+    for f in out.glob("trace-*.jsonl"):
+        for line in f.read_text().splitlines():
+            if '"commit"' in line:
+                try:
+                    steps.add(json.loads(line)["step"])
+                except ValueError:  # a line being written
+                    pass
+    return len(steps)
+
+
+def ranks_started(cluster, job: str) -> int:
+    return sum(log.read_text().count(f" of {job} (pid")
+               for log in cluster.log_dir.glob("agent-*.log"))
+
+
+def test_jobs_train_through_a_control_store_outage_and_reconnect(tmp_path, fixed):
+    """kill -9 of the control store (a TCPStore in its own process) mid-training, restarted
+    on the same port 4 s later: the job trains on at its size meanwhile (its generation
+    needs no store between changes), agents and the allocator wait instead of dying, the
+    allocator re-seeds the empty store from its own state, and the job ends with its
+    fixed-size model and exact data: no rank restarted, no step lost."""
+    out_b = tmp_path / "b"
+    with LocalCluster(["n0", "n1"], policy="dp", store="process", heartbeat_timeout=15.0,
+                      workdir=tmp_path / "cluster") as c:
+        try:
+            c.node_up("n0")
+            c.node_up("n1")
+            c.submit("b", train_cmd(out_b, B_STEPS, B_ARGS, 0.1), max_nodes=2,
+                     logical_workers=2)
+            wait_for("b training on 2 nodes", lambda: progress(c, "b.i1") >= 10
+                     and len(nodes_running(c, "b.i1")) == 2, timeout=120)
+            c.stop_store(kill=True)
+            before = commits(out_b)
+            time.sleep(4)
+            during = commits(out_b)
+            c.start_store()
+            final = c.wait(["b"], timeout=300)
+            status = c.status()
+        except BaseException:
+            print(dump_logs(c))
+            raise
+    assert during >= before + 3, f"training stopped with the store: {before} -> {during} steps"
+    assert final["b"]["phase"] == "succeeded", status
+    assert status["allocator"]["store_resets"] == 1, status["allocator"]
+    assert ranks_started(c, "b.i1") == 2  # nobody was restarted
+    check_replicas_and_data(read_traces(out_b), steps=B_STEPS, workers=2)
+    assert_same_state(final_state(out_b), fixed["b"])
+
+
+def _free_ports(n: int):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Etcd:
+    """A three-member etcd cluster on loopback (ephemeral ports, data in tmp); every member
+    is a _C.LocalProcess of this test, killed by pid at the end."""
+
+    def __init__(self, tmp: pathlib.Path, members: int = 3):
+        ports = _free_ports(2 * members)
+        self.client = {f"e{i}": ports[2 * i] for i in range(members)}
+        self.peer = {f"e{i}": ports[2 * i + 1] for i in range(members)}
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.procs = {}
+        self.cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in self.peer.items())
+        for name in self.client:
+            self.start(name, "new")
+        self.address = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client.values())
+        wait_for("etcd healthy", lambda: self.leader() is not None, timeout=60)
+
+    def start(self, name: str, state: str) -> None:
+        c, p = self.client[name], self.peer[name]
+        self.procs[name] = _C.LocalProcess.spawn(
+            ["etcd", "--name", name, "--data-dir", str(self.tmp / name),
+             "--listen-client-urls", f"http://127.0.0.1:{c}",
+             "--advertise-client-urls", f"http://127.0.0.1:{c}",
+             "--listen-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-cluster", self.cluster, "--initial-cluster-state", state,
+             "--initial-cluster-token", f"malle-{os.getpid()}"],
+            stdout=str(self.tmp / f"{name}.log"), stderr_to_stdout=True)
+
+    def leader(self):
+        """The member that leads now, or None."""
+        live = [n for n, p in self.procs.items() if p.poll() is None]
+        for name in live:
+            r = subprocess.run(["etcdctl", f"--endpoints=127.0.0.1:{self.client[name]}",
+                                "endpoint", "status", "-w", "json"], capture_output=True,
+                               text=True, timeout=10)
+            if r.returncode != 0:
+                continue
+            st = json.loads(r.stdout)[0]["Status"]
+            if st["leader"] and st["leader"] == st["header"]["member_id"]:
+                return name
+        return None
+
+    def kill(self, name: str) -> None:
+        self.procs[name].kill(timeout=10)
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill(timeout=10)
+
+
+def test_etcd_store_survives_its_leader_killed_mid_training(tmp_path, fixed):
+    """The replicated control store: a real three-member etcd cluster on loopback. Its
+    leader is killed (kill -9) mid-training; the allocator, the agents and the job carry on
+    (requests move to the surviving members while they elect a new leader) and the job ends
+    with its fixed-size model and exact data, no rank restarted."""
+    out_b = tmp_path / "b"
+    etcd = Etcd(tmp_path / "etcd")
+    try:
+        with LocalCluster(["n0", "n1"], policy="dp", store=etcd.address, heartbeat_timeout=15.0,
+                          workdir=tmp_path / "cluster") as c:
+            try:
+                c.node_up("n0")
+                c.node_up("n1")
+                c.submit("b", train_cmd(out_b, B_STEPS, B_ARGS, 0.1), max_nodes=2,
+                         logical_workers=2)
+                wait_for("b training on 2 nodes", lambda: progress(c, "b.i1") >= 10
+                         and len(nodes_running(c, "b.i1")) == 2, timeout=180)
+                leader = etcd.leader()
+                assert leader is not None
+                etcd.kill(leader)
+                before = progress(c, "b.i1")
+                wait_for("a new leader", lambda: etcd.leader() not in (None, leader), timeout=30)
+                wait_for("b training on", lambda: progress(c, "b.i1") >= before + 5, timeout=60)
+                final = c.wait(["b"], timeout=300)
+                status = c.status()
+                alive = c.allocator_running
+            except BaseException:
+                print(dump_logs(c))
+                raise
+    finally:
+        etcd.close()
+    assert alive and final["b"]["phase"] == "succeeded", status
+    assert ranks_started(c, "b.i1") == 2
+    check_replicas_and_data(read_traces(out_b), steps=B_STEPS, workers=2)
+    assert_same_state(final_state(out_b), fixed["b"])
+
+
+def scrape(url: str) -> dict:
+    """{(name, labels as a sorted tuple): value} of a Prometheus endpoint, parsed by
+    prometheus-client's own parser (so the format is checked too)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_allocator_and_agents_export_prometheus_metrics(tmp_path):
+    """The embedded allocator (through prometheus-client), the allocator daemon and every
+    agent (their own endpoint) serve metrics on loopback; scraped after a job ran, they say
+    what happened: nodes, jobs, decisions and their latency, rank starts, held node time."""
+    out = tmp_path / "j"
+    for mode in ("thread", "process"):
+        with LocalCluster(["n0", "n1"], policy="dp", allocator=mode, metrics=True,
+                          workdir=tmp_path / f"cluster-{mode}") as c:
+            try:
+                c.node_up("n0")
+                c.node_up("n1")
+                c.submit("j", train_cmd(out / mode, 20, ["--logical-workers", "2"], 0.0),
+                         max_nodes=2, logical_workers=2)
+                c.wait(["j"], timeout=180)
+                url = c.allocator_metrics_url()
+                assert url.startswith("http://127.0.0.1:"), url  # loopback only
+                wait_for("metrics caught up", lambda: scrape(url).get(
+                    ("malle_allocator_jobs", (("phase", "succeeded"),))) == 1, timeout=30)
+                m = scrape(url)
+                agent_url = c.agent_metrics_url("n0")
+                # Its rank finishes in the background once the job succeeded.
+                wait_for("n0's rank reported", lambda: scrape(agent_url).get(
+                    ("malle_agent_rank_exits_total", (("cause", "exited"),))) == 1, timeout=60)
+                agent = scrape(agent_url)
+            except BaseException:
+                print(dump_logs(c))
+                raise
+        assert m[("malle_allocator_nodes", (("phase", "active"),))] == 2, (mode, m)
+        assert m[("malle_allocator_decisions_total", ())] >= 1
+        assert m[("malle_allocator_decision_seconds_count", ())] == \
+            m[("malle_allocator_decisions_total", ())]
+        assert m[("malle_allocator_messages_total", (("result", "accepted"),))] > 0
+        assert m[("malle_allocator_messages_total", (("result", "rejected"),))] == 0
+        productive = m[("malle_allocator_held_node_seconds_total",
+                        (("job", "j"), ("kind", "productive")))]
+        assert productive > 0, m
+        assert 0 <= m[("malle_allocator_held_idle_ratio", ())] < 1
+        assert agent[("malle_agent_rank_starts_total", ())] == 1, agent
+        assert agent[("malle_agent_rank_exits_total", (("cause", "exited"),))] == 1, agent

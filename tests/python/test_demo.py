@@ -12,6 +12,7 @@ pid, so no agent or rank outlives it.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -48,4 +49,12 @@ def test_the_demo_trains_every_job_and_a_second_run_starts_afresh(tmp_path):
         assert re.search(r"replayed 0 records", text), (run, text[:2000])
         if run == 2:
             assert "removed the previous run's" in text
+        # Node time: productive vs held without training, per job and in total (issue 26).
+        assert re.search(r"node time held: [\d.]+ node-s, productive [\d.]+, held without "
+                         r"training [\d.]+ \([\d.]+ %", text), text[-3000:]
+        held = json.loads((tmp_path / "summary.json").read_text())["status"]["held"]
+        assert held["productive_node_s"] > 0, held
+        # A rank that no longer trains leaves at a step boundary or is stopped at once; before
+        # the fix a warming joiner of a completed job held its node for the agent's 60 s.
+        assert held["draining_node_s"] < 10, (run, held)
     assert (tmp_path / "allocation.png").exists() and (tmp_path / "summary.json").exists()

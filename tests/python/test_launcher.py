@@ -363,3 +363,22 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
         for p in ranks:
             if not gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_a_child_outlives_the_thread_that_started_it():
+    """_C.LocalProcess: PR_SET_PDEATHSIG follows the thread that forks, so forks happen on one
+    thread that lives as long as the process. A child started from a short-lived thread (as
+    LocalCluster's trace follower starts agents) must live on after that thread ends."""
+    import threading
+
+    from malletrain import _C
+
+    box = {}
+    t = threading.Thread(target=lambda: box.update(p=_C.LocalProcess.spawn(["/bin/sleep", "30"])))
+    t.start()
+    t.join()
+    time.sleep(0.5)
+    try:
+        assert box["p"].poll() is None, "the child died with the thread that started it"
+    finally:
+        assert box["p"].kill(timeout=10) == -9

@@ -1,5 +1,6 @@
 #include "libmalle/cluster/rank_env.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -111,6 +112,16 @@ TEST(RankEnvTest, NamesListEveryVariableOnce) {
   const auto names = RankEnvNames();
   EXPECT_EQ(names.size(), 10u);
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
+}
+
+TEST(RankEnvTest, ToolVariablesAreNotRankVariables) {
+  // A starter clears or sets RankEnvNames() for a rank; the tools' own
+  // variables must not be caught up in that.
+  const auto names = RankEnvNames();
+  for (const char* tool : {kEnvSecret, kEnvLogLevel, kEnvBinDir}) {
+    EXPECT_EQ(std::count(names.begin(), names.end(), tool), 0) << tool;
+    EXPECT_THAT(tool, MatchesRegex("MALLE_[A-Z_]+"));
+  }
 }
 
 TEST(RankEnvTest, GeneratedMemberIdIsAValidId) {

@@ -1,7 +1,7 @@
 // AllocatorService over an in-process store, driven step by step with
 // explicit times: messages in, plans out, attacks rejected, holes skipped,
 // and a restart from the journal that loses nothing.
-#include "libmalle/control/allocator_service.h"
+#include "libmalle/control/service/allocator_service.h"
 
 #include <string>
 #include <variant>
@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
-#include "libmalle/control/channel.h"
+#include "libmalle/control/service/channel.h"
 #include "nlohmann/json.hpp"
 
 namespace malle::control {

@@ -1,8 +1,9 @@
 // AllocatorState: the allocator's decisions as pure functions of (state,
 // message, now). Nodes, jobs and agents are scripted message by message; the
 // policy is the exact DP.
-#include "libmalle/control/allocator_state.h"
+#include "libmalle/control/state/allocator_state.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,14 @@ class AllocatorStateTest : public ::testing::Test {
     return state_.Adopt(*d, now, "dp");
   }
   const JobRecord& Job(const std::string& id) { return state_.jobs().at(id); }
+  // What the agent of `node` says it runs (phase since `since`), at `now`.
+  absl::Status Heartbeat(const std::string& node, absl::Time now, std::optional<std::string> job = {},
+                         RankPhase phase = RankPhase::kTraining, std::optional<absl::Time> since = {}) {
+    AgentHeartbeat h;
+    h.node = node;
+    if (job) h.running = RunningRank{*job, node + "-m", 100, phase, since.value_or(now)};
+    return state_.Apply(From(Agent(node), h, now), now).status();
+  }
 
   AllocatorState state_;
   uint64_t seq_ = 0;
@@ -111,6 +120,89 @@ TEST_F(AllocatorStateTest, AJobStartsOnTheNodesAndTheyShareWithALaterJob) {
   // No node is given twice.
   std::set<std::string> seen;
   for (const Assignment& as : p2.assignments) EXPECT_TRUE(seen.insert(as.node).second);
+}
+
+// Held node time: productive while the rank is a member where the plan wants
+// it; starting, warming and draining otherwise (the demo's case: a joiner
+// still warming when its job completes holds the node without training).
+TEST_F(AllocatorStateTest, HeldTimeIsSplitIntoProductiveStartingWarmingAndDraining) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt(kT0);  // a on n0 and n1 from t=0
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  const absl::Time t = kT0;
+  // n0: rank started at 1 s (starting 0..1), a member at 3 s (warming 1..3).
+  ASSERT_OK(Heartbeat("n0", t + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  ASSERT_OK(Heartbeat("n0", t + absl::Seconds(4), "a.i1", RankPhase::kTraining, t + absl::Seconds(3)));
+  // n1: its rank starts at 2 s and is still warming at 10 s.
+  ASSERT_OK(Heartbeat("n1", t + absl::Seconds(2), "a.i1", RankPhase::kStarting));
+  // The same phase again changes nothing that was accounted.
+  ASSERT_OK(Heartbeat("n1", t + absl::Seconds(6), "a.i1", RankPhase::kStarting, t + absl::Seconds(2)));
+  HeldSeconds h = state_.HeldOf("a", t + absl::Seconds(10));
+  EXPECT_DOUBLE_EQ(h.starting, 1 + 2);      // n0 0..1, n1 0..2
+  EXPECT_DOUBLE_EQ(h.warming, 2 + 8);       // n0 1..3, n1 2..10
+  EXPECT_DOUBLE_EQ(h.productive, 7);        // n0 3..10
+  EXPECT_DOUBLE_EQ(h.draining, 0);
+  EXPECT_DOUBLE_EQ(h.held(), 20);           // two nodes for 10 s
+  // a completes at 10 s; the plan frees both nodes at 10.2 s. n0's member
+  // finishes (draining until its heartbeat without a rank at 11 s), n1's
+  // warming joiner drains until 10.5 s.
+  JobComplete done;
+  done.job = "a";
+  ASSERT_OK(state_.Apply(From("a.m0", done), t + absl::Seconds(10)).status());
+  DecideAndAdopt(t + absl::Milliseconds(10200));
+  ASSERT_OK(Heartbeat("n1", t + absl::Milliseconds(10500)));
+  ASSERT_OK(Heartbeat("n0", t + absl::Seconds(11)));
+  h = state_.HeldOf("a", t + absl::Seconds(20));
+  EXPECT_DOUBLE_EQ(h.productive, 7);
+  EXPECT_DOUBLE_EQ(h.warming, 10);
+  EXPECT_NEAR(h.draining, 1.0 + 0.5, 1e-9);  // n0 10..11, n1 10..10.5: ended jobs drain
+  const HeldSeconds total = state_.HeldTotal(t + absl::Seconds(20));
+  EXPECT_DOUBLE_EQ(total.held(), h.held());  // nothing held after that
+  nlohmann::json status = nlohmann::json::parse(state_.StatusJson(t + absl::Seconds(20)));
+  EXPECT_NEAR(status["held"]["held_idle_node_s"].get<double>(), h.idle(), 1e-9);
+  EXPECT_NEAR(status["held"]["held_idle_pct"].get<double>(), 100 * h.idle() / h.held(), 1e-9);
+  EXPECT_EQ(status["jobs"][0]["held_nodes"], 0);
+}
+
+TEST_F(AllocatorStateTest, ANewIncarnationNeverBootstrapsOnADrainingNode) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("old", 1, 1).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("old").nodes, ElementsAre("n0"));
+  // n0 still runs old's rank (it is finishing) when old completes and b starts on both nodes.
+  ASSERT_OK(Heartbeat("n0", kT0 + absl::Seconds(1), "old.i1"));
+  JobComplete done;
+  done.job = "old";
+  ASSERT_OK(state_.Apply(From("old.m0", done), kT0 + absl::Seconds(2)).status());
+  ASSERT_OK(Submit("b", 2, 2, kT0 + absl::Seconds(2)).status());
+  AllocationPlan p = DecideAndAdopt(kT0 + absl::Seconds(2));
+  ASSERT_THAT(Job("b").nodes, ElementsAre("n0", "n1"));
+  ASSERT_THAT(p.launches, SizeIs(1));
+  EXPECT_EQ(p.launches[0].bootstrap_node, "n1");  // not n0, whose old rank still drains
+  // n0's time counts for the job whose rank drains there (from old's end at
+  // 2 s), n1's as b's start.
+  EXPECT_DOUBLE_EQ(state_.HeldOf("old", kT0 + absl::Seconds(3)).draining, 1);
+  EXPECT_DOUBLE_EQ(state_.HeldOf("old", kT0 + absl::Seconds(3)).productive, 1);  // 1..2 s
+  EXPECT_DOUBLE_EQ(state_.HeldOf("b", kT0 + absl::Seconds(3)).starting, 1);
+}
+
+TEST_F(AllocatorStateTest, AShrinkingJobGivesBackItsWarmingNodeNotItsMember) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  // n0's rank trains, n1's warms up; then b comes and a shrinks to one node.
+  // (Left to itself the policy releases n0: equal windows, lower index first.)
+  ASSERT_OK(Heartbeat("n0", kT0 + absl::Seconds(1), "a.i1", RankPhase::kTraining));
+  ASSERT_OK(Heartbeat("n1", kT0 + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  ASSERT_OK(Submit("b", 1, 1, kT0 + absl::Seconds(2)).status());
+  DecideAndAdopt(kT0 + absl::Seconds(2));
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0"));  // the member stays
+  EXPECT_THAT(Job("b").nodes, ElementsAre("n1"));
 }
 
 TEST_F(AllocatorStateTest, ARunningJobIsNotStoppedForAnotherButWaitersAre) {

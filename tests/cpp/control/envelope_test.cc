@@ -1,4 +1,4 @@
-#include "libmalle/control/envelope.h"
+#include "libmalle/control/wire/envelope.h"
 
 #include <cstdint>
 #include <string>
@@ -12,9 +12,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
-#include "libmalle/control/hmac.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/hmac.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 namespace {

@@ -1,11 +1,11 @@
-#include "libmalle/control/hmac.h"
+#include "libmalle/control/wire/hmac.h"
 
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/base/testing/status_matchers.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 namespace {

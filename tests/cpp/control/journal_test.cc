@@ -1,6 +1,6 @@
 // Journal: records survive a reopen, a torn last line (a crash inside
 // Append) is dropped and cut off, any other damage is DataLoss naming the line.
-#include "libmalle/control/journal.h"
+#include "libmalle/control/state/journal.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 #include <cstdint>
 #include <functional>
@@ -42,7 +42,10 @@ NodeRegister MakeNodeRegister() {
 }
 NodeReclaim MakeNodeReclaim() { return {"n7", absl::Milliseconds(30500), "slurm job 991 starts"}; }
 NodeLeave MakeNodeLeave() { return {"n7", "agent shutting down"}; }
-AgentHeartbeat MakeAgentHeartbeat() { return {"n7", RunningRank{"resnet", "w3", 4242}}; }
+AgentHeartbeat MakeAgentHeartbeat() {
+  return {"n7", RunningRank{"resnet", "w3", 4242, RankPhase::kStarting,
+                            absl::FromUnixMicros(1'700'000'000'250'000)}};
+}
 RankExit MakeRankExit() { return {"n7", "resnet", "w3", 137, 9, RankExitCause::kStopped}; }
 JobSubmit MakeJobSubmit() {
   JobSubmit m;
@@ -150,6 +153,11 @@ TEST(MessagesTest, OptionalFieldsMayBeAbsentOrNullAndDefaultsApply) {
   ASSERT_OK_AND_ASSIGN(Message hb,
                        DecodeBody(MessageType::kAgentHeartbeat, R"({"node":"n1","running":null})"));
   EXPECT_FALSE(std::get<AgentHeartbeat>(hb).running.has_value());
+  // phase and phase_since are optional (absent: not said).
+  ASSERT_OK_AND_ASSIGN(Message bare, DecodeBody(MessageType::kAgentHeartbeat,
+                                                R"({"node":"n1","running":{"job":"j","member":"m","pid":3}})"));
+  EXPECT_FALSE(std::get<AgentHeartbeat>(bare).running->phase.has_value());
+  EXPECT_FALSE(std::get<AgentHeartbeat>(bare).running->phase_since.has_value());
   ASSERT_OK_AND_ASSIGN(Message submit,
                        DecodeBody(MessageType::kJobSubmit,
                                   R"({"job":"j","command":["x"],"min_nodes":1,"max_nodes":3,)"
@@ -267,6 +275,11 @@ std::vector<RuleCase> RuleCases() {
        "body.running", "expected an object"},
       {"running job id", MakeAgentHeartbeat(), [](Json& b) { b["running"]["job"] = "a/b"; },
        "body.running.job", "{1,128}$"},
+      {"unknown phase", MakeAgentHeartbeat(), [](Json& b) { b["running"]["phase"] = "warm"; },
+       "body.running.phase", "expected one of \"starting\", \"training\", \"draining\""},
+      {"phase_since in the future", MakeAgentHeartbeat(),
+       [](Json& b) { b["running"]["phase_since"] = 2e10; }, "body.running.phase_since",
+       "unix seconds in [0, 1e10]"},
       {"pid 0", MakeAgentHeartbeat(), [](Json& b) { b["running"]["pid"] = 0; }, "body.running.pid",
        "[1, 2147483647], got 0"},
       {"exit code 256", MakeRankExit(), [](Json& b) { b["exit_code"] = 256; }, "body.exit_code",

@@ -1,4 +1,4 @@
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/secret.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -55,8 +55,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 

@@ -46,11 +46,11 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/allocator_state.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/envelope.h"
-#include "libmalle/control/journal.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/state/allocator_state.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/wire/envelope.h"
+#include "libmalle/control/state/journal.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 
@@ -77,12 +77,15 @@ struct AllocatorStats {
   int64_t accepted = 0;
   int64_t rejected = 0;
   int64_t holes_skipped = 0;
+  int64_t store_errors = 0;  // loop iterations the control store did not answer
+  int64_t store_resets = 0;  // times the store came back empty and was re-seeded
   int64_t decisions = 0;
   int64_t epoch = 0;
   int64_t cursor = 0;
   std::string last_rejection;  // "<code>: <message>"
   std::deque<std::string> recent_rejections;  // the last 20, oldest first
   std::deque<double> decision_ms;  // the last 1000 decision latencies
+  double decision_ms_sum = 0;      // of every decision
 };
 
 class AllocatorService {
@@ -94,8 +97,11 @@ class AllocatorService {
   ~AllocatorService();  // Stop() and join
 
   // Runs the loop until Stop(). Returns OK after Stop(); otherwise the error
-  // that ended it: the store lost (kUnavailable), the journal not writable
-  // (kUnavailable), another allocator took over (kAborted).
+  // that ended it: the store unreachable at the start (kUnavailable), the
+  // journal not writable (kUnavailable), another allocator took over
+  // (kAborted). A store outage later does not end it: it waits, and when the
+  // store is back re-seeds what a restarted store lost (epoch, inbox
+  // numbering, job specs, plan, status) from its own state.
   absl::Status Run();
   // Run() on a background thread; its result is what Stop() returns.
   absl::Status Start();
@@ -105,6 +111,9 @@ class AllocatorService {
 
   std::string StatusJson() const;
   AllocatorStats stats() const;
+  // The Prometheus text exposition of the allocator's state and counters
+  // (docs/operations.md, "Metrics"). Thread-safe.
+  std::string MetricsText() const;
 
   // One iteration of the loop, for tests: read what is in the inbox, expire,
   // decide if due, publish. `now` drives every time-based rule.
@@ -122,6 +131,7 @@ class AllocatorService {
   absl::Status PublishPlan(absl::Time now);
   absl::Status PublishStatus(absl::Time now);
   absl::Status CheckEpoch();
+  absl::Status StoreBack(absl::Time now);
   void Reject(const absl::Status& why, absl::string_view what);
 
   std::shared_ptr<comm::ControlStore> store_;

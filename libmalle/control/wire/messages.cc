@@ -4,7 +4,7 @@
 // type check (and, for integers, the range, since they are narrowed), then
 // runs the same Validate function that encoding runs first: the rules live
 // in one place, and a decoded message is always one that would encode.
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libmalle/base/json_path.h"
 #include "libmalle/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -57,68 +58,32 @@ constexpr std::pair<absl::string_view, RankExitCause> kRankExitCauseNames[] = {
     {"stopped", RankExitCause::kStopped},
 };
 
+constexpr std::pair<absl::string_view, RankPhase> kRankPhaseNames[] = {
+    {"starting", RankPhase::kStarting},
+    {"training", RankPhase::kTraining},
+    {"draining", RankPhase::kDraining},
+};
+
 constexpr std::pair<absl::string_view, JobStatus> kJobStatusNames[] = {
     {"succeeded", JobStatus::kSucceeded},
     {"failed", JobStatus::kFailed},
     {"cancelled", JobStatus::kCancelled},
 };
 
-// --- paths and messages --------------------------------------------------------------------------
+// --- paths and messages: base/json_path, like every JSON format of libmalle ---------------------
 
-std::string Quote(absl::string_view text);
+using json_path::Describe;
+using json_path::Quote;
 
-// `path.key`, or `path["k e y"]` (quoted, escaped) for a key that is not made
-// of id characters, so that no input can put a newline or a misleading path
-// into an error message.
+// Paths here are often string_views into a caller's string.
 std::string Member(absl::string_view path, absl::string_view key) {
-  const bool plain = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-';
-  });
-  if (!plain) return absl::StrCat(path, "[", Quote(key), "]");
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+  return json_path::Member(std::string(path), key);
 }
-
 std::string Element(absl::string_view path, size_t index) {
-  return absl::StrCat(path, "[", index, "]");
+  return json_path::Element(std::string(path), index);
 }
-
 absl::Status PathError(absl::string_view path, absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path.empty() ? "(top level)" : path, ": ", message));
-}
-
-// A string from a struct (maybe not UTF-8, maybe long) as a short quoted
-// literal for an error message: printable ASCII kept, the rest \xNN.
-std::string Quote(absl::string_view text) {
-  constexpr size_t kShown = 40;
-  std::string out = "\"";
-  for (size_t i = 0; i < text.size() && i < kShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '"' || c == '\\') {
-      absl::StrAppend(&out, "\\", std::string(1, static_cast<char>(c)));
-    } else if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppendFormat(&out, "\\x%02x", c);
-    }
-  }
-  if (text.size() > kShown) out += "...";
-  return out + "\"";
-}
-
-// How a JSON value appeared in the input, short enough for an error message.
-std::string Describe(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::string:
-      return absl::StrCat("the string ", Quote(value.get_ref<const std::string&>()));
-    default:
-      return value.dump();  // null, true, false, a number
-  }
+  return json_path::PathError(std::string(path), message);
 }
 
 // --- struct-side checks (shared by encoding and decoding) ---------------------------------------
@@ -228,130 +193,13 @@ double ToWireSeconds(absl::Duration d) {
 // --- reading JSON
 // ----------------------------------------------------------------------------------
 
-// Rejects nesting deeper than kMaxJsonDepth before nlohmann sees the text:
-// its serialiser recurses, and AdvisorReport.report is re-serialised.
-absl::Status CheckDepth(absl::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("nested deeper than ", kMaxJsonDepth,
-                         " levels (counting the envelope and the body) at byte ", i));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Records the path of the first key that appears twice in one object.
-// nlohmann keeps the last value silently; the protocol refuses, so that two
-// readers of one message (say a C++ allocator and a Python tool) cannot see
-// different values.
-class DuplicateKeyFinder {
- public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        EnterValue();
-        frames_.emplace_back().is_array = false;
-        break;
-      case Json::parse_event_t::array_start:
-        EnterValue();
-        frames_.emplace_back().is_array = true;
-        break;
-      case Json::parse_event_t::key: {
-        Frame& top = frames_.back();
-        top.key = parsed.get<std::string>();
-        if (!top.keys.insert(top.key).second && duplicate_.empty()) duplicate_ = Path();
-        break;
-      }
-      case Json::parse_event_t::value:
-        EnterValue();
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-    }
-    return true;
-  }
-
-  const std::string& duplicate() const { return duplicate_; }  // empty: none
-
- private:
-  struct Frame {
-    bool is_array = false;
-    size_t index = 0;  // arrays: elements seen so far
-    std::string key;   // objects: the key being read
-    std::set<std::string> keys;
-  };
-
-  void EnterValue() {
-    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().index;
-  }
-
-  std::string Path() const {
-    std::string path;
-    for (const Frame& frame : frames_) {
-      path = frame.is_array ? Element(path, frame.index - 1) : Member(path, frame.key);
-    }
-    return path;
-  }
-
-  std::vector<Frame> frames_;
-  std::string duplicate_;
-};
-
-// Parses `text` as one JSON document. `prefix` is the path of the document
-// inside the message ("" for an envelope, "body" for a body on its own,
-// "body.report" for a report): errors are named from there. `max_depth` is
-// what is left of kMaxJsonDepth at that place.
+// Parses `text` as one JSON document that sits at `prefix` inside a message
+// ("" for an envelope, "body" for a body on its own, "body.report" for a
+// report), below `enclosing` levels of it: nesting is limited to
+// kMaxJsonDepth for the whole message (json_path checks it before parsing).
 absl::StatusOr<Json> ParseDocument(absl::string_view text, absl::string_view prefix = {},
-                                   int max_depth = kMaxJsonDepth) {
-  auto malformed = [prefix](absl::string_view what) {
-    const std::string message = absl::StrCat("malformed JSON: ", what);
-    return prefix.empty() ? absl::InvalidArgumentError(message) : PathError(prefix, message);
-  };
-  if (absl::Status depth = CheckDepth(text, max_depth); !depth.ok()) {
-    return malformed(depth.message());
-  }
-  DuplicateKeyFinder finder;
-  Json document;
-  try {
-    document = Json::parse(text.begin(), text.end(),
-                           [&finder](int depth, Json::parse_event_t event, Json& parsed) {
-                             return finder(depth, event, parsed);
-                           });
-  } catch (const Json::exception& e) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 7: ..."
-    absl::string_view what = e.what();
-    const size_t bracket = what.find("] ");
-    if (what.substr(0, 1) == "[" && bracket != absl::string_view::npos) {
-      what.remove_prefix(bracket + 2);
-    }
-    return malformed(what);
-  }
-  if (!finder.duplicate().empty()) {
-    return PathError(Member(prefix, finder.duplicate()),
-                     "duplicate key (each key may appear once per object)");
-  }
-  return document;
+                                   int enclosing = 0) {
+  return json_path::ParseStrictJson(text, std::string(prefix), kMaxJsonDepth, enclosing);
 }
 
 // One JSON object being read: its path, and the keys it may have.
@@ -359,15 +207,7 @@ class Fields {
  public:
   static absl::StatusOr<Fields> Open(const Json& value, std::string path,
                                      std::initializer_list<absl::string_view> allowed) {
-    if (!value.is_object()) {
-      return PathError(path, absl::StrCat("expected an object, got ", Describe(value)));
-    }
-    for (auto it = value.begin(); it != value.end(); ++it) {
-      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
-        return PathError(Member(path, it.key()), absl::StrCat("unknown key; expected one of ",
-                                                              absl::StrJoin(allowed, ", ")));
-      }
-    }
+    MALLE_RETURN_IF_ERROR(json_path::CheckKeys(value, path, allowed));
     return Fields(value, std::move(path));
   }
 
@@ -396,12 +236,7 @@ class Fields {
   std::string path_;
 };
 
-absl::StatusOr<std::string> ReadString(const Json& value, absl::string_view path) {
-  if (!value.is_string()) {
-    return PathError(path, absl::StrCat("expected a string, got ", Describe(value)));
-  }
-  return value.get<std::string>();
-}
+using json_path::ReadString;
 
 // A JSON integer (not 2.0, not 1e3) in [lo, hi].
 absl::StatusOr<int64_t> ReadInt(const Json& value, absl::string_view path, int64_t lo, int64_t hi) {
@@ -487,8 +322,8 @@ auto TimeReader() {
 
 absl::Status ValidateObjectText(absl::string_view path, const std::string& json, size_t max_bytes) {
   // Inside an envelope the object sits two levels down (envelope, body):
-  // limiting it here keeps every valid message encodable as an envelope.
-  absl::StatusOr<Json> object = ParseDocument(json, path, kMaxJsonDepth - 2);
+  // counting them here keeps every valid message encodable as an envelope.
+  absl::StatusOr<Json> object = ParseDocument(json, path, /*enclosing=*/2);
   if (!object.ok()) return object.status();
   if (!object->is_object()) {
     return PathError(path, absl::StrCat("expected a JSON object, got ", Describe(*object)));
@@ -540,6 +375,17 @@ absl::Status Validate(const AgentHeartbeat& m, const std::string& p) {
     MALLE_RETURN_IF_ERROR(CheckId(Member(running, "job"), m.running->job));
     MALLE_RETURN_IF_ERROR(CheckId(Member(running, "member"), m.running->member));
     MALLE_RETURN_IF_ERROR(CheckInt(Member(running, "pid"), m.running->pid, 1, kMaxPid));
+    if (m.running->phase.has_value()) {
+      const bool known = std::any_of(std::begin(kRankPhaseNames), std::end(kRankPhaseNames),
+                                     [&](const auto& entry) { return entry.second == *m.running->phase; });
+      if (!known) {
+        return PathError(Member(running, "phase"),
+                         absl::StrCat("unknown RankPhase ", static_cast<int>(*m.running->phase)));
+      }
+    }
+    if (m.running->phase_since.has_value()) {
+      MALLE_RETURN_IF_ERROR(CheckTime(Member(running, "phase_since"), *m.running->phase_since));
+    }
   }
   return absl::OkStatus();
 }
@@ -742,11 +588,26 @@ absl::StatusOr<AgentHeartbeat> DecodeAgentHeartbeat(const Json& body, const std:
   MALLE_ASSIGN_OR_RETURN(m.node, Required(f, "node", StringReader()));
   if (const Json* running = f.FindOptional("running")) {
     MALLE_ASSIGN_OR_RETURN(Fields r,
-                           Fields::Open(*running, f.Path("running"), {"job", "member", "pid"}));
+                           Fields::Open(*running, f.Path("running"),
+                                        {"job", "member", "pid", "phase", "phase_since"}));
     RunningRank rank;
     MALLE_ASSIGN_OR_RETURN(rank.job, Required(r, "job", StringReader()));
     MALLE_ASSIGN_OR_RETURN(rank.member, Required(r, "member", StringReader()));
     MALLE_ASSIGN_OR_RETURN(rank.pid, Required(r, "pid", IntReader(1, kMaxPid)));
+    if (const Json* phase = r.FindOptional("phase")) {
+      MALLE_ASSIGN_OR_RETURN(std::string name, ReadString(*phase, r.Path("phase")));
+      for (const auto& [known, value] : kRankPhaseNames) {
+        if (known == name) rank.phase = value;
+      }
+      if (!rank.phase) {
+        return PathError(r.Path("phase"),
+                         absl::StrCat("expected one of \"starting\", \"training\", \"draining\", got ",
+                                      Quote(name)));
+      }
+    }
+    if (const Json* since = r.FindOptional("phase_since")) {
+      MALLE_ASSIGN_OR_RETURN(rank.phase_since, ReadTime(*since, r.Path("phase_since")));
+    }
     m.running = std::move(rank);
   }
   return m;
@@ -1017,6 +878,8 @@ OrderedJson Encode(const AgentHeartbeat& m) {
   OrderedJson running = nullptr;
   if (m.running.has_value()) {
     running = {{"job", m.running->job}, {"member", m.running->member}, {"pid", m.running->pid}};
+    if (m.running->phase) running["phase"] = std::string(RankPhaseName(*m.running->phase));
+    if (m.running->phase_since) running["phase_since"] = ToWireSeconds(*m.running->phase_since);
   }
   return {{"node", m.node}, {"running", std::move(running)}};
 }
@@ -1124,6 +987,13 @@ absl::string_view RankExitCauseName(RankExitCause cause) {
   return "unknown";
 }
 
+absl::string_view RankPhaseName(RankPhase phase) {
+  for (const auto& [name, value] : kRankPhaseNames) {
+    if (value == phase) return name;
+  }
+  return "unknown";
+}
+
 absl::string_view MessageTypeName(MessageType type) {
   const size_t index = static_cast<size_t>(type);
   return index < std::size(kTypeNames) ? kTypeNames[index] : absl::string_view("unknown");
@@ -1151,7 +1021,7 @@ absl::StatusOr<std::string> EncodeBody(const Message& message) {
 }
 
 absl::StatusOr<Message> DecodeBody(MessageType type, absl::string_view body_json) {
-  MALLE_ASSIGN_OR_RETURN(Json body, ParseDocument(body_json, "body", kMaxJsonDepth - 1));
+  MALLE_ASSIGN_OR_RETURN(Json body, ParseDocument(body_json, "body", /*enclosing=*/1));
   return DecodeBodyValue(type, body, "body");
 }
 
@@ -1229,7 +1099,8 @@ bool operator==(const NodeLeave& a, const NodeLeave& b) {
   return std::tie(a.node, a.reason) == std::tie(b.node, b.reason);
 }
 bool operator==(const RunningRank& a, const RunningRank& b) {
-  return std::tie(a.job, a.member, a.pid) == std::tie(b.job, b.member, b.pid);
+  return std::tie(a.job, a.member, a.pid, a.phase, a.phase_since) ==
+         std::tie(b.job, b.member, b.pid, b.phase, b.phase_since);
 }
 bool operator==(const AgentHeartbeat& a, const AgentHeartbeat& b) {
   return std::tie(a.node, a.running) == std::tie(b.node, b.running);

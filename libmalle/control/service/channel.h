@@ -32,9 +32,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/envelope.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/envelope.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 namespace keys {

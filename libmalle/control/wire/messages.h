@@ -113,10 +113,23 @@ struct NodeLeave {
   std::string reason;  // <= 256 bytes
 };
 
+// Where a rank the agent runs is in its life (the allocator measures the node
+// time that is held without training from it: docs/operations.md).
+enum class RankPhase {
+  kStarting,  // started, not yet a member of its job (imports, model build, waiting
+              // to be admitted or for the bootstrap)
+  kTraining,  // a member of its job's current generation
+  kDraining,  // asked to leave, stopped, or finishing: the node is on its way back
+};
+absl::string_view RankPhaseName(RankPhase phase);  // "starting", "training", "draining"
+
 struct RunningRank {
   std::string job;     // id
   std::string member;  // id
   int pid = 0;         // [1, 2^31 - 1]
+  // Optional on the wire (absent: not said); agents of this version always send both.
+  std::optional<RankPhase> phase;
+  std::optional<absl::Time> phase_since;  // when it entered `phase`, unix seconds in [0, 1e10]
 };
 
 struct AgentHeartbeat {

@@ -1,4 +1,4 @@
-#include "libmalle/control/channel.h"
+#include "libmalle/control/service/channel.h"
 
 #include <utility>
 

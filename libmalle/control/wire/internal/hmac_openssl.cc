@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "libmalle/base/check.h"
-#include "libmalle/control/hmac.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/hmac.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 namespace {

@@ -32,9 +32,9 @@
 #include "absl/time/time.h"
 #include "libmalle/advisor/report.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 

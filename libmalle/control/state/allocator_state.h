@@ -54,7 +54,7 @@
 #include "libmalle/alloc/decide.h"
 #include "libmalle/advisor/probe.h"
 #include "libmalle/alloc/problem.h"
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/messages.h"
 
 namespace malle::control {
 
@@ -85,6 +85,26 @@ struct AllocatorStateOptions {
 };
 
 enum class NodePhase { kActive, kReclaiming, kGone };
+
+// Node time by what the node did for a job (docs/operations.md, "Held node
+// time"). A node is held while the plan gives it to a job or a rank runs on
+// it; it is productive while its rank is a member of the job the plan gives
+// it. Everything else held is held without training:
+//   starting  planned for the job, no rank running yet (the agent has not
+//             started it: spec, backoff, the previous rank still there)
+//   warming   a rank runs but is not yet a member (imports, model build,
+//             waiting to be admitted or for the bootstrap)
+//   draining  a rank that is no longer wanted there: leaving, stopped, or of
+//             a job the plan no longer gives the node
+enum class HeldKind { kProductive, kStarting, kWarming, kDraining };
+absl::string_view HeldKindName(HeldKind kind);  // "productive", "starting", ...
+
+struct HeldSeconds {
+  double productive = 0, starting = 0, warming = 0, draining = 0;  // node-seconds
+  double idle() const { return starting + warming + draining; }   // held without training
+  double held() const { return productive + idle(); }
+  void Add(HeldKind kind, double seconds);
+};
 enum class JobPhase { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
 absl::string_view NodePhaseName(NodePhase phase);  // "active", "reclaiming", "gone"
 absl::string_view JobPhaseName(JobPhase phase);    // "queued", "running", ...
@@ -101,6 +121,11 @@ struct NodeRecord {
   std::string why_gone;                  // kGone: leave reason, reclaim, or missed heartbeats
   std::optional<RunningRank> running;    // what the agent last said it runs
   std::optional<std::string> planned;    // job id the current plan gives it
+  // Held-time accounting: what the node is doing now, for which job (empty:
+  // not held, or a rank of a job this allocator does not know), since when.
+  std::optional<HeldKind> held;
+  std::string held_job;
+  absl::Time held_since;
 };
 
 struct JobRecord {
@@ -132,6 +157,8 @@ struct JobRecord {
   // From JobComplete.
   int64_t steps = 0, samples = 0;
   std::string message;
+  // Node-seconds this job held, by kind (accounted up to each node's held_since).
+  HeldSeconds held;
 
   // "<job>.i<incarnation>": the job id its ranks use in the control store,
   // new for every start from zero nodes (a restart cannot meet the old
@@ -167,6 +194,14 @@ class AllocatorState {
   // journal has no heartbeats: agents get a full heartbeat_timeout).
   void TouchAll(absl::Time now);
 
+  // Held node time, per job and in total, up to `now` (accounted so far plus
+  // each node's current state since it began). The counters are soft state:
+  // a journal replay does not rebuild them (heartbeats are not journaled), so
+  // the service calls ResetHeldTime after a replay; they count from there.
+  HeldSeconds HeldTotal(absl::Time now) const;
+  HeldSeconds HeldOf(absl::string_view job, absl::Time now) const;
+  void ResetHeldTime(absl::Time now);
+
   // The allocation problem: offered nodes, queued and running jobs with
   // their curves, current nodes and stop penalties. Always valid.
   alloc::Problem BuildProblem(absl::Time now) const;
@@ -189,6 +224,11 @@ class AllocatorState {
   const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
   const std::map<std::string, JobRecord>& jobs() const { return jobs_; }
   const std::optional<AllocationPlan>& last_plan() const { return last_plan_; }
+  // Plans that changed a running job's nodes (a grow or a shrink), and
+  // running jobs stopped because the nodes left could not hold them (what
+  // issue 22's park/unpark will count as parks).
+  int64_t resizes() const { return resizes_; }
+  int64_t job_stops() const { return job_stops_; }
   int64_t next_plan_id() const { return last_plan_ ? last_plan_->plan + 1 : 1; }
   const AllocatorStateOptions& options() const { return options_; }
 
@@ -200,6 +240,14 @@ class AllocatorState {
   absl::StatusOr<NodeRecord*> AgentNode(const Envelope& e, absl::string_view node);
   absl::StatusOr<JobRecord*> LiveJob(absl::string_view job);
   bool Offered(const NodeRecord& n, absl::Time now) const;
+  // Held-time accounting: what `n` does now (nullopt: not held) and for which job.
+  std::optional<HeldKind> ClassifyHeld(const NodeRecord& n, std::string* job) const;
+  // Accounts `n`'s current state up to `at`, then re-classifies it from there.
+  void Reclassify(NodeRecord& n, absl::Time at);
+  void Accrue(NodeRecord& n, absl::Time until);
+  // A node whose agent runs a rank that the plan does not want there (or
+  // that is already on its way out): a new incarnation must not bootstrap on it.
+  bool Draining(const NodeRecord& n) const;
   void EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message);
   alloc::Curve CurveOf(const JobRecord& job) const;
   // Adds spare nodes to `wanted` for granted and grantable probes; returns
@@ -210,6 +258,9 @@ class AllocatorState {
   AllocatorStateOptions options_;
   std::map<std::string, NodeRecord> nodes_;
   std::map<std::string, JobRecord> jobs_;
+  HeldSeconds held_total_;  // every job's, and ranks of jobs not known here
+  int64_t resizes_ = 0;
+  int64_t job_stops_ = 0;
   std::optional<AllocationPlan> last_plan_;
   struct DecisionInfo {
     absl::Time at;

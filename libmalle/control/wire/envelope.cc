@@ -1,6 +1,6 @@
 // Signing and verification of control messages (envelope.h,
 // docs/protocol.md "Envelope and signature").
-#include "libmalle/control/envelope.h"
+#include "libmalle/control/wire/envelope.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -20,8 +20,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libmalle/base/status_macros.h"
-#include "libmalle/control/hmac.h"
-#include "libmalle/control/messages.h"
+#include "libmalle/control/wire/hmac.h"
+#include "libmalle/control/wire/messages.h"
 
 namespace malle::control {
 namespace {

@@ -1,4 +1,4 @@
-#include "libmalle/control/agent.h"
+#include "libmalle/control/service/agent.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -7,22 +7,37 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/cluster/rank_env.h"
 #include "libmalle/comm/elastic_group.h"
-#include "libmalle/control/client.h"
+#include "libmalle/control/service/client.h"
+#include "libmalle/control/service/metrics.h"
 
 namespace malle::control {
+
+namespace {
+
+// The control store did not answer (comm::ControlStore marks its errors).
+bool IsStoreError(const absl::Status& s) {
+  auto cls = s.GetPayload(comm::kErrorClassPayload);
+  return cls.has_value() && *cls == "StoreError";
+}
+
+}  // namespace
 
 absl::Status AgentOptions::Validate() const {
   MALLE_RETURN_IF_ERROR(ValidateId("AgentOptions.node", node));
   MALLE_RETURN_IF_ERROR(ValidateId("AgentOptions.agent_id", agent_id));
-  if (store_address.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AgentOptions.store_address must be host:port, got '", store_address, "'"));
+  cluster::RankEnv env;  // what the agent's ranks will be given must be valid
+  env.store = store_address;
+  env.node = node;
+  if (absl::Status s = env.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("AgentOptions.store_address: ", s.message()));
   }
   for (auto [name, d] : {std::pair{"heartbeat_interval", heartbeat_interval},
                          std::pair{"poll_interval", poll_interval},
@@ -30,6 +45,7 @@ absl::Status AgentOptions::Validate() const {
                          std::pair{"leave_timeout", leave_timeout},
                          std::pair{"stop_timeout", stop_timeout},
                          std::pair{"finish_timeout", finish_timeout},
+                         std::pair{"member_poll", member_poll},
                          std::pair{"respawn_backoff", respawn_backoff}}) {
     if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(absl::StrCat("AgentOptions.", name, " must be finite and > 0, got ",
@@ -59,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(std::shared_ptr<comm::Contr
 
 Agent::~Agent() {
   if (rank_ && rank_->process) (void)rank_->process->Kill(absl::Seconds(10));
+  for (Rank& r : finishing_) (void)r.process->Kill(absl::Seconds(10));
 }
 
 void Agent::Reclaim(absl::Duration grace, std::string reason) {
@@ -81,8 +98,10 @@ std::optional<RunningRank> Agent::running() const {
 
 void Agent::SetRunning() {
   absl::MutexLock lock(&mu_);
+  counters_.finishing = static_cast<int>(finishing_.size());
   if (rank_ && rank_->process) {
-    running_ = RunningRank{rank_->runtime_id, rank_->member, static_cast<int>(rank_->process->pid())};
+    running_ = RunningRank{rank_->runtime_id, rank_->member, static_cast<int>(rank_->process->pid()),
+                           rank_->phase, absl::FromUnixMicros(absl::ToUnixMicros(rank_->phase_since))};
   } else {
     running_.reset();
   }
@@ -98,6 +117,28 @@ absl::Status Agent::Register() {
   return outbox_.Send(r);
 }
 
+void Agent::SetPhase(Rank& r, RankPhase phase, absl::Time now) {
+  if (r.phase == phase) return;
+  r.phase = phase;
+  r.phase_since = now;
+  heartbeat_due_ = true;
+  if (rank_ && &r == &*rank_) SetRunning();
+}
+
+absl::Status Agent::CheckMembership(absl::Time now) {
+  if (!rank_ || rank_->phase != RankPhase::kStarting || rank_->ending != Rank::Ending::kNone) {
+    return absl::OkStatus();
+  }
+  if (now - rank_->member_checked < options_.member_poll) return absl::OkStatus();
+  rank_->member_checked = now;
+  absl::StatusOr<comm::GenerationRecord> latest =
+      comm::ElasticGroup::LatestGeneration(*store_, rank_->runtime_id);
+  if (absl::IsNotFound(latest.status())) return absl::OkStatus();  // not bootstrapped yet
+  MALLE_RETURN_IF_ERROR(latest.status());
+  if (latest->RankOf(rank_->member) >= 0) SetPhase(*rank_, RankPhase::kTraining, now);
+  return absl::OkStatus();
+}
+
 absl::Status Agent::Heartbeat() {
   AgentHeartbeat h;
   h.node = options_.node;
@@ -106,6 +147,7 @@ absl::Status Agent::Heartbeat() {
     h.running = running_;
   }
   last_heartbeat_ = absl::Now();
+  heartbeat_due_ = false;
   return outbox_.Send(h);
 }
 
@@ -156,12 +198,22 @@ absl::Status Agent::PollPlan(absl::Time now) {
     for (const JobLaunch& l : plan->launches) job_still_runs |= l.runtime_id == rank_->runtime_id;
     MALLE_LOG(INFO) << "plan " << plan_id_ << ": the rank " << rank_->member << " of " << rank_->runtime_id
                     << " is no longer wanted here";
-    if (job_still_runs) {
+    if (rank_->phase == RankPhase::kStarting) {
+      // Not a member yet (imports, model build, waiting for admission or the
+      // bootstrap): it cannot be asked to leave at a step boundary, and it
+      // has no state to lose. Stopped now, so the node goes back at once.
+      MALLE_RETURN_IF_ERROR(StopStartingRank(now));
+    } else if (job_still_runs) {
       MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kLeaving, now + options_.leave_timeout));
     } else if (JobPhase(rank_->job, now) == "succeeded") {
-      // Its program is ending by itself (the job reported completion): let
-      // it write its results.
+      // Its program is ending by itself (the job reported completion): it
+      // may write its results, in the background; the node is free now.
       MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kFinishing, now + options_.finish_timeout));
+      SetPhase(*rank_, RankPhase::kDraining, now);
+      finishing_.push_back(*std::move(rank_));
+      rank_.reset();
+      SetRunning();
+      heartbeat_due_ = true;
     } else {
       MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kStopping, now + options_.stop_timeout));
     }
@@ -182,10 +234,24 @@ std::string Agent::JobPhase(absl::string_view job, absl::Time now) {
   return "";
 }
 
+absl::Status Agent::StopStartingRank(absl::Time now) {
+  MALLE_LOG(INFO) << "rank " << rank_->member << " of " << rank_->runtime_id
+                  << " is not a member yet: stopped at once";
+  SetPhase(*rank_, RankPhase::kDraining, now);
+  rank_->ending = Rank::Ending::kStopping;
+  (void)rank_->process->Kill(absl::Seconds(10));
+  // A join request it may have queued is withdrawn (a leave of a member that
+  // is not admitted cancels its join), so a leader never admits a process
+  // that is gone; the dead report covers a join already being admitted.
+  MALLE_RETURN_IF_ERROR(comm::ElasticGroup::RequestLeave(*store_, rank_->runtime_id, rank_->member));
+  return comm::ElasticGroup::ReportDead(*store_, rank_->runtime_id, rank_->member);
+}
+
 absl::Status Agent::EndRank(Rank::Ending how, absl::Time deadline) {
   if (!rank_ || !rank_->process) return absl::OkStatus();
   rank_->ending = how;
   rank_->deadline = deadline;
+  if (how != Rank::Ending::kFinishing) SetPhase(*rank_, RankPhase::kDraining, absl::Now());
   if (how == Rank::Ending::kLeaving) {
     absl::Status s = comm::ElasticGroup::RequestLeave(*store_, rank_->runtime_id, rank_->member);
     if (!s.ok()) return s;
@@ -206,21 +272,51 @@ absl::Status Agent::KillAndReportDead() {
 
 absl::Status Agent::Reap(absl::Time now) {
   if (!rank_ || !rank_->process) return absl::OkStatus();
-  std::optional<int> status = rank_->process->Poll();
+  std::optional<cluster::ExitStatus> status = rank_->process->PollStatus();
   if (!status) {
     if (rank_->ending != Rank::Ending::kNone && now >= rank_->deadline) {
       MALLE_RETURN_IF_ERROR(KillAndReportDead());
-      status = rank_->process->Poll();
+      status = rank_->process->PollStatus();
     }
     if (!status) return absl::OkStatus();
   }
+  Rank r = *std::move(rank_);
+  rank_.reset();
+  SetRunning();
+  heartbeat_due_ = true;
+  return Report(r, *status, now);
+}
+
+absl::Status Agent::ReapFinishing(absl::Time now) {
+  for (size_t i = 0; i < finishing_.size();) {
+    Rank& r = finishing_[i];
+    std::optional<cluster::ExitStatus> status = r.process->PollStatus();
+    if (!status && now >= r.deadline) {
+      MALLE_LOG(WARNING) << "rank " << r.member << " of " << r.runtime_id
+                         << " did not finish within the finish timeout: killed";
+      r.ending = Rank::Ending::kKilled;
+      (void)r.process->Kill(absl::Seconds(10));
+      status = r.process->PollStatus();
+    }
+    if (!status) {
+      ++i;
+      continue;
+    }
+    Rank done = std::move(r);
+    finishing_.erase(finishing_.begin() + static_cast<std::ptrdiff_t>(i));
+    MALLE_RETURN_IF_ERROR(Report(done, *status, now));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Report(Rank& r, const cluster::ExitStatus& status, absl::Time now) {
   RankExit e;
   e.node = options_.node;
-  e.job = rank_->runtime_id;
-  e.member = rank_->member;
-  e.exit_code = *status > 128 ? 0 : std::clamp(*status, 0, 255);
-  e.signal = *status > 128 ? std::min(*status - 128, 127) : 0;
-  switch (rank_->ending) {
+  e.job = r.runtime_id;
+  e.member = r.member;
+  e.exit_code = std::clamp(status.code, 0, 255);
+  e.signal = std::clamp(status.signal, 0, 127);
+  switch (r.ending) {
     case Rank::Ending::kNone:
     case Rank::Ending::kFinishing:
       e.cause = RankExitCause::kExited;
@@ -233,19 +329,71 @@ absl::Status Agent::Reap(absl::Time now) {
       e.cause = RankExitCause::kStopped;
       break;
   }
-  const bool crashed = e.cause == RankExitCause::kExited && *status != 0;
-  if (e.cause == RankExitCause::kExited && *status == 0) finished_[e.job] = true;
-  MALLE_LOG(INFO) << "rank " << e.member << " of " << e.job << " ended with status " << *status << " ("
-                  << RankExitCauseName(e.cause) << ")";
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.rank_exits[std::string(RankExitCauseName(e.cause))];
+  }
+  const bool clean = status.code == 0 && status.signal == 0;
+  const bool crashed = e.cause == RankExitCause::kExited && !clean;
+  if (e.cause == RankExitCause::kExited && clean) finished_[e.job] = true;
+  MALLE_LOG(INFO) << "rank " << e.member << " of " << e.job << " ended with status "
+                  << status.ShellCode() << " (" << RankExitCauseName(e.cause) << ")";
   if (crashed) {
-    // The others are waiting in a collective or a boundary: tell them now.
-    MALLE_RETURN_IF_ERROR(comm::ElasticGroup::ReportDead(*store_, e.job, e.member));
     ++crashes_;
     next_spawn_ = now + std::min(options_.respawn_backoff * crashes_, absl::Seconds(30));
+    // The others are waiting in a collective or a boundary: tell them now
+    // (during a store outage they cannot recover anyway; the exit is kept).
+    absl::Status reported = comm::ElasticGroup::ReportDead(*store_, e.job, e.member);
+    if (!reported.ok() && !IsStoreError(reported)) return reported;
   }
-  rank_.reset();
-  SetRunning();
-  return outbox_.Send(e);
+  return SendReliably(e);
+}
+
+std::string Agent::MetricsText() const {
+  control::MetricsText m;
+  absl::MutexLock lock(&mu_);
+  m.Counter("malle_agent_rank_starts_total", "Ranks this agent started.", counters_.rank_starts);
+  for (const char* cause : {"exited", "left", "stopped"}) {
+    auto it = counters_.rank_exits.find(cause);
+    m.Counter("malle_agent_rank_exits_total", "Ranks that ended, by cause.",
+              it == counters_.rank_exits.end() ? 0 : it->second, {{"cause", cause}});
+  }
+  for (RankPhase p : {RankPhase::kStarting, RankPhase::kTraining, RankPhase::kDraining}) {
+    const bool now = running_ && running_->phase == p;
+    m.Gauge("malle_agent_rank_phase", "1 for the phase of the rank running here (none: all 0).", now ? 1 : 0,
+            {{"phase", std::string(RankPhaseName(p))}});
+  }
+  m.Gauge("malle_agent_finishing_ranks", "Ranks of succeeded jobs writing their results.", counters_.finishing);
+  m.Counter("malle_agent_store_errors_total", "Loop iterations the control store did not answer.",
+            counters_.store_errors);
+  m.Gauge("malle_agent_unsent_messages", "Messages kept while the store is down.", counters_.unsent);
+  m.Counter("malle_store_reconnects_total", "Connections to a TCPStore server replaced after a loss.",
+            static_cast<double>(comm::ControlStoreReconnects()));
+  return m.text();
+}
+
+absl::Status Agent::SendReliably(const Message& m) {
+  if (unsent_.empty()) {
+    absl::Status s = outbox_.Send(m);
+    if (s.ok() || !IsStoreError(s)) return s;
+  }
+  // The store is down: kept (in order) and sent when it is back, signed then
+  // (a message signed now would be stale by then).
+  if (unsent_.size() >= 1000) unsent_.pop_front();
+  unsent_.push_back(m);
+  absl::MutexLock lock(&mu_);
+  counters_.unsent = static_cast<int64_t>(unsent_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Agent::FlushUnsent() {
+  while (!unsent_.empty()) {
+    MALLE_RETURN_IF_ERROR(outbox_.Send(unsent_.front()));
+    unsent_.pop_front();
+    absl::MutexLock lock(&mu_);
+    counters_.unsent = static_cast<int64_t>(unsent_.size());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
@@ -281,15 +429,20 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   }
   for (const auto& [k, v] : spec.env) p.env.emplace_back(k, v);
   for (const auto& kv : options_.extra_env) p.env.push_back(kv);
-  p.env.emplace_back("MALLE_STORE", options_.store_address);
-  p.env.emplace_back("MALLE_JOB_ID", w.runtime_id);
-  p.env.emplace_back("MALLE_MEMBER_ID", r.member);
-  p.env.emplace_back("MALLE_BOOTSTRAP_SIZE", bootstrap ? "1" : "0");
-  p.env.emplace_back("MALLE_CONTROL_JOB", w.job);
-  p.env.emplace_back("MALLE_MIN_NODES", absl::StrCat(spec.min_nodes));
-  p.env.emplace_back("MALLE_MAX_NODES", absl::StrCat(spec.EffectiveMaxNodes()));
-  p.env.emplace_back("MALLE_NODE", options_.node);
-  if (!options_.secret_path.empty()) p.env.emplace_back("MALLE_CONTROL_SECRET", options_.secret_path);
+  // The rank environment contract (cluster/rank_env.h); LocalProcess adds it
+  // last, so it wins over the job's own env.
+  cluster::RankEnv& env = p.rank_env.emplace();
+  env.store = options_.store_address;
+  env.job_id = w.runtime_id;
+  env.member_id = r.member;
+  env.bootstrap_size = bootstrap ? 1 : 0;
+  env.control_job = w.job;
+  env.control_secret = options_.secret_path;
+  env.node = options_.node;
+  env.min_nodes = spec.min_nodes;
+  env.max_nodes = spec.EffectiveMaxNodes();
+  // Its own process group: stopping the rank stops what it started too.
+  p.new_process_group = true;
   absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
   if (!process.ok()) {
     MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();
@@ -301,19 +454,27 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
     e.member = r.member;
     e.exit_code = 127;
     e.cause = RankExitCause::kExited;
-    return outbox_.Send(e);
+    return SendReliably(e);
   }
   if (bootstrap) bootstrapped_[w.runtime_id] = true;
   r.process = *std::move(process);
   MALLE_LOG(INFO) << "started rank " << r.member << " of " << w.runtime_id << " (pid " << r.process->pid()
                   << (bootstrap ? ", bootstraps the job)" : ", joins)");
+  r.phase_since = now;
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.rank_starts;
+  }
   rank_ = std::move(r);
   SetRunning();
+  heartbeat_due_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Agent::Reconcile(absl::Time now) {
   MALLE_RETURN_IF_ERROR(Reap(now));
+  MALLE_RETURN_IF_ERROR(ReapFinishing(now));
+  MALLE_RETURN_IF_ERROR(CheckMembership(now));
   if (!rank_ && wanted_ && now >= next_spawn_ && !finished_[wanted_->runtime_id]) {
     MALLE_RETURN_IF_ERROR(Spawn(*wanted_, now));
   }
@@ -333,25 +494,45 @@ absl::Status Agent::Vacate(absl::Time deadline, bool reclaim) {
     r.node = options_.node;
     r.grace = grace;
     r.reason = why.substr(0, kMaxReasonBytes);
-    MALLE_RETURN_IF_ERROR(outbox_.Send(r));
+    MALLE_RETURN_IF_ERROR(SendReliably(r));
   }
   wanted_.reset();
-  if (rank_ && rank_->process && rank_->ending == Rank::Ending::kNone) {
+  if (rank_ && rank_->process && rank_->ending == Rank::Ending::kNone &&
+      rank_->phase == RankPhase::kStarting) {
+    MALLE_RETURN_IF_ERROR(StopStartingRank(absl::Now()));
+  } else if (rank_ && rank_->process && rank_->ending == Rank::Ending::kNone) {
     MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kLeaving, deadline));
   } else if (rank_) {
     rank_->deadline = std::min(rank_->deadline, deadline);
   }
-  while (rank_) {
+  for (Rank& r : finishing_) r.deadline = std::min(r.deadline, deadline);
+  while (rank_ || !finishing_.empty()) {
     const absl::Time now = absl::Now();
-    MALLE_RETURN_IF_ERROR(Reap(now));
-    if (now - last_heartbeat_ >= options_.heartbeat_interval) MALLE_RETURN_IF_ERROR(Heartbeat());
+    absl::Status s = [&]() -> absl::Status {
+      MALLE_RETURN_IF_ERROR(Reap(now));
+      MALLE_RETURN_IF_ERROR(ReapFinishing(now));
+      if (now - last_heartbeat_ >= options_.heartbeat_interval) MALLE_RETURN_IF_ERROR(Heartbeat());
+      return FlushUnsent();
+    }();
+    // A store outage does not stop the vacating: the rank still goes by its
+    // deadline; what could not be said is said when the store is back.
+    if (!s.ok() && !IsStoreError(s)) return s;
+    if (!s.ok() && rank_ && rank_->process && now >= rank_->deadline) (void)rank_->process->Kill(absl::Seconds(10));
     absl::SleepFor(options_.poll_interval);
   }
   NodeLeave leave;
   leave.node = options_.node;
   leave.reason = (reclaim ? absl::StrCat("reclaimed: ", why) : why).substr(0, kMaxReasonBytes);
   if (leave.reason.empty()) leave.reason = "stopped";
-  return outbox_.Send(leave);
+  // The last words: try for a while if the store is down, then give up (the
+  // allocator withdraws a silent node after its heartbeat timeout anyway).
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    absl::Status s = FlushUnsent();
+    if (s.ok()) s = outbox_.Send(leave);
+    if (s.ok() || !IsStoreError(s) || absl::Now() >= give_up) return s;
+    absl::SleepFor(options_.poll_interval * 4);
+  }
 }
 
 absl::Status Agent::Run() {
@@ -376,15 +557,36 @@ absl::Status Agent::Run() {
       return s;
     }
     absl::Status s = [&]() -> absl::Status {
+      MALLE_RETURN_IF_ERROR(FlushUnsent());
       if (now - last_heartbeat_ >= options_.heartbeat_interval) MALLE_RETURN_IF_ERROR(Heartbeat());
       MALLE_RETURN_IF_ERROR(PollPlan(now));
       if (!in_plan_ && now - last_register_ >= options_.reregister_after) MALLE_RETURN_IF_ERROR(Register());
-      return Reconcile(now);
+      MALLE_RETURN_IF_ERROR(Reconcile(now));
+      // A rank changed phase, started or ended: the allocator hears it now
+      // (its held-time accounting and its view of draining nodes).
+      if (heartbeat_due_) MALLE_RETURN_IF_ERROR(Heartbeat());
+      return absl::OkStatus();
     }();
-    if (!s.ok()) {
+    if (!s.ok() && IsStoreError(s)) {
+      // The store is down: the rank keeps training at its job's current size
+      // (its group needs no store between changes); the agent retries, and
+      // re-registers when the store is back (a restarted store forgot it).
+      if (store_failures_++ % 100 == 0) {
+        MALLE_LOG(WARNING) << "agent " << options_.agent_id << ": control store unreachable (" << s.message()
+                           << "); the rank keeps running, retrying";
+      }
+      store_down_ = true;
+      absl::MutexLock lock(&mu_);
+      ++counters_.store_errors;
+    } else if (!s.ok()) {
       MALLE_LOG(ERROR) << "agent " << options_.agent_id << ": " << s << "; stopping its rank";
       if (rank_ && rank_->process) (void)rank_->process->Kill(absl::Seconds(10));
       return s;
+    } else if (store_down_) {
+      store_down_ = false;
+      MALLE_LOG(INFO) << "agent " << options_.agent_id << ": control store reachable again";
+      last_register_ = absl::InfinitePast();
+      in_plan_ = false;  // registers again at once (idempotent for a store that kept its state)
     }
     absl::SleepFor(options_.poll_interval);
   }

@@ -1,4 +1,4 @@
-#include "libmalle/control/allocator_state.h"
+#include "libmalle/control/state/allocator_state.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +37,18 @@ double CurveChange(const alloc::Curve& a, const alloc::Curve& b, int lo, int hi)
     if (scale > 0) worst = std::max(worst, std::abs(x - y) / scale);
   }
   return worst;
+}
+
+Json HeldJson(const HeldSeconds& h) {
+  Json j;
+  j["productive_node_s"] = h.productive;
+  j["held_idle_node_s"] = h.idle();
+  j["starting_node_s"] = h.starting;
+  j["warming_node_s"] = h.warming;
+  j["draining_node_s"] = h.draining;
+  j["held_node_s"] = h.held();
+  j["held_idle_pct"] = h.held() > 0 ? 100 * h.idle() / h.held() : 0.0;
+  return j;
 }
 
 // A material change of a job's curve: re-deciding for less is churn.
@@ -115,6 +127,37 @@ absl::string_view JobPhaseName(JobPhase phase) {
 
 std::string JobRecord::RuntimeId() const { return absl::StrCat(spec.job, ".i", incarnation); }
 
+absl::string_view HeldKindName(HeldKind kind) {
+  switch (kind) {
+    case HeldKind::kProductive:
+      return "productive";
+    case HeldKind::kStarting:
+      return "starting";
+    case HeldKind::kWarming:
+      return "warming";
+    case HeldKind::kDraining:
+      return "draining";
+  }
+  return "?";
+}
+
+void HeldSeconds::Add(HeldKind kind, double seconds) {
+  switch (kind) {
+    case HeldKind::kProductive:
+      productive += seconds;
+      break;
+    case HeldKind::kStarting:
+      starting += seconds;
+      break;
+    case HeldKind::kWarming:
+      warming += seconds;
+      break;
+    case HeldKind::kDraining:
+      draining += seconds;
+      break;
+  }
+}
+
 alloc::Curve PriorCurve(int min_nodes, int max_nodes, double per_node, double serial) {
   std::set<int> sizes = {0, std::max(min_nodes, 1), max_nodes};
   for (int n = 1; n < max_nodes; n *= 2) sizes.insert(n);
@@ -183,13 +226,83 @@ const JobRecord* AllocatorState::FindByRuntimeId(absl::string_view runtime_id) c
 }
 
 void AllocatorState::EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message) {
+  for (auto& [name, n] : nodes_) Accrue(n, now);
   job.phase = phase;
   job.ended_at = now;
   if (!message.empty()) job.message = std::move(message);
+  // Its ranks stop being productive now, whether or not the plan has caught up.
+  for (auto& [name, n] : nodes_) Reclassify(n, now);
 }
 
 bool AllocatorState::Offered(const NodeRecord& n, absl::Time now) const {
   return n.phase == NodePhase::kActive && now - n.last_seen <= options_.heartbeat_timeout;
+}
+
+bool AllocatorState::Draining(const NodeRecord& n) const { return n.running.has_value(); }
+
+std::optional<HeldKind> AllocatorState::ClassifyHeld(const NodeRecord& n, std::string* job) const {
+  job->clear();
+  if (n.phase == NodePhase::kGone) return std::nullopt;
+  if (n.running) {
+    // "<job>.i<k>": the job's name even for a rank of an older incarnation.
+    const size_t dot = n.running->job.rfind(".i");
+    const std::string name = dot == std::string::npos ? n.running->job : n.running->job.substr(0, dot);
+    if (jobs_.count(name)) *job = name;
+    const JobRecord* current = FindByRuntimeId(n.running->job);
+    const bool wanted = current != nullptr && current->phase == JobPhase::kRunning && n.planned &&
+                        *n.planned == current->spec.job;
+    // An agent that does not say (an older one) is taken at its word that it runs the rank.
+    const RankPhase phase = n.running->phase.value_or(RankPhase::kTraining);
+    if (!wanted || phase == RankPhase::kDraining) return HeldKind::kDraining;
+    return phase == RankPhase::kTraining ? HeldKind::kProductive : HeldKind::kWarming;
+  }
+  if (n.planned) {
+    *job = *n.planned;
+    return HeldKind::kStarting;
+  }
+  return std::nullopt;
+}
+
+void AllocatorState::Accrue(NodeRecord& n, absl::Time until) {
+  if (until <= n.held_since) return;
+  if (n.held) {
+    const double seconds = Seconds(until - n.held_since);
+    held_total_.Add(*n.held, seconds);
+    if (auto it = jobs_.find(n.held_job); it != jobs_.end()) it->second.held.Add(*n.held, seconds);
+  }
+  n.held_since = until;
+}
+
+void AllocatorState::Reclassify(NodeRecord& n, absl::Time at) {
+  Accrue(n, at);
+  n.held = ClassifyHeld(n, &n.held_job);
+}
+
+HeldSeconds AllocatorState::HeldTotal(absl::Time now) const {
+  HeldSeconds total = held_total_;
+  for (const auto& [name, n] : nodes_) {
+    if (n.held && now > n.held_since) total.Add(*n.held, Seconds(now - n.held_since));
+  }
+  return total;
+}
+
+HeldSeconds AllocatorState::HeldOf(absl::string_view job, absl::Time now) const {
+  auto it = jobs_.find(std::string(job));
+  if (it == jobs_.end()) return {};
+  HeldSeconds held = it->second.held;
+  for (const auto& [name, n] : nodes_) {
+    if (n.held && n.held_job == job && now > n.held_since) held.Add(*n.held, Seconds(now - n.held_since));
+  }
+  return held;
+}
+
+void AllocatorState::ResetHeldTime(absl::Time now) {
+  held_total_ = {};
+  for (auto& [id, job] : jobs_) job.held = {};
+  for (auto& [name, n] : nodes_) {
+    n.held_since = now;
+    n.held = ClassifyHeld(n, &n.held_job);
+  }
 }
 
 absl::StatusOr<Applied> AllocatorState::ApplyRegister(const Envelope& e, const NodeRegister& m,
@@ -230,8 +343,13 @@ absl::StatusOr<Applied> AllocatorState::ApplyRegister(const Envelope& e, const N
   fresh.idle_until = m.idle_until;
   fresh.registered_at = now;
   fresh.last_seen = now;
-  if (it != nodes_.end()) fresh.planned = it->second.planned;
-  nodes_[m.node] = std::move(fresh);
+  if (it != nodes_.end()) {
+    Accrue(it->second, now);  // the record it replaces (a silent agent's)
+    fresh.planned = it->second.planned;
+  }
+  fresh.held_since = now;
+  NodeRecord& stored = nodes_[m.node] = std::move(fresh);
+  Reclassify(stored, now);
   a.needs_decision = true;
   a.journal = true;
   a.what = absl::StrCat("node ", m.node, " registered (agent ", m.agent, ", class ",
@@ -261,15 +379,26 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
                                 absl::FormatDuration(m.grace), " (", m.reason, ")");
         } else if constexpr (std::is_same_v<T, NodeLeave>) {
           MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
+          Accrue(*n, now);
           n->phase = NodePhase::kGone;
           n->why_gone = absl::StrCat("left: ", m.reason);
           n->running.reset();
+          Reclassify(*n, now);
           a.needs_decision = a.journal = true;
           a.what = absl::StrCat("node ", m.node, " left (", m.reason, ")");
         } else if constexpr (std::is_same_v<T, AgentHeartbeat>) {
           MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
           n->last_seen = now;
+          // The agent says when its rank entered its phase: the held time is
+          // accounted from then, not from when the heartbeat arrived (clamped:
+          // never before what is already accounted, never after now).
+          absl::Time at = now;
+          if (m.running && m.running->phase_since) {
+            at = std::clamp(*m.running->phase_since, std::min(n->held_since, now), now);
+          }
+          Accrue(*n, at);
           n->running = m.running;
+          Reclassify(*n, at);
         } else if constexpr (std::is_same_v<T, RankExit>) {
           auto nit = nodes_.find(m.node);
           if (nit != nodes_.end() && nit->second.agent != e.sender) {
@@ -278,7 +407,9 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
                                                             "', not to '", e.sender, "'"));
           }
           if (nit != nodes_.end() && nit->second.running && nit->second.running->member == m.member) {
+            Accrue(nit->second, now);
             nit->second.running.reset();
+            Reclassify(nit->second, now);
           }
           const std::string how =
               m.signal != 0 ? absl::StrCat("signal ", m.signal) : absl::StrCat("exit ", m.exit_code);
@@ -393,10 +524,12 @@ std::vector<std::string> AllocatorState::Expire(absl::Time now) {
   for (auto& [name, n] : nodes_) {
     if (n.phase == NodePhase::kGone) continue;
     if (now - n.last_seen > options_.heartbeat_timeout) {
+      Accrue(n, now);
       n.phase = NodePhase::kGone;
       n.why_gone = absl::StrCat("agent ", n.agent, " silent for ",
                                 absl::FormatDuration(absl::Trunc(now - n.last_seen, absl::Milliseconds(1))));
       n.running.reset();
+      Reclassify(n, now);
       changed.push_back(absl::StrCat("node ", name, " withdrawn: ", n.why_gone));
     }
   }
@@ -499,26 +632,76 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
   }
   const std::vector<std::string> probe_notes =
       options_.honour_probes ? ApplyProbes(wanted, now) : std::vector<std::string>{};
+  // A job that shrinks gives back the nodes whose ranks are not training
+  // first: the policy chose how many nodes of each class it keeps, not which
+  // ones, and releasing the node of a member while keeping one whose rank
+  // still warms up would make the member drain (a leave, or for the last
+  // member a whole job held by a rank that cannot leave) for nothing.
+  auto trains_for = [&](const NodeRecord& n, const JobRecord& job) {
+    return n.running && n.running->job == job.RuntimeId() &&
+           n.running->phase.value_or(RankPhase::kTraining) == RankPhase::kTraining;
+  };
+  for (auto& [id, job] : jobs_) {
+    auto w = wanted.find(id);
+    if (w == wanted.end() || job.nodes.empty()) continue;
+    std::vector<std::string>& next = w->second;
+    for (const std::string& gone : job.nodes) {
+      std::sort(next.begin(), next.end());
+      if (std::binary_search(next.begin(), next.end(), gone) || !trains_for(nodes_.at(gone), job)) continue;
+      for (std::string& kept : next) {
+        const NodeRecord& k = nodes_.at(kept);
+        if (std::binary_search(job.nodes.begin(), job.nodes.end(), kept) && !trains_for(k, job) &&
+            k.node_class == nodes_.at(gone).node_class) {
+          // The member stays, the warming (or empty) node goes; a job the
+          // policy gave the member's node gets the other one (same class).
+          const std::string released = kept;
+          kept = gone;
+          for (auto& [other, nodes] : wanted) {
+            if (other == id) continue;
+            for (std::string& n : nodes) {
+              if (n == gone) n = released;
+            }
+            std::sort(nodes.begin(), nodes.end());
+          }
+          break;
+        }
+      }
+    }
+  }
   for (auto& [id, job] : jobs_) {
     auto w = wanted.find(id);
     std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;
     if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) next.clear();
     if (job.nodes.empty() && !next.empty()) {
       ++job.incarnation;
+      // Never on a node that is still draining another job's rank: the
+      // bootstrap would wait for it while the job's other nodes wait for the
+      // bootstrap. The first free node, or (all draining) the first one.
       job.bootstrap_node = next.front();
+      for (const std::string& node : next) {
+        if (!Draining(nodes_.at(node))) {
+          job.bootstrap_node = node;
+          break;
+        }
+      }
       job.phase = JobPhase::kRunning;
     } else if (!job.nodes.empty() && next.empty() && job.phase == JobPhase::kRunning) {
       // Its training state lived in its ranks: it starts again from scratch
       // (or from its own checkpoint) when it gets nodes back.
       job.phase = JobPhase::kQueued;
       job.message = "stopped: the nodes left could not hold every running job";
+      ++job_stops_;
+    } else if (!job.nodes.empty() && !next.empty() && job.nodes != next) {
+      ++resizes_;
     }
     job.nodes = std::move(next);
   }
+  for (auto& [name, n] : nodes_) Accrue(n, now);
   for (auto& [name, n] : nodes_) n.planned.reset();
   for (const auto& [id, job] : jobs_) {
     for (const std::string& node : job.nodes) nodes_.at(node).planned = id;
   }
+  for (auto& [name, n] : nodes_) Reclassify(n, now);
   AllocationPlan plan;
   plan.plan = next_plan_id();
   plan.decided_at = absl::FromUnixMicros(absl::ToUnixMicros(now));
@@ -633,10 +816,12 @@ absl::Status AllocatorState::Restore(const AllocationPlan& plan) {
     if (job.phase == JobPhase::kRunning && next.empty()) job.phase = JobPhase::kQueued;
     job.nodes = std::move(next);
   }
+  for (auto& [name, n] : nodes_) Accrue(n, plan.decided_at);
   for (auto& [name, n] : nodes_) n.planned.reset();
   for (const auto& [id, job] : jobs_) {
     for (const std::string& node : job.nodes) nodes_.at(node).planned = id;
   }
+  for (auto& [name, n] : nodes_) Reclassify(n, plan.decided_at);
   last_plan_ = plan;
   last_decision_ = DecisionInfo{plan.decided_at, plan.policy, plan.reason, 0, 0};
   return absl::OkStatus();
@@ -660,6 +845,8 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
     if (n.phase == NodePhase::kGone) j["why_gone"] = n.why_gone;
     j["planned"] = n.planned ? Json(*n.planned) : Json(nullptr);
     j["running"] = n.running ? Json(n.running->job) : Json(nullptr);
+    j["rank_phase"] = n.running && n.running->phase ? Json(RankPhaseName(*n.running->phase)) : Json(nullptr);
+    j["held"] = n.held ? Json(HeldKindName(*n.held)) : Json(nullptr);
     nodes.push_back(std::move(j));
   }
   out["nodes"] = std::move(nodes);
@@ -678,6 +865,16 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
       if (n.running && n.running->job == job.RuntimeId()) ++running;
     }
     j["running_nodes"] = running;
+    int productive = 0, held_nodes = 0;
+    for (const auto& [name, n] : nodes_) {
+      if (n.held && n.held_job == id) {
+        ++held_nodes;
+        productive += *n.held == HeldKind::kProductive;
+      }
+    }
+    j["productive_nodes"] = productive;  // now: members training where the plan wants them
+    j["held_nodes"] = held_nodes;        // now: planned for it or running a rank of it
+    j["held"] = HeldJson(HeldOf(id, now));
     // Predicted at the planned size (from the curve the allocator uses).
     j["samples_per_s"] =
         job.nodes.empty() ? 0.0 : alloc::Interpolate(CurveOf(job), static_cast<int>(job.nodes.size()));
@@ -694,6 +891,7 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
     jobs.push_back(std::move(j));
   }
   out["jobs"] = std::move(jobs);
+  out["held"] = HeldJson(HeldTotal(now));
   if (last_decision_) {
     Json d;
     d["plan"] = last_plan_ ? last_plan_->plan : 0;

@@ -1,4 +1,4 @@
-#include "libmalle/control/client.h"
+#include "libmalle/control/service/client.h"
 
 #include <unistd.h>
 

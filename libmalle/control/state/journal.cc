@@ -1,4 +1,4 @@
-#include "libmalle/control/journal.h"
+#include "libmalle/control/state/journal.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -18,7 +18,15 @@
 //     asked to leave at its next step boundary (ElasticGroup::RequestLeave),
 //     or terminated when its job gets no node at all; if it has not left by
 //     leave_timeout it is killed and reported dead, so the others recover at
-//     once. A node assigned a job gets a rank of it: the job's command from
+//     once. A rank that is not yet a member (still warming up) is stopped at
+//     once instead: it has nothing to lose and cannot be asked to leave. A
+//     member of a job that has succeeded finishes in the background (it may
+//     write its results for finish_timeout) while the node takes its next
+//     rank: the node goes back to the pool at once;
+//   - follows each rank's phase (RankPhase: starting until the job's latest
+//     generation lists it, training, draining once asked to end) and reports
+//     it with the time it began in every heartbeat, at once when it changes:
+//     the allocator measures the node time held without training from it. A node assigned a job gets a rank of it: the job's command from
 //     its published spec, with MALLE_* variables (docs/protocol.md) that make
 //     it join the job's current incarnation; on the incarnation's bootstrap
 //     node the first rank starts the job (bootstrap size 1), every other rank
@@ -31,14 +39,16 @@
 // step boundary or is killed at the grace deadline (less a margin), then
 // NodeLeave and Run returns. Stop(): the same without the reclaim notice.
 //
-// Every process the agent starts is its child (LocalProcess: it dies with
-// the agent) and is stopped by pid.
+// Every process the agent starts is its child (cluster::LocalProcess: it
+// dies with the agent, leads its own process group, gets the rank
+// environment contract of cluster/rank_env.h) and is stopped by pid.
 //
 // Thread-safety: Run on one thread; Reclaim, Stop and running() from any.
 #ifndef MALLE_CONTROL_AGENT_H_
 #define MALLE_CONTROL_AGENT_H_
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,9 +61,9 @@
 #include "absl/time/time.h"
 #include "libmalle/cluster/local_process.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/control/channel.h"
-#include "libmalle/control/messages.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/service/channel.h"
+#include "libmalle/control/wire/messages.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 
@@ -72,6 +82,7 @@ struct AgentOptions {
   absl::Duration leave_timeout = absl::Seconds(60);  // planned leave -> kill
   absl::Duration stop_timeout = absl::Seconds(10);   // SIGTERM -> SIGKILL
   absl::Duration finish_timeout = absl::Seconds(60); // job succeeded -> the rank must end by then
+  absl::Duration member_poll = absl::Milliseconds(250);  // a starting rank: is it a member yet?
   absl::Duration respawn_backoff = absl::Seconds(1); // after a crash, times the crash count (max 30 s)
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
@@ -83,9 +94,10 @@ class Agent {
                                                        Secret secret, AgentOptions options);
   ~Agent();  // kills a rank that still runs
 
-  // The agent's loop. Returns OK after Stop() or a completed reclaim; the
-  // store's error if it became unreachable (kUnavailable), after killing its
-  // rank.
+  // The agent's loop. Returns OK after Stop() or a completed reclaim. A
+  // control store outage does not end it: the rank keeps running, rank exits
+  // and reclaims are kept and sent when the store is back, and the agent
+  // registers again. Other errors end it after killing its rank.
   absl::Status Run();
   // Asks the loop to vacate the node within `grace` and return. Thread-safe,
   // does not block.
@@ -97,6 +109,8 @@ class Agent {
   // What runs now (job runtime id, member, pid). Thread-safe.
   std::optional<RunningRank> running() const;
   int64_t plan_seen() const { return plan_seen_.load(); }
+  // The Prometheus text exposition of this agent (docs/operations.md, "Metrics"). Thread-safe.
+  std::string MetricsText() const;
   const std::string& agent_id() const { return options_.agent_id; }
 
  private:
@@ -109,6 +123,9 @@ class Agent {
     // by itself (write its results) before it is killed.
     enum class Ending { kNone, kLeaving, kStopping, kFinishing, kKilled } ending = Ending::kNone;
     absl::Time deadline;     // for kLeaving / kStopping
+    RankPhase phase = RankPhase::kStarting;
+    absl::Time phase_since;
+    absl::Time member_checked = absl::InfinitePast();
   };
   struct Wanted {
     std::string job, runtime_id, bootstrap_node;
@@ -122,7 +139,16 @@ class Agent {
   absl::Status Reconcile(absl::Time now);
   absl::Status Spawn(const Wanted& w, absl::Time now);
   absl::Status Reap(absl::Time now);   // a rank that exited: report it
+  absl::Status ReapFinishing(absl::Time now);  // ranks finishing in the background
+  absl::Status Report(Rank& r, const cluster::ExitStatus& status, absl::Time now);
+  // Sends `m`, or keeps it for later if the store is down (rank exits, reclaims).
+  absl::Status SendReliably(const Message& m);
+  absl::Status FlushUnsent();
+  // A starting rank whose job's latest generation now lists it is training.
+  absl::Status CheckMembership(absl::Time now);
+  void SetPhase(Rank& r, RankPhase phase, absl::Time now);
   absl::Status EndRank(Rank::Ending how, absl::Time deadline);
+  absl::Status StopStartingRank(absl::Time now);  // a rank that is not a member yet
   absl::Status Vacate(absl::Time deadline, bool reclaim);
   absl::Status KillAndReportDead();
   // The job's phase in the allocator's status document ("" if unknown).
@@ -135,6 +161,11 @@ class Agent {
   Outbox outbox_;
 
   std::optional<Rank> rank_;
+  std::vector<Rank> finishing_;  // members of succeeded jobs writing their results
+  bool heartbeat_due_ = false;   // a phase changed: tell the allocator now
+  std::deque<Message> unsent_;   // kept while the store is down, oldest first
+  bool store_down_ = false;
+  int64_t store_failures_ = 0;
   std::optional<Wanted> wanted_;
   bool in_plan_ = false;
   int64_t plan_id_ = 0;
@@ -153,6 +184,13 @@ class Agent {
 
   mutable absl::Mutex mu_;
   std::optional<RunningRank> running_ ABSL_GUARDED_BY(mu_);
+  struct Counters {
+    int64_t rank_starts = 0;
+    std::map<std::string, int64_t> rank_exits;  // by cause
+    int64_t store_errors = 0;
+    int64_t unsent = 0;
+    int finishing = 0;
+  } counters_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool reclaim_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration grace_ ABSL_GUARDED_BY(mu_);

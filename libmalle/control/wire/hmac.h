@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/secret.h"
 
 namespace malle::control {
 

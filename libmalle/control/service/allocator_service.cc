@@ -1,14 +1,17 @@
-#include "libmalle/control/allocator_service.h"
+#include "libmalle/control/service/allocator_service.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <variant>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/control/service/metrics.h"
 #include "nlohmann/json.hpp"
 
 namespace malle::control {
@@ -21,6 +24,12 @@ absl::string_view EnvelopeOf(absl::string_view wire) {
 }
 
 std::string CodeName(const absl::Status& s) { return absl::StatusCodeToString(s.code()); }
+
+// The control store did not answer (comm::ControlStore marks its errors).
+bool IsStoreError(const absl::Status& s) {
+  auto cls = s.GetPayload(comm::kErrorClassPayload);
+  return cls.has_value() && *cls == "StoreError";
+}
 
 }  // namespace
 
@@ -114,6 +123,8 @@ absl::Status AllocatorService::Begin(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     state_.TouchAll(now);
+    // A replay rebuilt the plans but not the heartbeats: held time counts from here.
+    state_.ResetHeldTime(now);
     stats_.epoch = epoch_;
     stats_.cursor = cursor_;
     // Job specs: the store may be younger than the journal.
@@ -131,6 +142,11 @@ absl::Status AllocatorService::Begin(absl::Time now) {
 
 absl::Status AllocatorService::CheckEpoch() {
   MALLE_ASSIGN_OR_RETURN(int64_t epoch, store_->Add(keys::kEpoch, 0));
+  if (epoch < epoch_) {
+    // Not another allocator (it would have a larger epoch): the store came
+    // back empty after a restart.
+    return StoreBack(absl::FromUnixMicros(absl::ToUnixMicros(absl::Now())));
+  }
   if (epoch != epoch_) {
     return absl::AbortedError(absl::StrCat("allocator epoch ", epoch_, " replaced by epoch ", epoch,
                                            ": another allocator took over"));
@@ -241,6 +257,7 @@ absl::Status AllocatorService::Decide(absl::Time now) {
     plan = state_.Adopt(*decision, now, alloc::PolicyName(decision->policy));
     ++stats_.decisions;
     stats_.decision_ms.push_back(ms);
+    stats_.decision_ms_sum += ms;
     if (stats_.decision_ms.size() > 1000) stats_.decision_ms.pop_front();
   }
   MALLE_ASSIGN_OR_RETURN(std::string wire, outbox_.SignNow(plan));
@@ -285,6 +302,8 @@ absl::Status AllocatorService::PublishStatus(absl::Time now) {
     s["recent_rejections"] = std::vector<std::string>(stats_.recent_rejections.begin(),
                                                       stats_.recent_rejections.end());
     s["holes_skipped"] = stats_.holes_skipped;
+    s["store_errors"] = stats_.store_errors;
+    s["store_resets"] = stats_.store_resets;
     s["decisions"] = stats_.decisions;
     s["inbox_position"] = stats_.cursor;
     s["policy"] = alloc::PolicyName(options_.decide.policy);
@@ -329,11 +348,68 @@ absl::Status AllocatorService::Step(absl::Time now) {
 
 absl::Status AllocatorService::Run() {
   MALLE_RETURN_IF_ERROR(Begin(absl::Now()));
+  int64_t failures = 0;
   while (!stop_.load()) {
-    MALLE_RETURN_IF_ERROR(Step(absl::Now()));
+    absl::Status s = Step(absl::Now());
+    if (!s.ok() && IsStoreError(s)) {
+      // The store is down: nothing to read or publish, the state and the
+      // journal are intact; jobs train on at their sizes. Retry.
+      if (failures++ % 100 == 0) {
+        MALLE_LOG(WARNING) << "control store unreachable (" << s.message() << "); the allocator waits for it";
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.store_errors;
+      }
+      absl::SleepFor(options_.poll_interval * 5);
+      continue;
+    }
+    MALLE_RETURN_IF_ERROR(s);
+    if (failures > 0) {
+      failures = 0;
+      // Back: re-seed what a restarted store lost, and publish everything again.
+      absl::Status back = StoreBack(absl::Now());
+      if (!back.ok() && !IsStoreError(back)) return back;
+    }
     absl::SleepFor(options_.poll_interval);
   }
   return absl::OkStatus();
+}
+
+absl::Status AllocatorService::StoreBack(absl::Time now) {
+  MALLE_ASSIGN_OR_RETURN(int64_t stored_epoch, store_->Add(keys::kEpoch, 0));
+  if (stored_epoch < epoch_) {
+    // The store restarted empty (a newer allocator would have a larger
+    // epoch). Its inbox numbering restarted too: handle the tickets taken
+    // since (they sit below our cursor), then move the counter past our
+    // cursor so that new tickets follow it.
+    MALLE_LOG(WARNING) << "the control store lost its contents (epoch " << stored_epoch << " < " << epoch_
+                       << "); re-seeding it from the allocator's state";
+    MALLE_RETURN_IF_ERROR(store_->Add(keys::kEpoch, epoch_ - stored_epoch).status());
+    MALLE_ASSIGN_OR_RETURN(int64_t taken, store_->Add(keys::kInboxNext, 0));
+    for (int64_t i = 1; i <= taken; ++i) {
+      MALLE_ASSIGN_OR_RETURN(std::optional<std::string> wire, store_->TryGet(keys::InboxKey(i)));
+      if (!wire) continue;  // never written: its sender died, or will re-send
+      MALLE_RETURN_IF_ERROR(Handle(*wire, now));
+      MALLE_RETURN_IF_ERROR(store_->Delete(keys::InboxKey(i)).status());
+    }
+    MALLE_RETURN_IF_ERROR(store_->Add(keys::kInboxNext, cursor_).status());
+    cursor_ += taken;
+    MALLE_RETURN_IF_ERROR(store_->Set(keys::kInboxCursor, absl::StrCat(cursor_)));
+    absl::MutexLock lock(&mu_);
+    ++stats_.store_resets;
+    stats_.cursor = cursor_;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : state_.jobs()) {
+      if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) continue;
+      MALLE_ASSIGN_OR_RETURN(std::string wire, outbox_.SignNow(job.spec));
+      MALLE_RETURN_IF_ERROR(store_->Set(keys::JobSpecKey(id), wire));
+    }
+  }
+  MALLE_RETURN_IF_ERROR(PublishPlan(now));
+  return PublishStatus(now);
 }
 
 absl::Status AllocatorService::Start() {
@@ -359,6 +435,62 @@ absl::Status AllocatorService::Stop() {
 std::string AllocatorService::StatusJson() const {
   absl::MutexLock lock(&mu_);
   return status_json_;
+}
+
+std::string AllocatorService::MetricsText() const {
+  const absl::Time now = absl::Now();
+  control::MetricsText m;
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int> node_phases = {{"active", 0}, {"reclaiming", 0}, {"gone", 0}};
+  for (const auto& [name, n] : state_.nodes()) ++node_phases[std::string(NodePhaseName(n.phase))];
+  for (const auto& [phase, count] : node_phases) {
+    m.Gauge("malle_allocator_nodes", "Nodes the allocator knows, by phase.", count, {{"phase", phase}});
+  }
+  m.Gauge("malle_allocator_nodes_offered", "Nodes offered to jobs now.",
+          static_cast<double>(state_.BuildProblem(now).nodes.size()));
+  std::map<std::string, int> job_phases = {
+      {"queued", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}};
+  for (const auto& [id, j] : state_.jobs()) ++job_phases[std::string(JobPhaseName(j.phase))];
+  for (const auto& [phase, count] : job_phases) {
+    m.Gauge("malle_allocator_jobs", "Jobs by phase.", count, {{"phase", phase}});
+  }
+  m.Counter("malle_allocator_decisions_total", "Allocation decisions taken.", stats_.decisions);
+  m.Summary("malle_allocator_decision_seconds", "Time to decide (build, solve, adopt), last 1000.",
+            [&] {
+              std::vector<double> v;
+              for (double ms : stats_.decision_ms) v.push_back(ms / 1e3);
+              return v;
+            }(),
+            stats_.decision_ms_sum / 1e3, static_cast<double>(stats_.decisions));
+  m.Counter("malle_allocator_resizes_total", "Plans that grew or shrank a running job.", state_.resizes());
+  m.Counter("malle_allocator_job_stops_total",
+            "Running jobs stopped because the nodes left could not hold them (parks, once jobs park).",
+            state_.job_stops());
+  m.Counter("malle_allocator_messages_total", "Inbox messages, by result.", stats_.accepted,
+            {{"result", "accepted"}});
+  m.Counter("malle_allocator_messages_total", "Inbox messages, by result.", stats_.rejected,
+            {{"result", "rejected"}});
+  m.Counter("malle_allocator_holes_skipped_total", "Inbox tickets never written, skipped.", stats_.holes_skipped);
+  m.Counter("malle_allocator_store_errors_total", "Loop iterations the control store did not answer.",
+            stats_.store_errors);
+  m.Counter("malle_allocator_store_resets_total", "Times the store came back empty and was re-seeded.",
+            stats_.store_resets);
+  m.Counter("malle_store_reconnects_total", "Connections to a TCPStore server replaced after a loss.",
+            static_cast<double>(comm::ControlStoreReconnects()));
+  m.Gauge("malle_allocator_epoch", "This allocator's epoch.", stats_.epoch);
+  // Held node time, per job and kind, then the total (ranks of unknown jobs included).
+  const char* kHeldHelp = "Node-seconds held, by job and by what the node did (productive or not).";
+  auto held = [&](const std::string& job, const HeldSeconds& h) {
+    for (auto [kind, v] : {std::pair{"productive", h.productive}, std::pair{"starting", h.starting},
+                           std::pair{"warming", h.warming}, std::pair{"draining", h.draining}}) {
+      m.Counter("malle_allocator_held_node_seconds_total", kHeldHelp, v, {{"job", job}, {"kind", kind}});
+    }
+  };
+  for (const auto& [id, j] : state_.jobs()) held(id, state_.HeldOf(id, now));
+  const HeldSeconds total = state_.HeldTotal(now);
+  m.Gauge("malle_allocator_held_idle_ratio", "Held node time without training / held node time, all jobs.",
+          total.held() > 0 ? total.idle() / total.held() : 0.0);
+  return m.text();
 }
 
 AllocatorStats AllocatorService::stats() const {

@@ -1,7 +1,7 @@
 // Secret files (secret.h). The checks run on the opened descriptor (fstat),
 // not on the path, so that the file that is checked is the file that is
 // read even if the path is replaced in between.
-#include "libmalle/control/secret.h"
+#include "libmalle/control/wire/secret.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libmalle/base/status_macros.h"
-#include "libmalle/control/hmac.h"
+#include "libmalle/control/wire/hmac.h"
 
 namespace malle::control {
 namespace {

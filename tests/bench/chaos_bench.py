@@ -1,0 +1,352 @@
+"""Chaos campaign on the control plane (issue 26): a local cluster, four jobs, random faults.
+
+A LocalCluster (the allocator as a daemon so that it can be killed, node agents, and the
+control store: a three-member etcd cluster on loopback with --store etcd, a TCPStore process
+with --store tcp) runs four digits jobs (examples/train_digits.py with --out, so that every
+micro-batch is traced) on four local nodes that follow the demo's idle trace
+(examples/demo_idle_trace.csv) and then stay offered, while a fault injector draws --faults
+faults at random (seeded) from:
+
+    rank        kill -9 of a running rank (found as its agent's child)
+    agent       kill -9 of a node agent (its rank dies with it); the node comes back 3 s later
+    allocator   kill -9 of the allocator daemon, restarted from its journal 2 s later
+    store       kill -9 of a store member (etcd) or of the store process (tcp), back 3 s later
+    sigstop     SIGSTOP of a running rank for 3 s, then SIGCONT (a hang)
+
+Partitions between hosts are not drawn: this tree has no multi-host network namespaces yet.
+
+Reported, per job and in total: completed or not, samples lost or repeated within the
+incarnation that completed (must be 0), the final model against the same job's fixed-size run
+(relative L2 difference), restarts from scratch (a job that lost every rank starts a new
+incarnation: its earlier incarnations' work is lost, as documented), the recovery time after
+each fault (until every job that was training before it has committed a step again), and the
+held node time (productive vs held without training) from the allocator's status.
+
+    PYTHONPATH=python .venv/bin/python tests/bench/chaos_bench.py --faults 100 --store etcd \\
+        --out out/chaos
+
+Prints a table and writes <out>/chaos.json. Every process it starts is a _C.LocalProcess (or a
+child of one) and is stopped by pid when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+
+from malletrain import _C, launcher  # noqa: E402
+from state_compare import differences  # noqa: E402  (tests/python: the whole saved state)
+from malletrain.cluster import LocalCluster, held_summary  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "train_digits.py"
+N_TRAIN = 1500
+# job -> (steps, logical workers, extra args, compute sleep per micro-batch)
+JOBS = {
+    "digits": (1600, 4, [], 0.04),
+    "wide": (1600, 4, ["--hidden", "256", "--seed", "2"], 0.04),
+    "hpo-lr1": (1200, 2, ["--lr", "1e-3", "--seed", "3"], 0.04),
+    "hpo-lr3": (1200, 2, ["--lr", "3e-3", "--seed", "4"], 0.04),
+}
+
+
+def command(out: pathlib.Path, steps: int, lw: int, extra, sleep: float):
+    return [sys.executable, str(EXAMPLE), "--steps", str(steps), "--out", str(out),
+            "--logical-workers", str(lw), "--compute-sleep", str(sleep), *extra]
+
+
+def free_ports(n: int):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Etcd:
+    def __init__(self, tmp: pathlib.Path, members: int = 3):
+        ports = free_ports(2 * members)
+        self.client = {f"e{i}": ports[2 * i] for i in range(members)}
+        self.peer = {f"e{i}": ports[2 * i + 1] for i in range(members)}
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.procs = {}
+        self.cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in self.peer.items())
+        for name in self.client:
+            self.start(name, "new")
+        self.address = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client.values())
+
+    def start(self, name: str, state: str) -> None:
+        c, p = self.client[name], self.peer[name]
+        self.procs[name] = _C.LocalProcess.spawn(
+            ["etcd", "--name", name, "--data-dir", str(self.tmp / name),
+             "--listen-client-urls", f"http://127.0.0.1:{c}",
+             "--advertise-client-urls", f"http://127.0.0.1:{c}",
+             "--listen-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-cluster", self.cluster, "--initial-cluster-state", state,
+             "--initial-cluster-token", f"chaos-{os.getpid()}"],
+            stdout=str(self.tmp / f"{name}.log"), stderr_to_stdout=True)
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill(timeout=10)
+
+
+def rank_pids(cluster: LocalCluster):
+    """node -> pid of the rank its agent runs (the agent's child), for live agents."""
+    out = {}
+    for node, agent in list(cluster._agents.items()):
+        if agent.poll() is not None:
+            continue
+        # Any thread's children: LocalProcess forks on a spawner thread of its own.
+        pids = []
+        for task in pathlib.Path(f"/proc/{agent.pid}/task").glob("*"):
+            try:
+                pids += [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        if pids:
+            out[node] = pids[0]
+    return out
+
+
+def traces(out: pathlib.Path, members=None):
+    """The trace rows of `members` (all if None), each file in its own order."""
+    rows = []
+    for f in sorted(out.glob("trace-*.jsonl")):
+        if members is not None and f.stem[len("trace-"):] not in members:
+            continue
+        for line in f.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line cut by a kill -9
+    return rows
+
+
+def members_of(log_dir: pathlib.Path, runtime_id: str):
+    """The members the agents started for one incarnation (their logs say so)."""
+    import re
+    found = set()
+    for log in log_dir.glob("agent-*.log"):
+        found.update(re.findall(rf"started rank (\S+) of {re.escape(runtime_id)} \(",
+                                log.read_text(errors="replace")))
+    return found
+
+
+def data_accounting(rows, steps: int, workers: int):
+    """(lost, repeated) samples of the committed attempts of every (step, worker)."""
+    by_step = collections.defaultdict(dict)
+    for r in rows:
+        if r["type"] == "micro" and r["step"] < steps:
+            by_step[r["step"]][r["worker"]] = r["indices"]
+    stream = [i for s in range(steps) for k in range(workers) for i in by_step[s].get(k, [])]
+    missing_slots = sum(1 for s in range(steps) for k in range(workers) if k not in by_step[s])
+    lost = repeated = 0
+    for e in range((len(stream) + N_TRAIN - 1) // N_TRAIN):
+        chunk = stream[e * N_TRAIN:(e + 1) * N_TRAIN]
+        counts = collections.Counter(chunk)
+        repeated += sum(c - 1 for c in counts.values() if c > 1)
+        if len(chunk) == N_TRAIN:
+            lost += N_TRAIN - len(counts)
+    return lost, repeated, missing_slots
+
+
+def main(argv=None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--faults", type=int, default=100)
+    p.add_argument("--interval", type=float, default=3.0, help="mean seconds between faults")
+    p.add_argument("--store", choices=["etcd", "tcp"], default="etcd")
+    p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--out", default="out/chaos")
+    p.add_argument("--timeout", type=float, default=1800)
+    args = p.parse_args(argv)
+    out = pathlib.Path(args.out).resolve()
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    rng = random.Random(args.seed)
+
+    # The fixed-size references: each job alone on as many ranks as it has logical workers.
+    fixed = {}
+    for job, (steps, lw, extra, _sleep) in JOBS.items():
+        r = launcher.run_local(command(out / "fixed" / job, steps, lw, extra, 0.0), nodes=lw,
+                               job_id=f"fixed-{job}", timeout=600, quiet=True,
+                               log_dir=str(out / "fixed" / f"{job}-logs"))
+        assert r.ok, f"fixed-size run of {job} failed"
+        fixed[job] = torch.load(out / "fixed" / job / "final.pt")
+
+    etcd = Etcd(out / "etcd") if args.store == "etcd" else None
+    kinds = ["rank", "agent", "allocator", "store", "sigstop"]
+    faults, recoveries = [], []
+    nodes = ["n0", "n1", "n2", "n3"]
+    t_start = time.monotonic()
+    try:
+        with LocalCluster(nodes, policy="milp", allocator="process", grace=5.0,
+                          heartbeat_timeout=6.0, workdir=out / "cluster", keep_logs=True,
+                          store=etcd.address if etcd else "process") as c:
+            # The demo's idle trace for the first ~100 s, then every node stays offered.
+            from malletrain.cluster import load_idle_trace
+            trace = load_idle_trace(ROOT / "examples" / "demo_idle_trace.csv")
+            c.follow_trace(trace)
+            last_t = trace[-1].t if trace else 0.0
+            up_all = threading.Timer(last_t + 1.0, lambda: [c.node_up(n) for n in nodes])
+            up_all.daemon = True
+            up_all.start()
+            for job, (steps, lw, extra, sleep) in JOBS.items():
+                c.submit(job, command(out / job, steps, lw, extra, sleep), max_nodes=lw,
+                         logical_workers=lw)
+            stop = threading.Event()
+            names = list(JOBS)
+
+            def progress():
+                res = {}
+                for j in c.jobs().values():
+                    if j["phase"] == "running" and j.get("runtime_id"):
+                        v = c.store.try_get(launcher.progress_key(j["runtime_id"]))
+                        res[j["job"]] = int(v) if v else 0
+                return res
+
+            def inject() -> None:
+                while len(faults) < args.faults and not stop.is_set():
+                    if stop.wait(rng.expovariate(1 / args.interval)):
+                        return
+                    kind = rng.choice(kinds)
+                    t = time.monotonic() - t_start
+                    try:
+                        before = progress()
+                    except Exception:  # noqa: BLE001 - the store may be the one down
+                        before = {}
+                    what = ""
+                    pids = rank_pids(c)
+                    if kind in ("rank", "sigstop") and pids:
+                        node = rng.choice(sorted(pids))
+                        pid = pids[node]
+                        if kind == "rank":
+                            os.kill(pid, signal.SIGKILL)
+                            what = f"kill -9 rank pid {pid} on {node}"
+                        else:
+                            os.kill(pid, signal.SIGSTOP)
+                            time.sleep(3)
+                            try:
+                                os.kill(pid, signal.SIGCONT)
+                            except ProcessLookupError:
+                                pass
+                            what = f"SIGSTOP 3 s rank pid {pid} on {node}"
+                    elif kind == "agent" and c.live_nodes():
+                        node = rng.choice(sorted(c.live_nodes()))
+                        c.kill_agent(node)
+                        what = f"kill -9 agent of {node}"
+                        time.sleep(3)
+                        c.node_up(node)
+                    elif kind == "allocator":
+                        c.stop_allocator(kill=True)
+                        time.sleep(2)
+                        c.start_allocator()
+                        what = "kill -9 allocator"
+                    elif kind == "store":
+                        if etcd:
+                            name = rng.choice(sorted(etcd.procs))
+                            etcd.procs[name].kill(timeout=10)
+                            time.sleep(3)
+                            etcd.start(name, "existing")
+                            what = f"kill -9 etcd member {name}"
+                        else:
+                            c.stop_store(kill=True)
+                            time.sleep(3)
+                            c.start_store()
+                            what = "kill -9 store process"
+                    else:
+                        continue
+                    faults.append({"t": round(t, 2), "kind": kind, "what": what})
+                    # Recovery: every job that was training commits a step again.
+                    t0 = time.monotonic()
+                    pending = dict(before)
+                    while pending and time.monotonic() - t0 < 120 and not stop.is_set():
+                        try:
+                            now = progress()
+                        except Exception:  # noqa: BLE001
+                            now = {}
+                        pending = {j: s for j, s in pending.items()
+                                   if j in now and now[j] <= s}
+                        time.sleep(0.1)
+                    recoveries.append(round(time.monotonic() - t0, 2) if not pending else None)
+
+            injector = threading.Thread(target=inject, daemon=True)
+            injector.start()
+            try:
+                final = c.wait(names, timeout=args.timeout)
+            finally:
+                stop.set()
+                injector.join(timeout=30)
+            status = c.status()
+    finally:
+        if etcd:
+            etcd.close()
+
+    rows = []
+    for job, (steps, lw, extra, _s) in JOBS.items():
+        j = final[job]
+        # Only the incarnation that completed (it wrote final.pt; it started from step 0).
+        tr = traces(out / job, members_of(out / "cluster" / "logs", str(j.get("runtime_id"))))
+        lost, repeated, missing = data_accounting(tr, steps, lw)
+        if j["phase"] != "succeeded":  # an unfinished run has nothing to account
+            lost = repeated = None
+        # The whole final state (model, optimizer, schedule) against the fixed-size run's.
+        ndiff, diff = (len(differences(torch.load(out / job / "final.pt"), fixed[job])[0]),
+                       differences(torch.load(out / job / "final.pt"), fixed[job])[1]) \
+            if (out / job / "final.pt").exists() else (-1, float("nan"))
+        incarnation = int(str(j.get("runtime_id") or ".i0").rsplit(".i", 1)[1])
+        held = j.get("held") or {}
+        rows.append(dict(job=job, phase=j["phase"], incarnations=incarnation, lost=lost,
+                         repeated=repeated, missing_slots=missing, rel_diff=diff,
+                         state_entries_differing=ndiff,
+                         productive_node_s=held.get("productive_node_s", 0),
+                         held_idle_node_s=held.get("held_idle_node_s", 0)))
+    rec = [r for r in recoveries if r is not None]
+    by_kind = ", ".join(f"{k} {sum(f['kind'] == k for f in faults)}" for k in kinds)
+    print(f"chaos campaign: {len(faults)} faults ({by_kind}), store {args.store}, "
+          f"{time.monotonic() - t_start:.0f} s")
+    print(f"{'job':<9} {'phase':<10} {'incarn.':>7} {'lost':>5} {'repeat':>6} {'model vs fixed':>15} "
+          f"{'productive':>11} {'held idle':>10}")
+    for r in rows:
+        print(f"{r['job']:<9} {r['phase']:<10} {r['incarnations']:>7} {str(r['lost']):>5} "
+              f"{str(r['repeated']):>6} "
+              f"{r['rel_diff']:>15.2e} {r['productive_node_s']:>10.1f}s {r['held_idle_node_s']:>9.1f}s")
+    if rec:
+        q = statistics.quantiles(rec, n=20) if len(rec) >= 2 else [rec[0]] * 19
+        print(f"recovery (until every training job committed again): n={len(rec)}, median "
+              f"{statistics.median(rec):.2f} s, p95 {q[18]:.2f} s, max {max(rec):.2f} s; "
+              f"not recovered within 120 s: {sum(r is None for r in recoveries)}")
+    print(held_summary(status.get("held") or {}))
+    (out / "chaos.json").write_text(json.dumps(dict(faults=faults, recoveries=recoveries,
+                                                    jobs=rows, held=status.get("held"),
+                                                    allocator=status.get("allocator")), indent=1))
+    ok = all(r["phase"] == "succeeded" and r["lost"] == 0 and r["repeated"] == 0
+             and r["state_entries_differing"] == 0 for r in rows)
+    print("result:", "every job completed with its fixed-size state; no sample lost or repeated"
+          if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
