@@ -128,11 +128,12 @@ def test_clip_grad_norm_sees_the_synchronised_gradient(tmp_path, fixed):
 def test_scheduler_takes_the_wrapped_optimizer_and_steps_once_per_commit(tmp_path, fixed):
     """StepLR(opt) on the wrapped optimizer, stepped when opt.step() says the step
     committed, with per-step iteration (loader.steps(), whose len() is the step count): the
-    fixed run's state through a leave, a join and a kill -9 of rank 0; the step callback saw
-    each committed step once, the resize callback each membership change."""
+    fixed run's state through a leave, a join and a kill -9 of rank 0 after its backward
+    (a kill after its step could land after every rank committed: no redo); the step
+    callback saw each committed step once, the resize callback each membership change."""
     ref = fixed("--per-step")
     out, res = run(tmp_path, "sched", 3, "step=6 leave 1, t=0 join 1", "--per-step",
-                   "--step-sleep", "0.1", "--die", "0@12:step")
+                   "--step-sleep", "0.1", "--die", "0@12:backward")
     check_run(tmp_path, "sched", out, res, deaths=1)
     got = final(out)
     assert_same_state(got, final(ref))
