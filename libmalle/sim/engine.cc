@@ -59,9 +59,8 @@ absl::Status ValidatePreemption(const PreemptionCostOptions& p) {
   };
   auto duration = [](absl::Duration d, const char* field) -> absl::Status {
     if (d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("preemption.", field,
-                                                     ": must be finite and >= 0, got ",
-                                                     absl::FormatDuration(d)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "preemption.", field, ": must be finite and >= 0, got ", absl::FormatDuration(d)));
     }
     return absl::OkStatus();
   };
@@ -72,9 +71,8 @@ absl::Status ValidatePreemption(const PreemptionCostOptions& p) {
     case PreemptionCost::kRestart:
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("preemption.mode: ",
-                                                     static_cast<int>(p.mode),
-                                                     " is not a PreemptionCost"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("preemption.mode: ", static_cast<int>(p.mode), " is not a PreemptionCost"));
   }
   if (!(std::isfinite(p.state_bytes) && p.state_bytes >= 0)) {
     return absl::InvalidArgumentError(
@@ -924,8 +922,8 @@ absl::StatusOr<PreemptionCost> ParsePreemptionCost(absl::string_view name) {
                            PreemptionCost::kRestart}) {
     if (name == PreemptionCostName(m)) return m;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "preemption cost: '", name, "' is not one of free, park, snapshot, restart"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("preemption cost: '", name, "' is not one of free, park, snapshot, restart"));
 }
 
 absl::Duration PreemptionCostOptions::ParkTime() const {
@@ -985,14 +983,13 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
   for (const Summary& s : summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
-                    s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions,
-                    ",", s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
+                    s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions, ",",
+                    s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
                     Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",",
                     Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
                     // The mode's name only: the description has commas.
                     s.preemption_cost.substr(0, s.preemption_cost.find(' ')), ",",
-                    Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops,
-                    "\n");
+                    Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops, "\n");
   }
   return out;
 }

@@ -89,10 +89,10 @@ absl::StatusOr<PreemptionCost> ParsePreemptionCost(absl::string_view name);
 // A site's shared filesystem differs: pass what the park benchmark measures.
 struct PreemptionCostOptions {
   PreemptionCost mode = PreemptionCost::kPark;
-  double state_bytes = 250e6;            // job state (parameters, optimizer, ...)
-  double write_bytes_per_s = 125e6;      // park store write (fsync included)
-  double read_bytes_per_s = 1e9;         // park store read
-  double copy_bytes_per_s = 1e9;         // a snapshot's copy (the step pays it)
+  double state_bytes = 250e6;        // job state (parameters, optimizer, ...)
+  double write_bytes_per_s = 125e6;  // park store write (fsync included)
+  double read_bytes_per_s = 1e9;     // park store read
+  double copy_bytes_per_s = 1e9;     // a snapshot's copy (the step pays it)
   // Per park / unpark, beyond the bytes: rename, directory fsync, checksum
   // and HMAC check, store metadata.
   absl::Duration park_fixed = absl::Seconds(1);
@@ -235,7 +235,7 @@ struct Summary {
   // it) and to snapshot copies. A stop is a preemption or a policy stop.
   std::string preemption_cost;
   double lost_to_preemptions = 0, lost_to_snapshots = 0;
-  int stops = 0;                // policy-decided stops of a running job
+  int stops = 0;  // policy-decided stops of a running job
   int jobs_submitted = 0, jobs_finished = 0;
   int resizes = 0, preemptions = 0, reclaims = 0;
   int decisions = 0;

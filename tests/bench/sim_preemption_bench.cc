@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   base.snapshot_budget = absl::GetFlag(FLAGS_snapshot_budget);
 
   std::vector<PolicyKind> policies;
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty())) {
+  for (absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty())) {
     auto k = malle::alloc::ParsePolicyName(p);
     if (!k.ok()) {
       std::fprintf(stderr, "--policies: %s\n", std::string(k.status().message()).c_str());
@@ -110,11 +111,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--jobs: %s\n", std::string(mix.status().message()).c_str());
     return 2;
   }
-  std::printf("trace %s: %zu nodes, %zu events; mix %s: %zu jobs; BFTrainer accounting of "
-              "resizes, throughput objective, oracle curves, skip %d snapshots\n",
-              absl::GetFlag(FLAGS_trace).c_str(), trace->nodes.size(), trace->events.size(),
-              absl::GetFlag(FLAGS_jobs).c_str(), mix->jobs.size(),
-              absl::GetFlag(FLAGS_skip_snapshots));
+  std::printf(
+      "trace %s: %zu nodes, %zu events; mix %s: %zu jobs; BFTrainer accounting of "
+      "resizes, throughput objective, oracle curves, skip %d snapshots\n",
+      absl::GetFlag(FLAGS_trace).c_str(), trace->nodes.size(), trace->events.size(),
+      absl::GetFlag(FLAGS_jobs).c_str(), mix->jobs.size(), absl::GetFlag(FLAGS_skip_snapshots));
 
   struct Case {
     std::string label;
@@ -167,21 +168,22 @@ int main(int argc, char** argv) {
   }
 
   std::printf("\n%-13s %-11s | %7s %6s %10s %9s | %7s %6s %8s %8s | %8s %7s\n", "preemption",
-              "policy", "eff", "vs 93%", "samples", "finished", "preempt", "stops",
-              "lost_stp", "lost_snp", "JCT_mn_h", "wall_s");
+              "policy", "eff", "vs 93%", "samples", "finished", "preempt", "stops", "lost_stp",
+              "lost_snp", "JCT_mn_h", "wall_s");
   std::printf("%s\n", std::string(120, '-').c_str());
   for (const Row& r : rows) {
     const double ideal = r.ideal > 0 ? r.ideal : 1;
-    std::printf("%-13s %-11s | %6.1f%% %+5.1fpp %10.4g %4d/%-4d | %7d %6d %7.2f%% %7.2f%% | %8.2f %7.1f\n",
-                r.mode.c_str(), r.policy.c_str(), 100 * r.s.efficiency,
-                100 * (r.s.efficiency - kBftrainerEfficiency), r.s.samples_trained,
-                r.s.jobs_finished, r.s.jobs_submitted, r.s.preemptions, r.s.stops,
-                100 * r.s.lost_to_preemptions / ideal, 100 * r.s.lost_to_snapshots / ideal,
-                r.s.jct_mean_s / 3600, r.s.wall_s);
+    std::printf(
+        "%-13s %-11s | %6.1f%% %+5.1fpp %10.4g %4d/%-4d | %7d %6d %7.2f%% %7.2f%% | %8.2f %7.1f\n",
+        r.mode.c_str(), r.policy.c_str(), 100 * r.s.efficiency,
+        100 * (r.s.efficiency - kBftrainerEfficiency), r.s.samples_trained, r.s.jobs_finished,
+        r.s.jobs_submitted, r.s.preemptions, r.s.stops, 100 * r.s.lost_to_preemptions / ideal,
+        100 * r.s.lost_to_snapshots / ideal, r.s.jct_mean_s / 3600, r.s.wall_s);
   }
-  std::printf("\nlost_stp / lost_snp: samples lost to stops (park + unpark, progress since the "
-              "last snapshot, or all of it) and to snapshot copies, as a share of the ideal "
-              "samples (the efficiency's denominator).\n");
+  std::printf(
+      "\nlost_stp / lost_snp: samples lost to stops (park + unpark, progress since the "
+      "last snapshot, or all of it) and to snapshot copies, as a share of the ideal "
+      "samples (the efficiency's denominator).\n");
   std::printf("accountings:\n");
   for (const Case& c : cases) {
     for (const Row& r : rows) {
@@ -191,8 +193,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("reference: BFTrainer (Liu et al., SC'21, arXiv:2106.12091): \"efficiencies of up "
-              "to 93%%\" vs dedicated nodes on Summit logs; its replayer keeps a preempted job's "
-              "progress (our `free`).\n");
+  std::printf(
+      "reference: BFTrainer (Liu et al., SC'21, arXiv:2106.12091): \"efficiencies of up "
+      "to 93%%\" vs dedicated nodes on Summit logs; its replayer keeps a preempted job's "
+      "progress (our `free`).\n");
   return failed > 0 ? 1 : 0;
 }

@@ -278,8 +278,8 @@ TEST(EngineTest, PreemptionCostRestartLosesEverything) {
   ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 12000)},
                                    PreemptionCase(PreemptionCost::kRestart)));
   EXPECT_EQ(r.jobs[0].finish, absl::InfiniteFuture());
-  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 12000)},
-                                   PreemptionCase(PreemptionCost::kPark)));
+  ASSERT_OK_AND_ASSIGN(
+      r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 12000)}, PreemptionCase(PreemptionCost::kPark)));
   EXPECT_EQ(r.jobs[0].finish, T(700 + (12000 - 10900 + 80) / 20));
 }
 
