@@ -247,18 +247,18 @@ MipResult SolveTrivial(const MipModel& m) {
   return result;
 }
 
-absl::StatusOr<MipResult> Solve(const MipModel& m, const CbcSettings& settings) {
-  const auto t0 = std::chrono::steady_clock::now();
+// Loads `m` into `lp`: infinite bounds as the solver's infinity, the
+// objective multiplied by `sense`.
+void LoadModel(const MipModel& m, double sense, OsiClpSolverInterface& lp) {
   const int n = m.num_cols();
   const int rows = m.num_rows();
-
-  OsiClpSolverInterface lp;
   const double inf = lp.getInfinity();
   auto clamp_inf = [inf](double v) { return std::isinf(v) ? (v > 0 ? inf : -inf) : v; };
-  std::vector<double> col_lb(n), col_ub(n), row_lb(rows), row_ub(rows);
+  std::vector<double> col_lb(n), col_ub(n), row_lb(rows), row_ub(rows), obj(n);
   for (int c = 0; c < n; ++c) {
     col_lb[c] = clamp_inf(m.col_lb[c]);
     col_ub[c] = clamp_inf(m.col_ub[c]);
+    obj[c] = sense * m.obj[c];
   }
   for (int r = 0; r < rows; ++r) {
     row_lb[r] = clamp_inf(m.row_lb[r]);
@@ -270,9 +270,18 @@ absl::StatusOr<MipResult> Solve(const MipModel& m, const CbcSettings& settings) 
   CoinPackedMatrix matrix(/*colordered=*/false, /*minor=*/n, /*major=*/rows,
                           static_cast<CoinBigIndex>(m.value.size()), m.value.data(),
                           m.col_index.data(), starts.data(), lengths.data());
+  lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), row_lb.data(), row_ub.data());
+}
+
+absl::StatusOr<MipResult> Solve(const MipModel& m, const CbcSettings& settings) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = m.num_cols();
+  const int rows = m.num_rows();
+
+  OsiClpSolverInterface lp;
   lp.messageHandler()->setLogLevel(settings.log_level > 0 ? settings.log_level : 0);
   lp.setHintParam(OsiDoReducePrint, settings.log_level <= 0, OsiHintTry);
-  lp.loadProblem(matrix, col_lb.data(), col_ub.data(), m.obj.data(), row_lb.data(), row_ub.data());
+  LoadModel(m, /*sense=*/1.0, lp);
   for (int c = 0; c < n; ++c) {
     if (m.is_integer[c]) lp.setInteger(c);
   }
@@ -411,31 +420,13 @@ absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& m) {
   MALLE_RETURN_IF_ERROR(ValidateModel(m));
   try {
     OsiClpSolverInterface lp;
-    const double inf = lp.getInfinity();
-    auto clamp_inf = [inf](double v) { return std::isinf(v) ? (v > 0 ? inf : -inf) : v; };
     const int n = m.num_cols(), rows = m.num_rows();
-    std::vector<double> col_lb(n), col_ub(n), row_lb(rows), row_ub(rows), obj(n);
     // Clp minimises: the objective is negated for a maximisation, and the
     // duals negated back below.
     const double sense = m.maximize ? -1.0 : 1.0;
-    for (int c = 0; c < n; ++c) {
-      col_lb[c] = clamp_inf(m.col_lb[c]);
-      col_ub[c] = clamp_inf(m.col_ub[c]);
-      obj[c] = sense * m.obj[c];
-    }
-    for (int r = 0; r < rows; ++r) {
-      row_lb[r] = clamp_inf(m.row_lb[r]);
-      row_ub[r] = clamp_inf(m.row_ub[r]);
-    }
-    std::vector<CoinBigIndex> starts(m.row_start.begin(), m.row_start.end());
-    std::vector<int> lengths(rows);
-    for (int r = 0; r < rows; ++r) lengths[r] = m.row_start[r + 1] - m.row_start[r];
-    CoinPackedMatrix matrix(/*colordered=*/false, /*minor=*/n, /*major=*/rows,
-                            static_cast<CoinBigIndex>(m.value.size()), m.value.data(),
-                            m.col_index.data(), starts.data(), lengths.data());
     lp.messageHandler()->setLogLevel(0);
     lp.setHintParam(OsiDoReducePrint, true, OsiHintTry);
-    lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), row_lb.data(), row_ub.data());
+    LoadModel(m, sense, lp);
     lp.setObjSense(1.0);
     lp.initialSolve();
     LpResult result;
