@@ -29,6 +29,12 @@ class ReportSink {
     (void)step, (void)bytes, (void)seconds;
     return absl::OkStatus();
   }
+  // A snapshot of the job's state at `step` is durable in its park store
+  // (`bytes`, written in `seconds`). Called from the engine's snapshot thread.
+  virtual absl::Status SendSnapshot(int64_t step, int64_t bytes, double seconds) {
+    (void)step, (void)bytes, (void)seconds;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace malle::advisor

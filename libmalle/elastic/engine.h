@@ -121,8 +121,8 @@ struct EngineOptions {
   // rank gone at once): rank 0 copies the state at a step boundary and a
   // background thread writes it, so a step pays at most the copy. Every
   // `snapshot_every` steps (if the previous write is still going on then,
-  // the step waits for it); 0: adaptive, so that the copy stays under
-  // `snapshot_budget` of the step time (a snapshot due while the previous one
+  // the step waits for it); 0: adaptive, so that the copy and the write stay
+  // under `snapshot_budget` of the step time (a snapshot due while the previous one
   // is being written is taken at a later step); < 0: none. The first is an
   // interval after the job started or resumed.
   int snapshot_every = 0;
@@ -505,6 +505,7 @@ class Engine {
   struct Snapshotter;
   std::unique_ptr<Snapshotter> snapshotter_;
   int snapshot_interval_ = 0;   // steps; 0 until the first copy was timed
+  std::vector<at::Tensor> snapshot_staging_;  // copies of direct segments, reused
   int64_t last_snapshot_try_ = -1;  // the step of the last snapshot handed over
   absl::Duration snapshot_copy_;
   absl::Duration step_time_;    // an average of committed steps' wall time

@@ -43,9 +43,8 @@ class ControlReportSink : public advisor::ReportSink {
   absl::Status SendComplete(int64_t steps, int64_t samples) override;
   absl::Status SendParked(int64_t step, int64_t bytes, double seconds) override;
   // A snapshot made durable in the park store (JobSaved kind snapshot): the
-  // allocator shows its age. Not yet called by the engine (ReportSink has no
-  // such hook); kept next to SendParked since both are one JobSaved.
-  absl::Status SendSnapshot(int64_t step, int64_t bytes, double seconds);
+  // allocator shows its age.
+  absl::Status SendSnapshot(int64_t step, int64_t bytes, double seconds) override;
 
  private:
   absl::Status SendSaved(SaveKind kind, int64_t step, int64_t bytes, double seconds);
