@@ -49,7 +49,8 @@ def wheel_venv(wheel, tmp_path_factory):
                    env=clean_env())
     venv = Venv(root, workdir)
     # 1. The supported torch, as the README tells users; scikit-learn for the digits data.
-    _pip(venv.python, pinned_torch(), "scikit-learn", cwd=workdir)
+    # --no-compile: no .pyc for torch's thousands of modules (set-up, not under test).
+    _pip(venv.python, "--no-compile", pinned_torch(), "scikit-learn", cwd=workdir)
     # 2. The wheel, plainly.
     _pip(venv.python, str(wheel), cwd=workdir)
     yield venv
