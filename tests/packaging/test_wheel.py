@@ -8,7 +8,6 @@ Every test uses the wheel the suite built (conftest.py: build/dist) and one venv
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import shutil
