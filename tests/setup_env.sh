@@ -29,13 +29,14 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 MALLE_DEBIAN_PACKAGES=(
   build-essential cmake pkg-config ccache ninja-build git
   libabsl-dev coinor-libcbc-dev libgloo-dev libssl-dev nlohmann-json3-dev zlib1g-dev
+  libcurl4-openssl-dev
   python3-venv python3-dev
 )
 # ... and what the C++ tests, the benchmarks and the Slurm tests need besides.
 MALLE_DEBIAN_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   slurmctld slurmd slurm-client munge
-  etcd-server etcd-client libcurl4-openssl-dev
+  etcd-server etcd-client
 )
 
 malle_log() { printf '\n==> %s\n' "$*" >&2; }
