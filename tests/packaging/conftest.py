@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from pkg_env import ROOT, SETUP_TIMEOUT_S, Venv, clean_env, pinned_torch, project_version
+from pkg_env import (ROOT, SETUP_TIMEOUT_S, Venv, clean_env, link_installed,
+                     project_dependencies, project_version)
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +41,8 @@ def _pip(python: pathlib.Path, *args: str, cwd: pathlib.Path) -> None:
 @pytest.fixture(scope="session")
 def wheel_venv(wheel, tmp_path_factory):
     """A new venv holding the supported torch and the wheel, as a user would make it. Removed
-    at the end of the session: it is ~5 GB (torch's CUDA wheel and its nvidia-* packages)."""
+    at the end of the session (torch's ~5 GB are hard links: removing them frees nothing of
+    .venv's)."""
     base = tmp_path_factory.mktemp("wheel-venv")
     assert ROOT not in base.parents, base
     root, workdir = base / "venv", base / "work"
@@ -48,10 +50,11 @@ def wheel_venv(wheel, tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300,
                    env=clean_env())
     venv = Venv(root, workdir)
-    # 1. The supported torch, as the README tells users; scikit-learn for the digits data.
-    # --no-compile: no .pyc for torch's thousands of modules (set-up, not under test).
-    _pip(venv.python, "--no-compile", pinned_torch(), "scikit-learn", cwd=workdir)
-    # 2. The wheel, plainly.
-    _pip(venv.python, str(wheel), cwd=workdir)
+    # 1. The wheel's dependencies (the supported torch among them), the files pip installed
+    # for them in this interpreter (pkg_env.link_installed); scikit-learn for the digits data.
+    assert link_installed([*project_dependencies(), "scikit-learn"], venv) > 1000
+    # 2. The wheel, plainly: pip must find torch satisfied and install nothing else (no
+    # index: a dependency it would fetch fails here instead of being downloaded).
+    _pip(venv.python, "--no-index", str(wheel), cwd=workdir)
     yield venv
     shutil.rmtree(base, ignore_errors=True)
