@@ -68,9 +68,10 @@ def test_wheel_holds_the_package_the_executables_and_its_libraries(wheel):
     assert any(re.fullmatch(r"malletrain/_C\.cpython-.*\.so", n) for n in names)
     assert "malletrain/_build_info.py" in names and "_malletrain_launcher.py" in names
     bundled = [n for n in names if n.startswith("malletrain.libs/")]
-    # What the issue names: Abseil, CBC/CLP/CoinUtils/Osi, OpenSSL; auditwheel renames them
+    # Abseil, CBC/CLP/CoinUtils/Osi, OpenSSL, libcurl (the etcd store); auditwheel renames them
     # (libabsl_status-<hash>.so.20220623), so match on the stem.
-    for stem in ("libabsl_status", "libCbc", "libClp", "libCoinUtils", "libOsi", "libcrypto"):
+    for stem in ("libabsl_status", "libCbc", "libClp", "libCoinUtils", "libOsi", "libcrypto",
+                 "libcurl"):
         assert any(pathlib.PurePath(n).name.startswith(stem + "-") for n in bundled), \
             (stem, bundled)
     # torch's libraries stay torch's: one copy in the process.
