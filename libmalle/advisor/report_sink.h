@@ -23,6 +23,12 @@ class ReportSink {
   virtual absl::Status SendReport(const std::string& report_json) = 0;
   // The job trained all its steps (`samples` of them in all). May block on I/O.
   virtual absl::Status SendComplete(int64_t steps, int64_t samples) = 0;
+  // The job lost its last member and parked its state at `step` (`bytes`,
+  // written in `seconds`); it resumes there when it gets nodes again.
+  virtual absl::Status SendParked(int64_t step, int64_t bytes, double seconds) {
+    (void)step, (void)bytes, (void)seconds;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace malle::advisor

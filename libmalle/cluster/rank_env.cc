@@ -41,8 +41,9 @@ absl::Status ReadInt(const EnvLookup& lookup, const char* var, int* out) {
 }  // namespace
 
 std::vector<std::string> RankEnvNames() {
-  return {kEnvStore,       kEnvJobId, kEnvMemberId,    kEnvBootstrapSize, kEnvControlJob,
-          kEnvControlSecret, kEnvNode,  kEnvMinNodes,  kEnvMaxNodes,      kEnvBackend};
+  return {kEnvStore,         kEnvJobId, kEnvMemberId, kEnvBootstrapSize, kEnvControlJob,
+          kEnvControlSecret, kEnvNode,  kEnvMinNodes, kEnvMaxNodes,      kEnvBackend,
+          kEnvParkDir};
 }
 
 std::string RankEnv::store_host() const { return store.substr(0, store.rfind(':')); }
@@ -105,6 +106,7 @@ absl::StatusOr<RankEnv> ReadRankEnv(const EnvLookup& lookup) {
   text(kEnvControlSecret, &env.control_secret);
   text(kEnvNode, &env.node);
   text(kEnvBackend, &env.backend);
+  text(kEnvParkDir, &env.park_dir);
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvBootstrapSize, &env.bootstrap_size));
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvMinNodes, &env.min_nodes));
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvMaxNodes, &env.max_nodes));
@@ -125,6 +127,7 @@ std::vector<std::pair<std::string, std::string>> RankEnvVars(const RankEnv& env)
   if (env.min_nodes > 0) out.emplace_back(kEnvMinNodes, absl::StrCat(env.min_nodes));
   if (env.max_nodes > 0) out.emplace_back(kEnvMaxNodes, absl::StrCat(env.max_nodes));
   if (!env.backend.empty()) out.emplace_back(kEnvBackend, env.backend);
+  if (!env.park_dir.empty()) out.emplace_back(kEnvParkDir, env.park_dir);
   return out;
 }
 

@@ -39,6 +39,7 @@ inline constexpr char kEnvNode[] = "MALLE_NODE";                    // the node 
 inline constexpr char kEnvMinNodes[] = "MALLE_MIN_NODES";           // the job's node range
 inline constexpr char kEnvMaxNodes[] = "MALLE_MAX_NODES";
 inline constexpr char kEnvBackend[] = "MALLE_BACKEND";              // "gloo" or "nccl" (CUDA tensors)
+inline constexpr char kEnvParkDir[] = "MALLE_PARK_DIR";             // the job's park store (a directory)
 
 // Every variable above, in that order (for docs and for clearing an environment).
 std::vector<std::string> RankEnvNames();
@@ -60,6 +61,7 @@ struct RankEnv {
   int min_nodes = 0;              // 0: not given
   int max_nodes = 0;              // 0: not given
   std::string backend;            // empty: the rank's default
+  std::string park_dir;           // the job's own park-store directory; empty: none
 
   // `store` split; only valid after ReadRankEnv or Validate() succeeded.
   std::string store_host() const;

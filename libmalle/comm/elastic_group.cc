@@ -554,7 +554,12 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   for (const std::string& note : change.notes) MALLE_LOG(WARNING) << "change request: " << note;
   pending_.requests_consumed = change.requests_consumed;
   pending_.deferred_joins = change.deferred;
-  if (!change.changed) return 0;
+  if (!change.changed) {
+    // Only the last member can be refused a leave, and then it is the leader:
+    // this member.
+    if (!change.park.empty()) park_requested_ = true;
+    return 0;
+  }
 
   GenerationRecord proposal;
   proposal.generation = record_.generation + 1;
@@ -562,8 +567,10 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   proposal.members = change.next;
   proposal.requests_consumed = change.requests_consumed;
   proposal.deferred_joins = change.deferred;
+  proposal.park = change.park;
   proposal.reason = absl::StrCat("planned: +[", absl::StrJoin(change.joined, ","), "] -[",
-                                 absl::StrJoin(change.removed, ","), "]");
+                                 absl::StrJoin(change.removed, ","), "]",
+                                 change.park.empty() ? "" : absl::StrCat(", ", change.park, " parks the job"));
   MALLE_ASSIGN_OR_RETURN(std::string stored,
                          job_->CreateIfAbsent(RecordKey(proposal.generation), EncodeRecord(proposal)));
   if (stored == EncodeRecord(proposal)) {
@@ -660,7 +667,9 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
     if (failure.ok()) {
       const int64_t next = vote.data_ptr<int64_t>()[0];
       if (next == 0) {
-        return NoChange();
+        Transition none = NoChange();
+        none.park = std::exchange(park_requested_, false);
+        return none;
       }
       MALLE_ASSIGN_OR_RETURN(GenerationRecord record, ReadRecord(next));
       // The leader's proposal can lose the race to a recovery record; then
@@ -761,6 +770,7 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
     t.size = static_cast<int>(record.members.size());
     t.rank = record.RankOf(member_id());
     t.reason = record.reason;
+    t.park = !record.park.empty() && record.park == member_id();
     t.joined = previous.empty() ? std::vector<std::string>{} : Difference(record.members, previous);
     t.removed = Difference(previous, record.members);
     t.phases.detect = detect;

@@ -120,6 +120,10 @@ struct Transition {
   int state_source_rank = 0;
   std::vector<int64_t> committed_by_rank;  // -1 = nothing committed
   std::string reason;
+  // This member is the job's last and was asked to leave: no member is left to
+  // hold the job's state, which it must park (elastic/park_store.h) before it
+  // closes. With kind kNone or kPlanned.
+  bool park = false;
 
   struct Phases {
     absl::Duration detect;  // failure raised locally -> recovery started
@@ -272,6 +276,7 @@ class ElasticGroup {
   std::atomic<int64_t> committed_{-1};
   int recoveries_since_commit_ = 0;       // training thread only (Commit, AtStepBoundary)
   int64_t store_failures_ = 0;            // training thread only (StoreOutage)
+  bool park_requested_ = false;           // training thread only: the leader refused its own leave
   std::atomic<int64_t> checked_in_{-1};  // newest generation this member checked in to
   std::atomic<bool> finished_{false};    // Finish(): the destructor leaves the generation alone
   // Refuses connections once this group is gone (others probe it in a recovery);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "libmalle/base/status_macros.h"
 
 namespace malle::comm {
 namespace {
@@ -66,7 +67,7 @@ int GenerationRecord::RankOf(absl::string_view member) const {
 bool GenerationRecord::operator==(const GenerationRecord& other) const {
   return generation == other.generation && cause == other.cause && members == other.members &&
          requests_consumed == other.requests_consumed && deferred_joins == other.deferred_joins &&
-         reason == other.reason;
+         reason == other.reason && park == other.park;
 }
 
 std::string EncodeRecord(const GenerationRecord& record) {
@@ -77,6 +78,7 @@ std::string EncodeRecord(const GenerationRecord& record) {
                       "\nmembers=", absl::StrJoin(record.members, ","),
                       "\nconsumed=", record.requests_consumed,
                       "\ndeferred=", absl::StrJoin(record.deferred_joins, ","),
+                      record.park.empty() ? "" : absl::StrCat("\npark=", record.park),
                       "\nreason=", reason, "\n");
 }
 
@@ -124,6 +126,9 @@ absl::StatusOr<GenerationRecord> DecodeRecord(absl::string_view text) {
       record.deferred_joins = *std::move(ids);
     } else if (key == "reason") {
       record.reason = std::string(kv.second);
+    } else if (key == "park") {
+      MALLE_RETURN_IF_ERROR(ValidateId("generation record: park", kv.second));
+      record.park = std::string(kv.second);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("generation record: unknown field '", key, "'"));
     }
@@ -194,8 +199,9 @@ PlannedChange PlanNextMembers(const GenerationRecord& current,
       change.notes.push_back(
           absl::StrCat("leave of ", request.member, " ignored: not a member"));
     } else if (survivors.size() == 1) {
+      change.park = request.member;
       change.notes.push_back(absl::StrCat("leave of ", request.member,
-                                          " ignored: it is the last member (a group is never empty)"));
+                                          ": it is the last member, it parks the job"));
     } else {
       erase(survivors, request.member);
       change.removed.push_back(request.member);

@@ -46,6 +46,9 @@ struct GenerationRecord {
   // Joins seen but not admitted yet (group at max size), oldest first.
   std::vector<std::string> deferred_joins;
   std::string reason;  // human-readable, for logs and `status`
+  // A member asked to leave while it was the last one: it stays (a group is
+  // never empty) and must park the job's state, then close. Empty: none.
+  std::string park;
 
   int RankOf(absl::string_view member) const;  // -1 if not a member
   bool operator==(const GenerationRecord& other) const;
@@ -76,13 +79,17 @@ struct PlannedChange {
   std::vector<std::string> removed;    // left on request
   std::vector<std::string> deferred;   // joins waiting for room
   std::vector<std::string> notes;      // requests that were ignored, and why
+  // The last member, asked to leave: it stays and must park the job (no
+  // member is left to hold its state). Empty: none.
+  std::string park;
   int64_t requests_consumed = 0;
 };
 
 // Applies `requests` (queue indices current.requests_consumed,
 // current.requests_consumed+1, ...) to `current`:
-//  - a leave removes a member, unless it is the last one (never an empty group;
-//    noted); a leave of a deferred joiner cancels the join;
+//  - a leave removes a member, unless it is the last one (never an empty group):
+//    that one is to park the job instead (`park`); a leave of a deferred
+//    joiner cancels the join;
 //  - joins are admitted in queue order while size < max_size, the rest are
 //    deferred (kept in order for later boundaries);
 //  - a join by a current member or a leave by a stranger is ignored and noted.

@@ -141,6 +141,12 @@ absl::Status EngineOptions::Validate() const {
   if (backend != "gloo" && backend != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("backend: must be 'gloo' or 'nccl', got '", backend, "'"));
   }
+  if (!(snapshot_budget > 0.0 && snapshot_budget < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot_budget: must be in (0, 1), got ", snapshot_budget));
+  }
+  if (!resume_from.empty() && ::access(resume_from.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("resume_from: cannot read '", resume_from, "'"));
+  }
   if (!(report_interval > absl::ZeroDuration())) {
     return absl::InvalidArgumentError("report_interval: must be positive");
   }
@@ -153,6 +159,63 @@ struct Engine::Reporter {
   absl::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::thread thread;
+};
+
+// Writes the snapshots rank 0 copied, one at a time, off the training thread.
+struct Engine::Snapshotter {
+  absl::Mutex mu;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::optional<std::pair<PackedState, int64_t>> job ABSL_GUARDED_BY(mu);  // the state and its step
+  bool busy ABSL_GUARDED_BY(mu) = false;
+  int64_t written_step ABSL_GUARDED_BY(mu) = -1;
+  std::thread thread;
+
+  explicit Snapshotter(std::shared_ptr<ParkStore> store) {
+    thread = std::thread([this, store] {
+      for (;;) {
+        std::pair<PackedState, int64_t> next;
+        {
+          absl::MutexLock lock(&mu);
+          auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stop || job.has_value(); };
+          mu.Await(absl::Condition(&ready));
+          if (!job.has_value()) return;  // stopping, nothing left to write
+          next = *std::move(job);
+          job.reset();
+          busy = true;
+        }
+        absl::Status s = store->Write(next.first, next.second);
+        if (!s.ok()) MALLE_LOG(WARNING) << "snapshot of step " << next.second << " not written (" << s
+                                        << "); the previous one stays";
+        absl::MutexLock lock(&mu);
+        busy = false;
+        if (s.ok()) written_step = std::max(written_step, next.second);
+      }
+    });
+  }
+  // Hands a copy over unless a write is in flight; true if taken.
+  bool Offer(PackedState state, int64_t step) {
+    absl::MutexLock lock(&mu);
+    if (busy || job.has_value()) return false;
+    job.emplace(std::move(state), step);
+    return true;
+  }
+  bool Busy() {
+    absl::MutexLock lock(&mu);
+    return busy || job.has_value();
+  }
+  // Waits until nothing is queued or being written.
+  void Drain() {
+    absl::MutexLock lock(&mu);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !busy && !job.has_value(); };
+    mu.Await(absl::Condition(&idle));
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu);
+      stop = true;
+    }
+    if (thread.joinable()) thread.join();
+  }
 };
 
 Engine::Engine(EngineOptions options) : options_(std::move(options)) {}
@@ -495,6 +558,7 @@ absl::StatusOr<bool> Engine::Boundary() {
                                              group_->job_id(), ": ", t.reason,
                                              "; it must join again as a new member"));
     }
+    if (t.park) park_requested_ = true;
     if (!t.changed()) return true;
     absl::Status s = OnChange(t);
     if (s.ok()) return true;
@@ -510,12 +574,19 @@ absl::Status Engine::OnChange(const Transition& t) {
   // survivor committed the same step: then no transfer at all.
   const std::vector<int> receivers = StateReceivers(t);
   const absl::Time s0 = absl::Now();
+  if (t.kind == Transition::Kind::kBootstrap && t.rank == t.state_source_rank) {
+    // A new incarnation of a job that parked (or a user's checkpoint): the
+    // source loads it, and the bootstrap's transfer gives it to everyone.
+    MALLE_RETURN_IF_ERROR(ResumeFromStore());
+  }
   if (!receivers.empty()) {
     MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &ev));
   }
   const absl::Duration state_time = absl::Now() - s0;
   landing_.clear();  // what the first transfer did not use is not needed any more
-  step_ = t.resume_step;
+  // The protocol's resume step is the truth, except at a bootstrap, where no
+  // member has committed yet and a resumed state says where it stopped.
+  step_ = t.kind == Transition::Kind::kBootstrap ? std::max(step_, t.resume_step) : t.resume_step;
   if (options_.logical_workers > 0) {
     workers_ = AssignWorkers(options_.logical_workers, t.size, t.rank);
   } else {
@@ -574,6 +645,13 @@ absl::StatusOr<std::optional<StepPlan>> Engine::NextStep() {
   }
   MALLE_ASSIGN_OR_RETURN(bool active, Boundary());
   if (!active) return std::optional<StepPlan>();
+  if (park_requested_) {
+    // The last member, asked to leave: nobody is left to hold the state.
+    MALLE_RETURN_IF_ERROR(Park());
+    left_ = true;
+    group_->Finish();
+    return std::optional<StepPlan>();
+  }
   if (step_ >= total_steps_) {
     // That boundary was the others' last one (a joiner admitted at the end,
     // or a laggard that caught up): no further boundary.
@@ -581,6 +659,9 @@ absl::StatusOr<std::optional<StepPlan>> Engine::NextStep() {
     Complete();
     return std::optional<StepPlan>();
   }
+  // Here the state is what a joiner would be sent: the committed step and
+  // whatever the user's code did after it (a scheduler's step).
+  MaybeSnapshot();
   StepPlan plan;
   plan.step = step_;
   plan.generation = group_->generation();
@@ -890,6 +971,12 @@ absl::Status Engine::Commit() {
   RecordStep();
   ++step_;
   if (options_.logical_workers == 0) position_ += static_cast<int64_t>(size()) * batch_size_;
+  const Clock::time_point now = Clock::now();
+  if (last_commit_) {
+    const absl::Duration took = absl::FromChrono(now - *last_commit_);
+    step_time_ = step_time_ == absl::ZeroDuration() ? took : step_time_ * 0.9 + took * 0.1;
+  }
+  last_commit_ = now;
   if (options_.publish_progress && store_ != nullptr && group_->rank() == 0) {
     absl::Status s = store_->Set(ProgressKey(group_->job_id()), absl::StrCat(step_));
     if (!s.ok()) MALLE_LOG(DEBUG) << "progress key not written: " << s;  // advisory
@@ -1035,8 +1122,104 @@ void Engine::Close() {
     last_generation_ = group_->generation();
   }
   StopReporter();
+  StopSnapshots();
   reducer_.reset();
   group_.reset();
+}
+
+void Engine::StopSnapshots() {
+  if (snapshotter_ == nullptr) return;
+  snapshotter_->Stop();  // a write in flight completes first
+}
+
+int64_t Engine::snapshot_step() const {
+  if (snapshotter_ == nullptr) return -1;
+  absl::MutexLock lock(&snapshotter_->mu);
+  return snapshotter_->written_step;
+}
+
+absl::Status Engine::Save(const std::string& path) {
+  if (in_step_ || synchronized_) return absl::FailedPreconditionError("Save: inside a step; call it between steps");
+  MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
+  return WriteStateFile(path, s.Pack(options_.state_direct_min_bytes), job_id(), step_, options_.secret);
+}
+
+absl::Status Engine::ResumeFromStore() {
+  std::optional<ParkedState> found;
+  if (!options_.resume_from.empty()) {
+    ParkedState p;
+    MALLE_ASSIGN_OR_RETURN(p.state, ReadStateFile(options_.resume_from, options_.secret, &p.info));
+    p.path = options_.resume_from;
+    found = std::move(p);
+  } else if (options_.park_store != nullptr) {
+    std::vector<std::string> refused;
+    MALLE_ASSIGN_OR_RETURN(found, options_.park_store->ReadNewest(&refused));
+    for (const std::string& why : refused) MALLE_LOG(WARNING) << "parked state refused: " << why;
+  }
+  if (!found) return absl::OkStatus();  // a new job
+  MALLE_ASSIGN_OR_RETURN(JobState state, JobState::Unpack(std::move(found->state)));
+  absl::Status restored = RestoreState(std::move(state));
+  if (!restored.ok()) {
+    // Another model's or job's state: the user must know, not train from scratch.
+    return absl::InvalidArgumentError(absl::StrCat(found->path, ": ", restored.message()));
+  }
+  resumed_from_ = found->path;
+  MALLE_LOG(INFO) << "resumed from " << found->path << " at step " << step_;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Park() {
+  if (options_.park_store == nullptr) {
+    MALLE_LOG(ERROR) << "job " << job_id() << ": the last member was asked to leave and there is no park store: "
+                     << "the job's state (step " << step_ << ") is lost; it will start over";
+    return absl::OkStatus();
+  }
+  if (snapshotter_ != nullptr) snapshotter_->Drain();  // one writer at a time
+  const Clock::time_point t0 = Clock::now();
+  MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
+  PackedState packed = s.Pack(options_.state_direct_min_bytes);
+  const int64_t bytes = packed.bytes();
+  MALLE_RETURN_IF_ERROR(options_.park_store->Write(packed, step_));
+  const double seconds = absl::ToDoubleSeconds(absl::FromChrono(Clock::now() - t0));
+  parked_ = true;
+  MALLE_LOG(INFO) << "job " << job_id() << " parked at step " << step_ << " (" << bytes << " B in " << seconds
+                  << " s) in " << options_.park_store->where();
+  if (options_.report_sink != nullptr) {
+    absl::Status st = options_.report_sink->SendParked(step_, bytes, seconds);
+    if (!st.ok()) MALLE_LOG(WARNING) << "park not reported to the allocator: " << st;
+  }
+  return absl::OkStatus();
+}
+
+void Engine::MaybeSnapshot() {
+  if (options_.park_store == nullptr || options_.snapshot_every < 0 || group_ == nullptr || group_->rank() != 0) {
+    return;
+  }
+  const int interval = options_.snapshot_every > 0 ? options_.snapshot_every : std::max(1, snapshot_interval_);
+  if (last_snapshot_try_ >= 0 && step_ - last_snapshot_try_ < interval) return;
+  if (last_snapshot_try_ == step_) return;  // a redo of a step already snapshotted
+  if (snapshotter_ == nullptr) snapshotter_ = std::make_unique<Snapshotter>(options_.park_store);
+  if (snapshotter_->Busy()) return;  // the previous one is still being written: no copy now
+  const Clock::time_point t0 = Clock::now();
+  absl::StatusOr<JobState> s = CaptureState();
+  if (!s.ok()) {
+    MALLE_LOG(WARNING) << "snapshot not taken: " << s.status();
+    return;
+  }
+  PackedState copy = s->Pack(options_.state_direct_min_bytes);
+  // Direct segments are views of the live buffers, which the next step
+  // changes: the writer gets copies (the only cost the step pays).
+  for (size_t i = 0; i < copy.buffers.size(); ++i) {
+    if (copy.direct[i]) copy.buffers[i] = copy.buffers[i].clone();
+    copy.direct[i] = false;
+  }
+  snapshot_copy_ = absl::FromChrono(Clock::now() - t0);
+  if (snapshotter_->Offer(std::move(copy), step_)) last_snapshot_try_ = step_;
+  if (options_.snapshot_every == 0 && step_time_ > absl::ZeroDuration()) {
+    // Keep the copies under the budget: copy / interval <= budget x step time.
+    const double steps = absl::FDivDuration(snapshot_copy_, step_time_) / options_.snapshot_budget;
+    snapshot_interval_ = static_cast<int>(std::clamp(std::ceil(steps), 1.0, 1e6));
+  }
 }
 
 }  // namespace malle::elastic

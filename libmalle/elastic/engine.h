@@ -65,6 +65,7 @@
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
 #include "libmalle/elastic/job_state.h"
+#include "libmalle/elastic/park_store.h"
 #include "libmalle/elastic/sampler.h"
 
 namespace malle::advisor {
@@ -110,6 +111,24 @@ struct EngineOptions {
   // thread of its own) and the job's completion at the end.
   std::shared_ptr<advisor::ReportSink> report_sink;
   absl::Duration report_interval = absl::Seconds(5);
+  // Parking (park_store.h): where the job's state goes when its last member is
+  // asked to leave (its node reclaimed, the allocator stopping the job, a
+  // SIGTERM turned into a leave), where snapshots are kept, and what a new
+  // incarnation resumes from at its bootstrap. Null: none (a job that loses
+  // every node then starts over).
+  std::shared_ptr<ParkStore> park_store;
+  // Asynchronous snapshots to the park store, for the unplanned case (every
+  // rank gone at once): rank 0 copies the state at a step boundary and a
+  // background thread writes it, so a step pays at most the copy. Every
+  // `snapshot_every` steps; 0: adaptive, so that the copy stays under
+  // `snapshot_budget` of the step time; < 0: none.
+  int snapshot_every = 0;
+  double snapshot_budget = 0.01;
+  // A state file to start from at the bootstrap (a user checkpoint, see
+  // Save()), instead of the park store's newest state; verified with `secret`
+  // (the deployment secret; empty: unsigned files only).
+  std::string resume_from;
+  std::string secret;
   // Tests only: the member with this id exits (137) in the middle of
   // receiving a state, like a kill -9 (MALLE_FAULT_EXIT_IN_STATE_SYNC).
   std::string fault_exit_in_state_sync;
@@ -315,6 +334,12 @@ class Engine {
   // member), stops the reporter thread.
   void Close();
 
+  // Writes the job state as it is now (at a step boundary: between steps) to
+  // `path` in the park store's file format (park_store.h), signed with
+  // options().secret: a user's own checkpoint; resume_from reads it. Blocks
+  // for the I/O. Errors: kFailedPrecondition (inside a step), WriteStateFile's.
+  absl::Status Save(const std::string& path);
+
   // The job state as it is now: tensors referenced, not copied.
   // Errors: a part's save().
   absl::StatusOr<JobState> CaptureState() const;
@@ -344,6 +369,16 @@ class Engine {
   int64_t total_steps() const { return total_steps_; }
   int micro_batch() const { return static_cast<int>(begun_) - 1; }
   bool left() const { return left_; }
+  // This member was the job's last, was asked to leave, and parked the job's
+  // state (left() is true too).
+  bool parked() const { return parked_; }
+  // Where the state this job resumed from came from ('' : it started afresh).
+  const std::string& resumed_from() const { return resumed_from_; }
+  // Snapshots: the step of the newest one written (-1: none yet), the current
+  // interval in steps, and what the last copy cost the training thread.
+  int64_t snapshot_step() const;
+  int snapshot_interval() const { return snapshot_interval_; }
+  absl::Duration snapshot_copy_time() const { return snapshot_copy_; }
   bool in_step() const { return in_step_; }
   // This member was declared failed by the others (NextStep returned kAborted).
   bool excluded() const { return excluded_; }
@@ -367,6 +402,13 @@ class Engine {
   absl::Status OnChange(const comm::Transition& t);
   absl::Status SyncState(int source, const std::vector<int>& receivers, bool in_place, ResizeEvent* ev);
   void RollBackFailedStep();
+  // At the bootstrap, on the state source: the state to resume from
+  // (resume_from, else the park store's newest), restored. Nothing if none.
+  absl::Status ResumeFromStore();
+  // The last member, asked to leave: writes the state to the park store.
+  absl::Status Park();
+  void MaybeSnapshot();
+  void StopSnapshots();
   void PublishLayout();
   // Moves the parts' tensors into one buffer per dtype and device when their
   // number changed (or always: `force`); true if anything moved.
@@ -413,6 +455,9 @@ class Engine {
   bool failed_ = false;
   bool finished_ = false;
   bool left_ = false;
+  bool parked_ = false;
+  bool park_requested_ = false;
+  std::string resumed_from_;
   bool excluded_ = false;
   bool completed_ = false;
   bool closed_ = false;
@@ -452,6 +497,15 @@ class Engine {
   absl::Duration advisor_time_;
   struct Reporter;
   std::unique_ptr<Reporter> reporter_;
+
+  // Snapshots (rank 0): one write in flight at most, on its own thread.
+  struct Snapshotter;
+  std::unique_ptr<Snapshotter> snapshotter_;
+  int snapshot_interval_ = 0;   // steps; 0 until the first copy was timed
+  int64_t last_snapshot_try_ = -1;  // the step of the last snapshot handed over
+  absl::Duration snapshot_copy_;
+  absl::Duration step_time_;    // an average of committed steps' wall time
+  std::optional<Clock::time_point> last_commit_;
 };
 
 }  // namespace malle::elastic

@@ -2,7 +2,7 @@
 //
 //   malle-agent --store=127.0.0.1:29400 --secret=/etc/malle/secret --node=n3 \
 //       [--group=rack1] [--speed=1] [--idle_until=UNIX_SECONDS] [--grace=30s] \
-//       [--log_dir=DIR] [--leave_timeout=60s]
+//       [--log_dir=DIR] [--leave_timeout=60s] [--park_dir=DIR]
 //
 // SIGTERM: the node is reclaimed (the main scheduler wants it back): the rank
 // leaves at its next step boundary within --grace, then the agent exits.
@@ -39,6 +39,8 @@ ABSL_FLAG(double, speed, 1.0, "relative speed of this node, (0, 100]");
 ABSL_FLAG(double, idle_until, 0, "forecast end of the idle window, unix seconds (0: unknown)");
 ABSL_FLAG(absl::Duration, grace, absl::Seconds(30), "time a SIGTERM (reclaim) leaves to vacate the node");
 ABSL_FLAG(absl::Duration, leave_timeout, absl::Seconds(60), "planned leave not done by then: kill the rank");
+ABSL_FLAG(std::string, park_dir, "",
+          "jobs park here, in <dir>/<job> (a shared filesystem on a cluster); empty: no parking");
 ABSL_FLAG(std::string, log_dir, "", "ranks' stdout/stderr files go here (default: inherited)");
 
 namespace {
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
   }
   o.leave_timeout = absl::GetFlag(FLAGS_leave_timeout);
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
+  o.park_root = absl::GetFlag(FLAGS_park_dir);
   const absl::Duration grace = absl::GetFlag(FLAGS_grace);
   if (grace < absl::ZeroDuration() || grace > absl::Hours(1)) return Usage("--grace must be in [0, 1h]");
 

@@ -529,6 +529,7 @@ class RankEnv:
     min_nodes: int
     max_nodes: int
     backend: str
+    park_dir: str
     def __init__(self) -> None: ...
     @property
     def store_host(self) -> str: ...

@@ -436,6 +436,11 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
                    help="with --idle-trace: the job's logical workers (caps its size)")
     p.add_argument("--grace", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="with --idle-trace: time a reclaimed node gives its rank to leave")
+    p.add_argument("--park-dir", default=None, metavar="DIR",
+                   help="the job's park store: where its last rank parks the state when every "
+                   "node goes, and snapshots are kept; a later run with the same DIR resumes "
+                   "from it (with --idle-trace: DIR/<job id>; default there: the cluster's "
+                   "work directory)")
     # Not dest="command": the top-level subcommand already uses that name.
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the rank program and its arguments, after --")

@@ -154,7 +154,7 @@ class LocalCluster:
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
                  objective: str = "throughput", keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
-                 metrics: bool = False) -> None:
+                 metrics: bool = False, park_dir: Optional[str | os.PathLike] = None) -> None:
         if allocator not in ("thread", "process"):
             raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
         names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
@@ -171,6 +171,9 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir = self.workdir / "logs"
         self.log_dir.mkdir(exist_ok=True)
+        # Every job's park store is <park_dir>/<job> (the agents' --park_dir).
+        self.park_dir = Path(park_dir) if park_dir is not None else self.workdir / "park"
+        self.park_dir.mkdir(parents=True, exist_ok=True)
         self.secret_path = self.workdir / "secret"
         if not self.secret_path.exists():
             _C.write_new_secret(str(self.secret_path))
@@ -361,7 +364,8 @@ class LocalCluster:
                 return p.pid
             args = [self._agent, f"--store={self.address}", f"--secret={self.secret_path}",
                     f"--node={node}", f"--group={group}", f"--speed={speed}",
-                    f"--grace={self.grace}s", f"--log_dir={self.log_dir}"]
+                    f"--grace={self.grace}s", f"--log_dir={self.log_dir}",
+                    f"--park_dir={self.park_dir}"]
             if idle_until is not None:
                 args.append(f"--idle_until={idle_until}")
             if self._metrics:
@@ -603,7 +607,8 @@ def run_local_cli(args: Any) -> int:
         events = load_idle_trace(args.idle_trace, time_scale=args.time_scale)
         nodes = [f"n{i}" for i in range(args.nodes)]
         with LocalCluster(nodes, policy=args.policy, grace=args.grace,
-                          workdir=args.log_dir, keep_logs=args.log_dir is not None) as cluster:
+                          workdir=args.log_dir, keep_logs=args.log_dir is not None,
+                          park_dir=args.park_dir) as cluster:
             cluster.follow_trace(events)
             lw = args.logical_workers
             cluster.submit(args.job_id, command, min_nodes=1,

@@ -28,8 +28,9 @@ import copy
 import logging
 import os
 import random
-import socket
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -152,7 +153,9 @@ class ElasticJob:
                  heartbeat_interval: float = 0.1, rendezvous_timeout: float = 60.0,
                  op_timeout: float = 60.0, bucket_cap_mb: float = 25.0,
                  print_scaling: bool = False, max_recoveries_without_commit: int = 16,
-                 backend: Optional[str] = None) -> None:
+                 backend: Optional[str] = None, park_dir: Optional[str] = None,
+                 snapshot_every: int = 0, resume_from: Optional[str] = None,
+                 handle_sigterm: bool = True) -> None:
         if logical_workers is not None and (isinstance(logical_workers, bool) or
                                             not isinstance(logical_workers, int) or
                                             logical_workers < 1):
@@ -188,7 +191,9 @@ class ElasticJob:
             min_nodes=max(1, env.min_nodes), max_nodes=env.max_nodes,
             report_interval=float(_env("MALLE_REPORT_INTERVAL", "5")),
             fault_exit_in_state_sync=_env("MALLE_FAULT_EXIT_IN_STATE_SYNC"),
-            backend=backend if backend is not None else env.backend or "gloo")
+            backend=backend if backend is not None else env.backend or "gloo",
+            park_dir=park_dir if park_dir is not None else env.park_dir,
+            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""))
         self.backend = backend if backend is not None else env.backend or "gloo"
         self._member_id = member
         self.control_job = env.control_job or None
@@ -198,6 +203,17 @@ class ElasticJob:
         self._tracked: List[str] = []
         self._history: List[ResizeEvent] = []
         self.closed = False
+        # SIGTERM (a node reclaimed with a grace period, a Slurm preemption, an allocator
+        # stopping the job) becomes a leave at the next step boundary; the job's last member
+        # parks the state instead of losing it.
+        self._sigterm = False
+        self._stopped = False  # SIGTERM before this rank joined: it just stops
+        self._old_sigterm: Any = None
+        if handle_sigterm and threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        self._sigterm = True
 
     # --- what a rank can look at (-1 / 0 before joining) --------------------------
     rank = property(lambda self: self._engine.rank)
@@ -210,7 +226,11 @@ class ElasticJob:
                            doc="Index of the current micro-batch within this rank's share.")
     redone_steps = property(lambda self: self._engine.redone_steps,
                             doc="Steps this rank started again (a failed step redone).")
-    left = property(lambda self: self._engine.left)
+    left = property(lambda self: self._engine.left or self._stopped)
+    parked = property(lambda self: self._engine.parked,
+                      doc="This rank was the job's last, was asked to leave, and parked its state.")
+    resumed_from = property(lambda self: self._engine.resumed_from,
+                            doc="The parked state or checkpoint this job resumed from ('' if none).")
 
     @property
     def member_id(self) -> str:
@@ -319,6 +339,23 @@ class ElasticJob:
         rank and size earlier)."""
         self._engine.join()
 
+    def save(self, path: "str | os.PathLike[str]") -> None:
+        """Writes the job state (model, optimizer, tracked objects, data position, step) to
+        ``path`` between two steps: a checkpoint of your own, in the park store's format
+        (signed with the deployment secret when there is one).
+        ``malletrain.init(..., resume_from=path)`` starts a job from it."""
+        self._require_wrapped()
+        self._engine.save(os.fspath(path))
+
+    def export(self, path: "str | os.PathLike[str]") -> None:
+        """Writes what plain PyTorch loads: ``torch.save({"model": state_dict(), "optimizer":
+        state_dict(), "step": ...})``, so a trained model leaves malletrain easily."""
+        self._require_wrapped()
+        assert self._model is not None and self._optimizer is not None
+        torch.save({"model": self._model.module.state_dict(),
+                    "optimizer": self._optimizer.optimizer.state_dict(), "step": self.step},
+                   os.fspath(path))
+
     def leave(self) -> None:
         """Asks to leave the job at the next step boundary (the loader then stops)."""
         self._require_wrapped()
@@ -333,6 +370,9 @@ class ElasticJob:
         """Releases the group (a member still in it makes the others recover at once)."""
         if not self.closed:
             self._engine.close()
+            if self._old_sigterm is not None and \
+                    threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._old_sigterm)
         self.closed = True
 
 
@@ -390,6 +430,12 @@ class ElasticLoader:
             if e.in_step:
                 raise MalleValueError(f"optimizer.step() was not called after the last "
                                       f"micro-batch of step {e.step}")
+            if job._sigterm and not e.left:
+                job._sigterm = False
+                if e.rank < 0:  # not a member yet: nothing to leave, no state to keep
+                    job._stopped = True
+                    raise StopIteration
+                e.request_leave()  # leaves at this boundary (the last member parks)
             plan = e.next_step()  # rolls back a failed step, runs the boundary
             if plan is None:
                 self._plan = None
@@ -477,6 +523,11 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             ``MALLE_PRINT_SCALING=1``), ``max_recoveries_without_commit`` (default 16) and
             ``backend`` (default ``MALLE_BACKEND`` or ``"gloo"``): what reduces a CUDA model's
             gradients, ``"nccl"`` (one GPU per rank) or ``"gloo"`` (through host memory).
+            Parking (docs/elastic.md): ``park_dir`` (default ``MALLE_PARK_DIR``), the job's
+            park store, where its last member parks the state and snapshots go, and what a
+            new incarnation resumes from; ``snapshot_every`` (0: adaptive, under 1 % of the
+            step time; < 0: none); ``resume_from``: a file written by :meth:`ElasticJob.save`;
+            ``handle_sigterm`` (default True): SIGTERM leaves at the next step boundary.
 
     Raises:
         MalleValueError: bad arguments (e.g. fewer logical workers than the starting size).

@@ -179,8 +179,10 @@ def _generation(record: dict, seen_t: float) -> Generation:
 
 class _Local:
     def __init__(self, command: Sequence[str], nodes: int, job_id: str, log_dir: Optional[str],
-                 env: Optional[dict[str, str]], seed: Optional[int], quiet: bool) -> None:
+                 env: Optional[dict[str, str]], seed: Optional[int], quiet: bool,
+                 park_dir: Optional[str] = None) -> None:
         self.command = list(command)
+        self.park_dir = os.fspath(park_dir) if park_dir else ""
         self.nodes = nodes
         self.job_id = job_id
         self.log_dir = log_dir
@@ -222,6 +224,7 @@ class _Local:
         rank.job_id = self.job_id
         rank.member_id = member
         rank.bootstrap_size = bootstrap
+        rank.park_dir = self.park_dir
         log = ""
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
@@ -328,7 +331,8 @@ class _SignalsDeferred:
 
 def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id: str = "local",
               timeout: float = 600.0, seed: Optional[int] = None, log_dir: Optional[str] = None,
-              env: Optional[dict[str, str]] = None, quiet: bool = False) -> LocalResult:
+              env: Optional[dict[str, str]] = None, quiet: bool = False,
+              park_dir: Optional[str] = None) -> LocalResult:
     """Runs ``command`` as an elastic job of ``nodes`` local members, following ``schedule``.
 
     Blocks until every started process has exited, or ``timeout`` seconds after the launch,
@@ -336,6 +340,8 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
     when every member of the job has exited are stopped (``unadmitted``); so are members the
     schedule stopped and never continued (counted as ``killed``). ``env`` replaces
     ``os.environ`` for the children; the launcher adds the ``MALLE_*`` variables.
+    ``park_dir``: the job's park store (``MALLE_PARK_DIR``): where its last member parks the
+    state and snapshots go; a later ``run_local`` with the same directory resumes from it.
     Raises MalleValueError for a bad schedule or argument; KeyboardInterrupt (SIGINT)
     propagates after every child has been killed.
     """
@@ -348,7 +354,7 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
     if not timeout > 0:
         raise MalleValueError(f"timeout: must be a positive number of seconds, got {timeout}")
     events = parse_schedule(schedule)
-    run = _Local(command, nodes, job_id, log_dir, env, seed, quiet)
+    run = _Local(command, nodes, job_id, log_dir, env, seed, quiet, park_dir)
     timed_out = False
     last = None
     try:
@@ -456,7 +462,8 @@ def main(args) -> int:
     old = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
     try:
         result = run_local(command, args.nodes, args.schedule, job_id=args.job_id,
-                           timeout=args.timeout, seed=args.seed, log_dir=args.log_dir)
+                           timeout=args.timeout, seed=args.seed, log_dir=args.log_dir,
+                           park_dir=args.park_dir)
     except MalleValueError as e:
         print(f"malletrain local: error: {e}", file=sys.stderr)
         return 2

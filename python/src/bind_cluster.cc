@@ -36,6 +36,7 @@ void BindCluster(py::module_& m) {
       .def_readwrite("min_nodes", &RankEnv::min_nodes)
       .def_readwrite("max_nodes", &RankEnv::max_nodes)
       .def_readwrite("backend", &RankEnv::backend)
+      .def_readwrite("park_dir", &RankEnv::park_dir)
       .def_property_readonly("store_host", &RankEnv::store_host)
       .def_property_readonly("store_port", &RankEnv::store_port)
       .def("validate", [](const RankEnv& e) { ThrowIfError(e.Validate()); })

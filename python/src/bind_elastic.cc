@@ -201,7 +201,8 @@ void BindElastic(py::module_& m) {
                        const std::string& lr_scaling, uint64_t seed, bool deterministic, int64_t bucket_bytes,
                        int64_t state_direct_min_bytes, const std::string& control_job,
                        const std::string& secret_path, int min_nodes, int max_nodes, double report_interval,
-                       const std::string& fault_exit_in_state_sync) {
+                       const std::string& fault_exit_in_state_sync, const std::string& park_dir,
+                       int snapshot_every, const std::string& resume_from) {
              comm::ElasticGroupOptions g;
              g.job_id = job_id;
              g.member_id = member_id;
@@ -226,6 +227,9 @@ void BindElastic(py::module_& m) {
              o.max_nodes = max_nodes;
              o.report_interval = Seconds(report_interval, "report_interval");
              o.fault_exit_in_state_sync = fault_exit_in_state_sync;
+             o.snapshot_every = snapshot_every;
+             o.resume_from = resume_from;
+             if (!secret_path.empty()) o.secret = std::string(ValueOrThrow(control::LoadSecret(secret_path)).bytes());
              // Everything is checked before the store is dialled (which may wait up to
              // rendezvous_timeout).
              ThrowIfError(o.Validate());
@@ -236,6 +240,13 @@ void BindElastic(py::module_& m) {
              }
              if (o.logical_workers > 0) g.max_size = std::min(g.max_size, o.logical_workers);
              ThrowIfError(g.Validate());
+             if (!park_dir.empty()) {
+               elastic::DirParkStoreOptions p;
+               p.dir = park_dir;
+               p.job = control_job.empty() ? job_id : control_job;
+               p.secret = o.secret;
+               o.park_store = ValueOrThrow(elastic::DirParkStore::Open(std::move(p)));
+             }
              std::shared_ptr<comm::ControlStore> store;
              {
                py::gil_scoped_release release;
@@ -257,7 +268,8 @@ void BindElastic(py::module_& m) {
            py::arg("backend"), py::arg("logical_workers"), py::arg("lr_scaling"), py::arg("seed"),
            py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("state_direct_min_bytes"),
            py::arg("control_job"), py::arg("secret_path"), py::arg("min_nodes"), py::arg("max_nodes"),
-           py::arg("report_interval"), py::arg("fault_exit_in_state_sync"))
+           py::arg("report_interval"), py::arg("fault_exit_in_state_sync"), py::arg("park_dir") = "",
+           py::arg("snapshot_every") = 0, py::arg("resume_from") = "")
       .def(
           "set_model",
           [](PyEngine& e, const std::vector<std::pair<std::string, at::Tensor>>& params,
@@ -325,6 +337,16 @@ void BindElastic(py::module_& m) {
         e.engine->Close();
       })
       .def("state_digest", [](PyEngine& e) { return e.Call([&] { return e.engine->StateDigest(); }).value(); })
+      .def(
+          "save", [](PyEngine& e, const std::string& path) { e.Call([&] { return e.engine->Save(path); }); },
+          py::arg("path"))
+      .def_property_readonly("parked", [](PyEngine& e) { return e.engine->parked(); })
+      .def_property_readonly("resumed_from", [](PyEngine& e) { return e.engine->resumed_from(); })
+      .def_property_readonly("snapshot_step", [](PyEngine& e) { return e.engine->snapshot_step(); })
+      .def_property_readonly("snapshot_interval", [](PyEngine& e) { return e.engine->snapshot_interval(); })
+      .def_property_readonly("snapshot_copy_seconds", [](PyEngine& e) {
+        return absl::ToDoubleSeconds(e.engine->snapshot_copy_time());
+      })
       .def("report_json", [](PyEngine& e) {
         py::gil_scoped_release release;
         return e.engine->ReportJson();

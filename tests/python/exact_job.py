@@ -97,6 +97,12 @@ def build_model() -> torch.nn.Module:
         torch.nn.Linear(48, 10))
 
 
+def build_other_model() -> torch.nn.Module:
+    """Another model (a wider first layer): its state must not load into this job's."""
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
@@ -106,14 +112,20 @@ def main(argv=None) -> int:
     p.add_argument("--aug", choices=["none", "getitem", "collate", "both"], default="none")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--die", default="", help="RANK@STEP:PHASE, PHASE in forward|backward|step")
+    p.add_argument("--die-all", type=int, default=-1,
+                   help="every rank SIGKILLs itself during this step (after a forward)")
+    p.add_argument("--term-all", type=int, default=-1,
+                   help="every rank SIGTERMs itself during this step: all leave, the last parks")
+    p.add_argument("--snapshot-every", type=int, default=0)
+    p.add_argument("--model", choices=["main", "other"], default="main")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
     job = malletrain.init(logical_workers=args.logical_workers, seed=11,
-                          deterministic=args.deterministic)
-    model = job.wrap_model(build_model())
+                          deterministic=args.deterministic, snapshot_every=args.snapshot_every)
+    model = job.wrap_model(build_model() if args.model == "main" else build_other_model())
     opt = job.wrap_optimizer(torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=7, gamma=0.7)
     job.track("sched", sched)
@@ -138,7 +150,10 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     trace = open(os.path.join(args.out, f"trace-{job.member_id}.jsonl"), "w", buffering=1)
+    resumed_at = None
     for x, y, idx in loader:
+        if resumed_at is None:
+            resumed_at = job.step  # the first step this member ran
         step, micro = job.step, job.micro_batch
         trace.write(json.dumps({
             "step": step, "micro": micro, "worker": job.workers[micro], "size": job.size,
@@ -151,6 +166,10 @@ def main(argv=None) -> int:
         loss = F.cross_entropy(model(x), y)
         if micro == 0:
             maybe_die("forward")
+            if step == args.die_all:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == args.term_all:
+                os.kill(os.getpid(), signal.SIGTERM)
         loss.backward()
         if micro == len(job.workers) - 1:
             maybe_die("backward")
@@ -166,6 +185,8 @@ def main(argv=None) -> int:
     trace.close()
     with open(os.path.join(args.out, f"result-{job.member_id}.json"), "w") as f:
         json.dump({"redone_steps": job.redone_steps, "left": job.left, "steps": job.step,
+                   "parked": job.parked, "resumed_from": job.resumed_from,
+                   "resumed_at": resumed_at,
                    "history": [ev.kind for ev in job.history]}, f)
     if not job.left and job.rank == 0:
         torch.save({"model": model.module.state_dict(),

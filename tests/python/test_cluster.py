@@ -527,7 +527,8 @@ def test_allocator_and_agents_export_prometheus_metrics(tmp_path):
             try:
                 c.node_up("n0")
                 c.node_up("n1")
-                c.submit("j", train_cmd(out / mode, 20, ["--logical-workers", "2"], 0.0),
+                # Paced (0.1 s a step): the agents see the ranks as members while they train.
+                c.submit("j", train_cmd(out / mode, 20, ["--logical-workers", "2"], 0.1),
                          max_nodes=2, logical_workers=2)
                 c.wait(["j"], timeout=180)
                 url = c.allocator_metrics_url()

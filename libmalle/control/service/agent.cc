@@ -441,6 +441,14 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   env.node = options_.node;
   env.min_nodes = spec.min_nodes;
   env.max_nodes = spec.EffectiveMaxNodes();
+  if (!options_.park_root.empty()) {
+    // Ids are [A-Za-z0-9._-]: one path component, except these two.
+    if (w.job == "." || w.job == "..") {
+      MALLE_LOG(WARNING) << "job '" << w.job << "' has no park store: its id is not a directory name";
+    } else {
+      env.park_dir = absl::StrCat(options_.park_root, "/", w.job);
+    }
+  }
   // Its own process group: stopping the rank stops what it started too.
   p.new_process_group = true;
   absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);

@@ -76,6 +76,10 @@ struct AgentOptions {
   std::string secret_path;    // passed to ranks (MALLE_CONTROL_SECRET), may be empty
   std::string log_dir;        // ranks' stdout/stderr as <log_dir>/<member>.{out,err}; empty: inherit
   std::vector<std::pair<std::string, std::string>> extra_env;  // added to every rank
+  // Park stores: a job's ranks get <park_root>/<job> (MALLE_PARK_DIR), where its
+  // last member parks the state and snapshots go (a shared filesystem on a
+  // cluster, so that the job resumes on any node). Empty: jobs do not park.
+  std::string park_root;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration poll_interval = absl::Milliseconds(50);
   absl::Duration reregister_after = absl::Seconds(3);

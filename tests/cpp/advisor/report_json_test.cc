@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/advisor/advisor.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "nlohmann/json.hpp"
 #include "tests/cpp/advisor/synthetic_job.h"
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "tests/cpp/advisor/synthetic_job.h"
 
 namespace malle::advisor {

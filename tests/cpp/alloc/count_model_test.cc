@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/alloc/dp.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
 namespace {

@@ -23,7 +23,7 @@
 #include "libmalle/alloc/dp.h"
 #include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/problem.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
 namespace {

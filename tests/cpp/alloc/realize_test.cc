@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "libmalle/alloc/dp.h"
 #include "libmalle/alloc/heuristics.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
 namespace {

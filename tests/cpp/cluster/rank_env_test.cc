@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::cluster {
 namespace {
@@ -33,7 +33,8 @@ TEST(RankEnvTest, ReadsEveryVariable) {
                                {"MALLE_NODE", "n3"},
                                {"MALLE_MIN_NODES", "1"},
                                {"MALLE_MAX_NODES", "4"},
-                               {"MALLE_BACKEND", "nccl"}}));
+                               {"MALLE_BACKEND", "nccl"},
+                               {"MALLE_PARK_DIR", "/shared/park/digits"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->store_host(), "10.0.0.2");
   EXPECT_EQ(env->store_port(), 29400);
@@ -46,6 +47,7 @@ TEST(RankEnvTest, ReadsEveryVariable) {
   EXPECT_EQ(env->min_nodes, 1);
   EXPECT_EQ(env->max_nodes, 4);
   EXPECT_EQ(env->backend, "nccl");
+  EXPECT_EQ(env->park_dir, "/shared/park/digits");
 }
 
 TEST(RankEnvTest, DefaultsWhenOnlyTheStoreIsGiven) {
@@ -110,7 +112,7 @@ TEST(RankEnvTest, BadInputNamesTheVariable) {
 
 TEST(RankEnvTest, NamesListEveryVariableOnce) {
   const auto names = RankEnvNames();
-  EXPECT_EQ(names.size(), 10u);
+  EXPECT_EQ(names.size(), 11u);
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
 }
 

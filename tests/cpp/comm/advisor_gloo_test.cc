@@ -39,7 +39,7 @@
 #include "libmalle/advisor/advisor.h"
 #include "libmalle/advisor/scaling_model.h"
 #include "libmalle/advisor/step_sample.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
 

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/cluster/local_process.h"
 #include "libmalle/comm/elastic_group.h"
 #include "nlohmann/json.hpp"

@@ -15,8 +15,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
-#include "libmalle/comm/testing/group_options.h"
+#include "tests/cpp/testing/status_matchers.h"
+#include "tests/cpp/testing/group_options.h"
 
 namespace malle::comm {
 namespace {

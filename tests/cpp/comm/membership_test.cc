@@ -2,7 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::comm {
 namespace {
@@ -33,6 +33,7 @@ struct PlanCase {
   std::vector<std::string> removed;
   std::vector<std::string> deferred;
   size_t notes;
+  std::string park = "";
 };
 
 class PlanNextMembersTest : public ::testing::TestWithParam<PlanCase> {};
@@ -45,6 +46,7 @@ TEST_P(PlanNextMembersTest, Decides) {
   EXPECT_EQ(change.removed, c.removed);
   EXPECT_EQ(change.deferred, c.deferred);
   EXPECT_EQ(change.notes.size(), c.notes) << ::testing::PrintToString(change.notes);
+  EXPECT_EQ(change.park, c.park);
   EXPECT_EQ(change.changed, c.next != c.current.members);
   EXPECT_EQ(change.requests_consumed,
             c.current.requests_consumed + static_cast<int64_t>(c.requests.size()));
@@ -69,8 +71,11 @@ INSTANTIATE_TEST_SUITE_P(
                  {}, 0},
         PlanCase{"leave_cancels_deferred_join", Gen({"a"}, 0, {"w"}), {{Kind::kLeave, "w"}}, 1,
                  {"a"}, {}, {}, {}, 1},
-        PlanCase{"last_member_cannot_leave", Gen({"a"}), {{Kind::kLeave, "a"}}, 8, {"a"}, {}, {},
-                 {}, 1},
+        PlanCase{"last_member_stays_and_parks", Gen({"a"}), {{Kind::kLeave, "a"}}, 8, {"a"}, {}, {},
+                 {}, 1, "a"},
+        PlanCase{"everyone_leaves_the_last_one_parks", Gen({"a", "b", "c"}),
+                 {{Kind::kLeave, "a"}, {Kind::kLeave, "b"}, {Kind::kLeave, "c"}}, 8, {"c"}, {},
+                 {"a", "b"}, {}, 1, "c"},
         PlanCase{"leave_of_stranger_noted", Gen({"a", "b"}), {{Kind::kLeave, "z"}}, 8, {"a", "b"},
                  {}, {}, {}, 1},
         PlanCase{"duplicate_join_noted", Gen({"a", "b"}), {{Kind::kJoin, "b"}, {Kind::kJoin, "x"},
@@ -85,6 +90,7 @@ TEST(RecordTest, RoundTrips) {
   GenerationRecord r = Gen({"w0", "w1.a", "host-1_2"}, 17, {"w9"});
   r.cause = GenerationCause::kRecovery;
   r.reason = "recovery from generation 2: peer\ngone";
+  r.park = "w1.a";
   ASSERT_OK_AND_ASSIGN(GenerationRecord back, DecodeRecord(EncodeRecord(r)));
   r.reason = "recovery from generation 2: peer gone";  // newlines are flattened
   EXPECT_EQ(back, r);
@@ -108,6 +114,7 @@ TEST(RecordTest, RejectsMalformedRecordsNamingTheField) {
       {"v=1\ngeneration=1\ncause=planned\nmembers=a\nconsumed=0\nextra=1\n", "unknown field 'extra'"},
       {"v=1\ngeneration=1\ngeneration=2\ncause=planned\nmembers=a\nconsumed=0\n", "duplicate field"},
       {"v=1\ngeneration=1\ncause=planned\nmembers=a\n", "missing field 'consumed'"},
+      {"v=1\ngeneration=1\ncause=planned\nmembers=a\nconsumed=0\npark=a b\n", "park"},
   };
   for (const Bad& bad : cases) {
     EXPECT_THAT(DecodeRecord(bad.text),

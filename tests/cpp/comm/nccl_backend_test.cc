@@ -8,7 +8,7 @@
 #include <ATen/ops/full.h>
 
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/comm/elastic_group.h"
 #include "libmalle/comm/internal/reaper.h"
 

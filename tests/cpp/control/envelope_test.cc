@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/control/wire/hmac.h"
 #include "libmalle/control/wire/messages.h"
 #include "libmalle/control/wire/secret.h"

@@ -24,8 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libmalle/base/status_macros.h"
-#include "libmalle/base/testing/status_matchers.h"
-#include "libmalle/comm/testing/group_options.h"
+#include "tests/cpp/testing/status_matchers.h"
+#include "tests/cpp/testing/group_options.h"
 
 namespace malle::elastic {
 namespace {

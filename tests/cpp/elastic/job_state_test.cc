@@ -12,7 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::elastic {
 namespace {

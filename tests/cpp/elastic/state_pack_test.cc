@@ -18,9 +18,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libmalle/base/testing/status_matchers.h"
+#include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/comm/elastic_group.h"
-#include "libmalle/comm/testing/group_options.h"
+#include "tests/cpp/testing/group_options.h"
 #include "libmalle/elastic/elastic_trainer.h"
 #include "libmalle/elastic/optimizer_state.h"
 

@@ -8,8 +8,8 @@
 //   ASSERT_OK_AND_ASSIGN(auto port, Parse("80"));
 //
 // Thread-safety: test-only helpers, use from the test thread.
-#ifndef MALLE_BASE_TESTING_STATUS_MATCHERS_H_
-#define MALLE_BASE_TESTING_STATUS_MATCHERS_H_
+#ifndef MALLE_TESTS_CPP_TESTING_STATUS_MATCHERS_H_
+#define MALLE_TESTS_CPP_TESTING_STATUS_MATCHERS_H_
 
 #include <ostream>
 #include <string>
@@ -123,4 +123,4 @@ auto IsOkAndHolds(ValueMatcher value) {
       << MALLE_TESTING_CONCAT_(malle_statusor_, __LINE__).status().ToString();    \
   lhs = std::move(MALLE_TESTING_CONCAT_(malle_statusor_, __LINE__)).value()
 
-#endif  // MALLE_BASE_TESTING_STATUS_MATCHERS_H_
+#endif  // MALLE_TESTS_CPP_TESTING_STATUS_MATCHERS_H_

@@ -1,13 +1,13 @@
 // ElasticGroupOptions for tests (test-only, header-only; like
-// libmalle/base/testing/status_matchers.h, it is not installed):
+// tests/cpp/testing/status_matchers.h, it is not installed):
 //
 //   auto g = comm::ElasticGroup::Join(store, comm::testing::GroupOptions("job", "m0", 2));
 //
 // The rendezvous and heartbeat timeouts are long enough for ranks as threads
 // or processes on a loaded 2-core machine and short enough that a test that
 // goes wrong fails instead of hanging. Thread-safety: a pure function.
-#ifndef MALLE_COMM_TESTING_GROUP_OPTIONS_H_
-#define MALLE_COMM_TESTING_GROUP_OPTIONS_H_
+#ifndef MALLE_TESTS_CPP_TESTING_GROUP_OPTIONS_H_
+#define MALLE_TESTS_CPP_TESTING_GROUP_OPTIONS_H_
 
 #include <string>
 
@@ -29,4 +29,4 @@ inline ElasticGroupOptions GroupOptions(const std::string& job, const std::strin
 
 }  // namespace malle::comm::testing
 
-#endif  // MALLE_COMM_TESTING_GROUP_OPTIONS_H_
+#endif  // MALLE_TESTS_CPP_TESTING_GROUP_OPTIONS_H_

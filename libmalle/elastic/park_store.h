@@ -1,0 +1,123 @@
+// ParkStore: where a job's state goes when no rank is left to hold it.
+//
+// Defines the state file format (WriteStateFile / ReadStateFile: one packed
+// JobState, streamed from and into flat buffers, no pickling), ParkStore (the
+// interface the engine parks to, snapshots to and resumes from) and
+// DirParkStore (a directory: a shared filesystem on a cluster, local disk for
+// `malletrain local` and the demo).
+//
+// A state file is: the magic "MALLEPRK", u32 format version, u32 flags (bit 0:
+// signed), u64 length of a JSON header (job, step, creation time, the
+// segments' dtypes, lengths, devices and the skeleton's length), the header,
+// the skeleton, every segment's bytes in order, and a 32-byte trailer: the
+// HMAC-SHA256 of everything before it under the deployment secret, or its
+// SHA-256 when the deployment has no secret (then the file is flagged
+// unsigned, and a reader that has a secret refuses it). A reader verifies the
+// trailer before it returns anything, so a truncated, corrupt or forged file
+// is refused with an error naming what is wrong, never half-used.
+//
+// Writes are atomic and durable: a temporary file in the same directory,
+// fsync, rename, fsync of the directory. A failed write (a full disk) leaves
+// the previous files as they were.
+//
+//   MALLE_ASSIGN_OR_RETURN(auto store, DirParkStore::Open({"/shared/park/digits", secret}));
+//   MALLE_RETURN_IF_ERROR(store->Write(state.Pack(), state.step));      // park or snapshot
+//   MALLE_ASSIGN_OR_RETURN(std::optional<ParkedState> newest, store->ReadNewest());
+//
+// Thread-safety: a DirParkStore may be used from one thread at a time (the
+// engine's snapshot thread and its training thread never use it at once);
+// separate processes may write the same directory (names are unique per step
+// and writer).
+#ifndef MALLE_ELASTIC_PARK_STORE_H_
+#define MALLE_ELASTIC_PARK_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libmalle/elastic/state_pack.h"
+
+namespace malle::elastic {
+
+inline constexpr uint32_t kStateFileVersion = 1;
+
+struct StateFileInfo {
+  std::string job;
+  int64_t step = 0;
+  absl::Time written;
+  int64_t bytes = 0;  // the file's size
+  bool signed_ = false;
+};
+
+// Writes `state` to `path` atomically (temp file, fsync, rename, fsync of the
+// directory). `secret` empty: unsigned (SHA-256 trailer). Device segments are
+// copied to the host in chunks. Blocks for the I/O. Errors: kInvalidArgument
+// (a corrupt skeleton), kResourceExhausted (disk full), kPermissionDenied,
+// kInternal (other I/O errors), each naming the path; `path` is untouched.
+absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
+                            int64_t step, const std::string& secret);
+
+// Reads and verifies a state file. Segments come back on the device types they
+// were written from (CPU, or this process's current CUDA device). `info`, if
+// given, receives the header. Errors: kNotFound, kDataLoss ("truncated",
+// "checksum mismatch: corrupt or forged", "unsigned ... while a secret is
+// configured", "not a malletrain state file", another format version), each
+// naming the path.
+absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::string& secret,
+                                          StateFileInfo* info = nullptr);
+
+// A state read back from a park store.
+struct ParkedState {
+  PackedState state;
+  StateFileInfo info;
+  std::string path;
+};
+
+class ParkStore {
+ public:
+  virtual ~ParkStore() = default;
+  // Writes the job's state at `step` (what a state transfer sends). Once it
+  // is durable, older states are removed but one (the fallback if the newest
+  // is ever unreadable). Errors as WriteStateFile's; the previous states stay.
+  virtual absl::Status Write(const PackedState& state, int64_t step) = 0;
+  // The newest state that verifies; states that do not are skipped, and each
+  // is named with why in `refused` (if given). nullopt: nothing parked.
+  // Errors: kInternal/kPermissionDenied (the store cannot be listed).
+  virtual absl::StatusOr<std::optional<ParkedState>> ReadNewest(std::vector<std::string>* refused = nullptr) = 0;
+  // What is stored, newest first (headers only, not verified). Errors: as ReadNewest.
+  virtual absl::StatusOr<std::vector<StateFileInfo>> List() = 0;
+  virtual std::string where() const = 0;  // for messages
+};
+
+struct DirParkStoreOptions {
+  std::string dir;     // the job's own directory (created if missing)
+  std::string job;     // written into every file's header
+  std::string secret;  // the deployment secret; empty: unsigned files
+};
+
+class DirParkStore : public ParkStore {
+ public:
+  // Creates the directory if needed. Errors: kInvalidArgument (empty dir),
+  // kPermissionDenied / kInternal (cannot create or write it).
+  static absl::StatusOr<std::unique_ptr<DirParkStore>> Open(DirParkStoreOptions options);
+
+  absl::Status Write(const PackedState& state, int64_t step) override;
+  absl::StatusOr<std::optional<ParkedState>> ReadNewest(std::vector<std::string>* refused = nullptr) override;
+  absl::StatusOr<std::vector<StateFileInfo>> List() override;
+  std::string where() const override { return options_.dir; }
+
+ private:
+  explicit DirParkStore(DirParkStoreOptions options) : options_(std::move(options)) {}
+  // The state files of the directory, newest (highest step, then newest name) first.
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Files() const;
+  DirParkStoreOptions options_;
+};
+
+}  // namespace malle::elastic
+
+#endif  // MALLE_ELASTIC_PARK_STORE_H_
