@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -26,9 +27,9 @@ def _cache(name: str) -> str:
     return m.group(1)
 
 
-def _run(*args, cwd=None, timeout=BUILD_TIMEOUT_S) -> subprocess.CompletedProcess:
+def _run(*args, cwd=None, timeout=BUILD_TIMEOUT_S, **env) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=clean_env())
+                          timeout=timeout, env=clean_env(**env))
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,21 @@ def prefix(tmp_path_factory) -> pathlib.Path:
 
 
 def _configure_and_build(source: pathlib.Path, build: pathlib.Path, prefix: pathlib.Path,
-                         *extra: str) -> subprocess.CompletedProcess:
+                         basetemp: pathlib.Path, *extra: str) -> subprocess.CompletedProcess:
+    # ccache, as malletrain's own build uses it: compiling a consumer's file against LibTorch's
+    # headers takes 25-50 s here. Paths under pytest's base folder (the prefix, the build, a
+    # generated source) are hashed relative to it, so the next session's new folders hit.
+    # The link, against the installed static libraries, is never cached.
+    launcher, env = [], {}
+    ccache = shutil.which("ccache")
+    if ccache:
+        launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"]
+        env = {"CCACHE_BASEDIR": str(basetemp)}
     r = _run("cmake", "-S", source, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-             f"-DCMAKE_PREFIX_PATH={prefix}", *extra)
+             f"-DCMAKE_PREFIX_PATH={prefix}", *launcher, *extra)
     if r.returncode != 0:
         return r
-    return _run("nice", "-n", "10", "cmake", "--build", build, "-j", "2")
+    return _run("nice", "-n", "10", "cmake", "--build", build, "-j", "2", **env)
 
 
 def _source_public_headers() -> set[str]:
@@ -89,9 +99,11 @@ def test_installed_headers_are_the_public_lists_and_closed(prefix):
             assert inc in installed, f"{h} includes {inc}, which is not installed"
 
 
-def test_nas_search_builds_out_of_tree_and_runs_against_the_package(prefix, tmp_path):
+def test_nas_search_builds_out_of_tree_and_runs_against_the_package(prefix, tmp_path,
+                                                                   tmp_path_factory):
     build = tmp_path / "build"
     r = _configure_and_build(ROOT / "examples" / "nas_search", build, prefix,
+                             tmp_path_factory.getbasetemp(),
                              f"-DPython_EXECUTABLE={sys.executable}")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     nas = build / "nas_search"
@@ -118,7 +130,7 @@ def test_nas_search_builds_out_of_tree_and_runs_against_the_package(prefix, tmp_
     assert re.search(r"^best: nas-w(16|32) \(test accuracy 0\.\d+\)$", r.stdout, re.M), r.stdout
 
 
-def test_every_installed_header_compiles_in_a_consumer(prefix, tmp_path):
+def test_every_installed_header_compiles_in_a_consumer(prefix, tmp_path, tmp_path_factory):
     """One translation unit that includes every installed header, compiled with nothing but
     what find_package(malle) gives (include dirs, LibTorch's flags, defines), linked to every
     library target and run."""
@@ -139,7 +151,7 @@ target_link_libraries(all_headers PRIVATE malle::base malle::cluster malle::allo
   malle::sim malle::control_wire malle::control_state malle::membership malle::comm
   malle::elastic malle::control_service {nccl})
 """)
-    r = _configure_and_build(src, tmp_path / "build", prefix,
+    r = _configure_and_build(src, tmp_path / "build", prefix, tmp_path_factory.getbasetemp(),
                              f"-DPython_EXECUTABLE={sys.executable}")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert _run(tmp_path / "build" / "all_headers", timeout=60).returncode == 0
