@@ -56,6 +56,74 @@ bool IsSubset(const std::vector<int>& sorted_small, const std::vector<int>& sort
                        sorted_small.end());
 }
 
+// Dinic's maximum flow on a small graph (jobs + pools + 2 vertices).
+class MaxFlow {
+ public:
+  explicit MaxFlow(int vertices) : adj_(vertices), level_(vertices), next_(vertices) {}
+
+  // Returns the index of the forward arc.
+  int AddArc(int from, int to, long long capacity) {
+    adj_[from].push_back(static_cast<int>(arcs_.size()));
+    arcs_.push_back({to, capacity});
+    adj_[to].push_back(static_cast<int>(arcs_.size()));
+    arcs_.push_back({from, 0});
+    return static_cast<int>(arcs_.size()) - 2;
+  }
+
+  long long Run(int s, int t) {
+    long long total = 0;
+    while (Levels(s, t)) {
+      std::fill(next_.begin(), next_.end(), 0);
+      while (long long pushed = Push(s, t, std::numeric_limits<long long>::max())) total += pushed;
+    }
+    return total;
+  }
+
+  // Flow on the forward arc `arc` (its reverse arc's residual capacity).
+  long long Flow(int arc) const { return arcs_[arc ^ 1].capacity; }
+
+ private:
+  struct Arc {
+    int to;
+    long long capacity;  // residual
+  };
+
+  bool Levels(int s, int t) {
+    std::fill(level_.begin(), level_.end(), -1);
+    std::vector<int> queue = {s};
+    level_[s] = 0;
+    for (size_t head = 0; head < queue.size(); ++head) {
+      for (int a : adj_[queue[head]]) {
+        if (arcs_[a].capacity > 0 && level_[arcs_[a].to] < 0) {
+          level_[arcs_[a].to] = level_[queue[head]] + 1;
+          queue.push_back(arcs_[a].to);
+        }
+      }
+    }
+    return level_[t] >= 0;
+  }
+
+  // Depth at most 3 on the graphs built here (source, job, pool, sink).
+  long long Push(int v, int t, long long limit) {
+    if (v == t) return limit;
+    for (int& i = next_[v]; i < static_cast<int>(adj_[v].size()); ++i) {
+      Arc& arc = arcs_[adj_[v][i]];
+      if (arc.capacity <= 0 || level_[arc.to] != level_[v] + 1) continue;
+      if (long long pushed = Push(arc.to, t, std::min(limit, arc.capacity))) {
+        arc.capacity -= pushed;
+        arcs_[adj_[v][i] ^ 1].capacity += pushed;
+        return pushed;
+      }
+    }
+    return 0;
+  }
+
+  std::vector<std::vector<int>> adj_;
+  std::vector<Arc> arcs_;
+  std::vector<int> level_;
+  std::vector<int> next_;
+};
+
 }  // namespace
 
 absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
@@ -390,6 +458,71 @@ absl::Status CheckSolution(const CountModel& model, const CountSolution& solutio
         expected));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CountSolution> PlaceOptions(const CountModel& model, absl::Span<const int> option) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  if (static_cast<int>(option.size()) != num_jobs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PlaceOptions: %d options for %d jobs", option.size(), num_jobs));
+  }
+  CountSolution s;
+  s.option.assign(option.begin(), option.end());
+  s.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  // A growing (or staying) job keeps its held nodes: placed up front. The
+  // rest of every job's count is a flow: source -> job (its count left) ->
+  // pool (its pattern's pools; a shrinking job only its own nodes in them)
+  // -> sink (the pool's nodes not held by a growing job).
+  std::vector<long long> pool_left(num_pools);
+  for (int p = 0; p < num_pools; ++p) pool_left[p] = model.pools[p].capacity;
+  const int source = num_jobs + num_pools, sink = source + 1;
+  MaxFlow flow(sink + 1);
+  std::vector<std::vector<std::pair<int, int>>> arcs(num_jobs);  // (pool, arc)
+  long long demand = 0;
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const int o = option[j];
+    if (o < 0 || o >= static_cast<int>(job.options.size())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PlaceOptions: job %d: option %d out of range [0, %d)", j, o, job.options.size()));
+    }
+    const Option& opt = job.options[o];
+    if (opt.nodes == 0) continue;
+    const bool grows = opt.nodes >= job.current_nodes;
+    int left = opt.nodes;
+    if (grows) {
+      for (int p = 0; p < num_pools; ++p) {
+        s.per_pool[j][p] = job.current_per_pool[p];
+        pool_left[p] -= job.current_per_pool[p];
+        left -= job.current_per_pool[p];
+      }
+    }
+    if (left == 0) continue;
+    demand += left;
+    flow.AddArc(source, j, left);
+    for (int p : job.patterns[opt.pattern].pools) {
+      const long long cap = grows ? left : job.current_per_pool[p];
+      if (cap > 0) arcs[j].emplace_back(p, flow.AddArc(j, num_jobs + p, cap));
+    }
+  }
+  for (int p = 0; p < num_pools; ++p) {
+    if (pool_left[p] < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pool %d: growing jobs hold %d nodes more than it has", p, -pool_left[p]));
+    }
+    if (pool_left[p] > 0) flow.AddArc(num_jobs + p, sink, pool_left[p]);
+  }
+  const long long placed = flow.Run(source, sink);
+  if (placed != demand) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the chosen options need %d more nodes than the pools can place", demand - placed));
+  }
+  for (int j = 0; j < num_jobs; ++j) {
+    for (const auto& [p, arc] : arcs[j]) s.per_pool[j][p] += static_cast<int>(flow.Flow(arc));
+  }
+  s.objective = SolutionObjective(model, s.option);
+  return s;
 }
 
 CountSolution CurrentSolution(const CountModel& model) {

@@ -122,6 +122,15 @@ absl::Status CheckSolution(const CountModel& model, const CountSolution& solutio
 // Sum of the chosen options' values.
 double SolutionObjective(const CountModel& model, absl::Span<const int> option);
 
+// Places every job's chosen option on the pools: per-pool counts that obey
+// the rules above (keep, release, pattern, capacities), found as a flow of
+// the jobs' counts into the pools (a growing job's held nodes are placed
+// first). `option[j]` indexes jobs[j].options. FailedPrecondition when no
+// placement exists (InvalidArgument for a malformed `option`). Solutions
+// that pick options by counts alone (the MILP's pool-union formulation)
+// get their per-pool split here.
+absl::StatusOr<CountSolution> PlaceOptions(const CountModel& model, absl::Span<const int> option);
+
 // The solution that keeps every job where it is (a job below min_nodes
 // stops; its nodes become free). Always feasible.
 CountSolution CurrentSolution(const CountModel& model);

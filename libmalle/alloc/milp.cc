@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,9 @@ struct Formulation {
   std::vector<std::vector<int>> y;  // y[j][o]: column of job j's option o (option formulation)
   std::vector<std::vector<int>> x;  // x[j][p]: column, or -1 (multi-pool only)
   std::vector<std::vector<Piece>> pieces;  // per job (segment formulation; then y is empty)
+  // Several pools without x: the per-pool split comes from PlaceOptions.
+  bool placed_by_flow = false;
+  int union_rows = 0;  // rows of the pool-union formulation
 };
 
 // With one pool, an option that uses more nodes than another option of the
@@ -375,7 +379,12 @@ Formulation BuildFormulation(const CountModel& model, bool use_start, const Coun
 // the options.
 constexpr double kCollinearTolerance = 1e-10;
 
-std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
+// `split_shrinks`: a piece below the current count never straddles a sum
+// of the job's held nodes over a subset of its held pools inside the
+// piece's pattern (the pool-union rows need it for jobs holding nodes of
+// several pools: a shrinking job's least use of a union T of pools is
+// max(0, n - c) with c such a sum, linear only on either side of c).
+std::vector<Piece> JobPieces(const JobModel& job, double tolerance, bool split_shrinks) {
   std::map<std::pair<int, int>, std::vector<int>> groups;  // (pattern, batch) -> options
   std::vector<Piece> pieces;
   for (size_t o = 0; o < job.options.size(); ++o) {
@@ -395,6 +404,23 @@ std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
     });
     auto nodes = [&job](int o) { return job.options[o].nodes; };
     auto value = [&job](int o) { return job.options[o].value; };
+    std::vector<int> sums = {0};  // subset sums of held counts inside the pattern
+    if (split_shrinks) {
+      for (int p : job.patterns[key.first].pools) {
+        const int held = job.current_per_pool[p];
+        if (held == 0) continue;
+        const size_t before = sums.size();
+        for (size_t k = 0; k < before; ++k) sums.push_back(sums[k] + held);
+      }
+    }
+    // True if a shrinking piece from `first` to `last` would straddle a sum.
+    auto straddles = [&](int first, int last) {
+      if (!split_shrinks || first >= job.current_nodes) return false;
+      for (int c : sums) {
+        if (first < c && c < last) return true;
+      }
+      return false;
+    };
     size_t i = 0;
     while (i < opts.size()) {
       Piece piece;
@@ -406,7 +432,8 @@ std::vector<Piece> JobPieces(const JobModel& job, double tolerance) {
       // Extend while the next count is adjacent, neither end is the current
       // count, and every value of the run stays on the line through its ends.
       while (k < opts.size() && nodes(opts[k]) == piece.last + 1 &&
-             nodes(opts[k]) != job.current_nodes && piece.first != job.current_nodes) {
+             nodes(opts[k]) != job.current_nodes && piece.first != job.current_nodes &&
+             !straddles(piece.first, nodes(opts[k]))) {
         const double slope = (value(opts[k]) - piece.value_first) / (nodes(opts[k]) - piece.first);
         bool collinear = true;
         for (size_t m = i + 1; m < k && collinear; ++m) {
@@ -570,6 +597,120 @@ void AddPoolRows(const CountModel& model,
   }
 }
 
+// Several pools, pool-union formulation (MilpOptions::Pools::kUnionRows).
+// Once every job's option is fixed, placing the counts is a transportation
+// problem: job j sends n_j nodes to pools, at least l[j,p] and at most
+// u[j,p] to pool p (a growing job: l = its held nodes, u unbounded inside
+// its pattern; a shrinking one: l = 0, u = its held nodes inside its
+// pattern), pool p takes at most cap_p. By max-flow/min-cut (with the lower
+// bounds moved out) a placement exists iff for every set T of pools
+//   sum_j max(l_j(T), n_j - u_j(not T)) <= cap(T).
+// Subtracting every job's held nodes in T from both sides:
+//   sum_{growing j, pattern_j within T} (n_j - cur_j)
+//     - sum_{other j} (cur_j(T) - max(0, n_j - cur_j(A_j \ T))) <= free(T)
+// (A_j: the held pools inside the shrinking job's pattern; a growing job
+// whose pattern leaves T contributes 0, a stopped job -cur_j(T)): growth
+// into T is bounded by T's free nodes plus what is released in T. Both
+// free(T) and the released nodes grow with T, while the growth term changes
+// only when T takes in a whole pattern: the rows for T = unions of growing
+// pieces' patterns imply all others. Each row is linear in (z, d) of a
+// piece, except max(0, n - c) across a shrinking piece that straddles c,
+// which is why jobs holding nodes of several pools get unit shrink pieces.
+// Returns false (nothing added) beyond `limit` unions or 64 pools.
+bool AddUnionRows(const CountModel& model, int limit, Formulation& f) {
+  const int num_pools = static_cast<int>(model.pools.size());
+  if (num_pools > 64) return false;
+  auto mask_of = [](const std::vector<int>& pools) {
+    uint64_t m = 0;
+    for (int p : pools) m |= uint64_t{1} << p;
+    return m;
+  };
+  std::vector<uint64_t> masks;
+  for (size_t j = 0; j < model.jobs.size(); ++j) {
+    const JobModel& job = model.jobs[j];
+    for (const Piece& piece : f.pieces[j]) {
+      if (piece.pattern >= 0 && piece.last > job.current_nodes) {
+        masks.push_back(mask_of(job.patterns[piece.pattern].pools));
+      }
+    }
+  }
+  std::sort(masks.begin(), masks.end());
+  masks.erase(std::unique(masks.begin(), masks.end()), masks.end());
+  std::vector<uint64_t> unions;
+  {
+    absl::flat_hash_set<uint64_t> seen;
+    for (uint64_t m : masks) {
+      const size_t before = unions.size();
+      if (seen.insert(m).second) unions.push_back(m);
+      for (size_t k = 0; k < before; ++k) {
+        if (seen.insert(unions[k] | m).second) unions.push_back(unions[k] | m);
+      }
+      if (static_cast<int>(unions.size()) > limit) return false;
+    }
+  }
+  std::sort(unions.begin(), unions.end());
+  auto in = [](uint64_t mask, int p) { return (mask >> p) & 1; };
+  for (uint64_t t : unions) {
+    double free_nodes = 0;
+    for (int p = 0; p < num_pools; ++p) {
+      if (in(t, p)) free_nodes += model.pools[p].capacity;
+    }
+    std::vector<int> cols;
+    std::vector<double> vals;
+    bool grows = false;
+    auto put = [&](int col, double v) {
+      if (col < 0 || v == 0) return;
+      cols.push_back(col);
+      vals.push_back(v);
+      grows = grows || v > 0;
+    };
+    for (size_t j = 0; j < model.jobs.size(); ++j) {
+      const JobModel& job = model.jobs[j];
+      const int cur = job.current_nodes;
+      double cur_t = 0;
+      uint64_t held = 0;
+      for (int p = 0; p < num_pools; ++p) {
+        if (job.current_per_pool[p] == 0) continue;
+        held |= uint64_t{1} << p;
+        if (in(t, p)) cur_t += job.current_per_pool[p];
+      }
+      free_nodes -= cur_t;
+      for (const Piece& piece : f.pieces[j]) {
+        if (piece.pattern < 0) {
+          put(piece.z, -cur_t);  // stopped: releases all it holds
+          continue;
+        }
+        const uint64_t pattern = mask_of(job.patterns[piece.pattern].pools);
+        if (piece.first >= cur) {  // grows or stays: keeps its nodes
+          if ((pattern & ~t) == 0) {
+            put(piece.z, piece.first - cur);
+            put(piece.d, 1.0);
+          }
+          continue;
+        }
+        // Shrinks: uses at least max(0, n - c) nodes of T.
+        double c = 0;
+        for (int p = 0; p < num_pools; ++p) {
+          if (in(held & pattern & ~t, p)) c += job.current_per_pool[p];
+        }
+        if (c == 0 || piece.first >= c) {
+          put(piece.z, piece.first - c - cur_t);
+          put(piece.d, 1.0);
+        } else {
+          MALLE_CHECK(piece.last <= c) << "a shrinking piece straddles a pool-union threshold";
+          put(piece.z, -cur_t);
+        }
+      }
+    }
+    // Without growth into T the row holds by itself (free(T) >= 0).
+    if (!grows) continue;
+    f.mip.AddRow(cols, vals, -kInf, free_nodes);
+    ++f.union_rows;
+  }
+  f.placed_by_flow = true;
+  return true;
+}
+
 // Identical jobs (same options, values, patterns and current nodes per pool)
 // are interchangeable in every solution: rows count(a) >= count(b) for
 // consecutive ones, and the groups (in index order) for the start.
@@ -600,7 +741,7 @@ void IdenticalJobRows(const CountModel& model,
 }
 
 Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
-                                    const CountSolution* start) {
+                                    const CountSolution* start, const MilpOptions& options) {
   Formulation f;
   double largest = 0.0;
   for (const JobModel& job : model.jobs) {
@@ -617,8 +758,11 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
   std::vector<int> cap_cols;
   std::vector<double> cap_vals;
   const bool multi = !model.single_pool();
+  const bool try_unions = multi && options.pools == MilpOptions::Pools::kUnionRows;
   for (int j = 0; j < num_jobs; ++j) {
-    f.pieces.push_back(JobPieces(model.jobs[j], tolerance));
+    int held_pools = 0;
+    for (int c : model.jobs[j].current_per_pool) held_pools += c > 0 ? 1 : 0;
+    f.pieces.push_back(JobPieces(model.jobs[j], tolerance, try_unions && held_pools > 1));
     std::vector<int> choice;
     for (Piece& piece : f.pieces.back()) {
       piece.z = mip.AddCol(0, 1, piece.value_first * f.scale, /*integer=*/true);
@@ -638,7 +782,7 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
     }
   }
   if (multi) {
-    AddPoolRows(model, count, f);
+    if (!try_unions || !AddUnionRows(model, options.max_union_rows, f)) AddPoolRows(model, count, f);
   } else {
     mip.AddRow(cap_cols, cap_vals, -kInf, model.pools.empty() ? 0 : model.pools[0].capacity);
   }
@@ -820,13 +964,205 @@ Formulation BuildSegmentFormulation(const CountModel& model, bool use_start,
         if (piece.d >= 0) mip.start[piece.d] = static_cast<double>(at - piece.options.begin());
         break;
       }
-      if (!multi) continue;
+      if (f.x.empty()) continue;
       for (size_t p = 0; p < model.pools.size(); ++p) {
         if (f.x[j][p] >= 0) mip.start[f.x[j][p]] = first.per_pool[j][p];
       }
     }
   }
   return f;
+}
+
+// Pricing (MilpOptions::pricing), for the segment formulation with a start.
+// Most pieces of most jobs are far from any good answer, and CBC's cost
+// grows with the columns (its LP, its strong branching). Exact in three
+// steps, all on a restricted model (a subset of the pieces, every row):
+//   1. Column generation: solve the restricted LP, price every piece left
+//      out with its duals (r = value - y . column, r_z + max(0, r_d) L for a
+//      piece of length L), add each job's best positive one, repeat until
+//      none is left. The LP is then the full model's LP: its value UB bounds
+//      every answer.
+//   2. Price and branch: CBC on the generated pieces, from the start; its
+//      incumbent LB (>= the start's).
+//   3. Reduced-cost fixing: with the final duals, any answer that uses piece
+//      k is worth at most UB + r_z(k) (every other term of the dual bound is
+//      <= 0), so pieces with UB + r_z < LB appear in no answer better than
+//      LB. CBC on the pieces left, from LB's answer: its optimum is the full
+//      model's, its bound a bound of the full model.
+// Step 3 is skipped when LB is already within the gap of UB. Returns the
+// answer over the full model's columns.
+absl::StatusOr<MipResult> SolveByPricing(const Formulation& f, const CbcSettings& settings) {
+  const auto t0 = absl::Now();
+  const MipModel& m = f.mip;
+  MALLE_CHECK(m.maximize && !m.start.empty());
+  const int n = m.num_cols();
+  // Blocks: a piece's z (and d); per job.
+  struct Block {
+    int job, z, d;
+    double d_ub;
+  };
+  std::vector<Block> blocks;
+  for (size_t j = 0; j < f.pieces.size(); ++j) {
+    for (const Piece& piece : f.pieces[j]) {
+      blocks.push_back({static_cast<int>(j), piece.z, piece.d,
+                        piece.d >= 0 ? m.col_ub[piece.d] : 0.0});
+    }
+  }
+  // Column-major copy of the rows, for pricing.
+  std::vector<std::vector<std::pair<int, double>>> col_rows(n);
+  for (int r = 0; r < m.num_rows(); ++r) {
+    for (int k = m.row_start[r]; k < m.row_start[r + 1]; ++k) {
+      col_rows[m.col_index[k]].emplace_back(r, m.value[k]);
+    }
+  }
+  auto reduced = [&](const std::vector<double>& y, int c) {
+    double r = m.obj[c];
+    for (const auto& [row, v] : col_rows[c]) r -= y[row] * v;
+    return r;
+  };
+  std::vector<char> in(blocks.size(), 0);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const Block& k = blocks[b];
+    if (m.start[k.z] != 0.0 || (k.d >= 0 && m.start[k.d] != 0.0)) in[b] = 1;
+    if (f.pieces[k.job].front().z == k.z) in[b] = 1;  // the zero piece: always feasible
+  }
+  auto columns_of = [&](const std::vector<char>& chosen) {
+    std::vector<int> cols;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (!chosen[b]) continue;
+      cols.push_back(blocks[b].z);
+      if (blocks[b].d >= 0) cols.push_back(blocks[b].d);
+    }
+    return cols;
+  };
+  // The model restricted to `cols`, built from the column-major copy.
+  auto sub_model = [&](const std::vector<int>& cols) {
+    MipModel sub;
+    sub.maximize = true;
+    std::vector<std::vector<std::pair<int, double>>> rows(m.num_rows());
+    for (size_t i = 0; i < cols.size(); ++i) {
+      const int c = cols[i];
+      sub.AddCol(m.col_lb[c], m.col_ub[c], m.obj[c], m.is_integer[c] != 0);
+      for (const auto& [r, v] : col_rows[c]) rows[r].emplace_back(static_cast<int>(i), v);
+    }
+    for (int r = 0; r < m.num_rows(); ++r) {
+      sub.row_lb.push_back(m.row_lb[r]);
+      sub.row_ub.push_back(m.row_ub[r]);
+      for (const auto& [c, v] : rows[r]) {
+        sub.col_index.push_back(c);
+        sub.value.push_back(v);
+      }
+      sub.row_start.push_back(static_cast<int>(sub.col_index.size()));
+    }
+    return sub;
+  };
+  auto to_full = [&](const std::vector<int>& cols, const std::vector<double>& x) {
+    std::vector<double> full(n, 0.0);
+    for (size_t i = 0; i < cols.size(); ++i) full[cols[i]] = x[i];
+    return full;
+  };
+
+  // 1. Column generation.
+  std::vector<double> y;
+  double ub = 0;
+  int rounds = 0;
+  for (;; ++rounds) {
+    if (absl::Now() - t0 > settings.time_limit) {
+      return absl::DeadlineExceededError("pricing: column generation ran out of time");
+    }
+    const std::vector<int> cols = columns_of(in);
+    MALLE_ASSIGN_OR_RETURN(internal::LpResult lp, internal::SolveLpWithClp(sub_model(cols)));
+    if (!lp.optimal) return absl::InternalError("pricing: restricted LP not solved");
+    y = std::move(lp.row_duals);
+    ub = lp.objective;
+    const double tol = 1e-9 * std::max(1.0, std::fabs(ub));
+    // Each job's kPerRound best positive pieces: many at once, since every
+    // round re-solves the LP.
+    constexpr size_t kPerRound = 8;
+    std::vector<std::vector<std::pair<double, int>>> best(f.pieces.size());
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (in[b]) continue;
+      const Block& k = blocks[b];
+      double score = reduced(y, k.z);
+      if (k.d >= 0) score += std::max(0.0, reduced(y, k.d)) * k.d_ub;
+      if (score > tol) best[k.job].emplace_back(-score, static_cast<int>(b));
+    }
+    bool added = false;
+    for (auto& job_best : best) {
+      const size_t take = std::min(kPerRound, job_best.size());
+      std::partial_sort(job_best.begin(), job_best.begin() + take, job_best.end());
+      for (size_t i = 0; i < take; ++i) in[job_best[i].second] = 1;
+      added = added || take > 0;
+    }
+    if (!added) break;
+  }
+
+  // 2. Price and branch.
+  MipResult out;
+  const double gap = settings.relative_gap;
+  auto solve_on = [&](const std::vector<char>& chosen, const std::vector<double>& start,
+                      absl::Duration limit) -> absl::StatusOr<std::pair<std::vector<int>, MipResult>> {
+    const std::vector<int> cols = columns_of(chosen);
+    internal::MipModel sub = sub_model(cols);
+    for (int c : cols) sub.start.push_back(start[c]);
+    CbcSettings s = settings;
+    s.time_limit = std::max(limit, absl::Milliseconds(1));
+    MALLE_ASSIGN_OR_RETURN(MipResult r, internal::SolveWithCbc(sub, s));
+    return std::make_pair(cols, std::move(r));
+  };
+  // CBC's own clock starts after its root LP: each solve gets a share of
+  // what is left, with a margin for that.
+  const absl::Duration left1 = settings.time_limit - (absl::Now() - t0);
+  MALLE_ASSIGN_OR_RETURN(auto first, solve_on(in, m.start, left1 * 0.4));
+  std::vector<double> incumbent = m.start;
+  double lb = 0;
+  for (int c = 0; c < n; ++c) lb += m.obj[c] * m.start[c];
+  if (!first.second.x.empty() && first.second.objective > lb) {
+    incumbent = to_full(first.first, first.second.x);
+    lb = first.second.objective;
+  }
+  const int generated = static_cast<int>(std::count(in.begin(), in.end(), 1));
+  if (ub - lb <= gap * std::max(std::fabs(lb), 1e-12)) {
+    out.status = MipResult::Status::kOptimal;
+    out.x = incumbent;
+    out.objective = lb;
+    out.best_bound = std::max(ub, lb);
+    out.branch_nodes = first.second.branch_nodes;
+    out.detail = absl::StrFormat(
+        "pricing: %d of %d pieces in %d rounds, proven by the LP bound; start accepted", generated,
+        blocks.size(), rounds);
+    return out;
+  }
+
+  // 3. Reduced-cost fixing, then CBC on what is left.
+  std::vector<char> keep = in;
+  const double slack = 1e-9 * std::max(1.0, std::fabs(ub));
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (!keep[b] && ub + reduced(y, blocks[b].z) >= lb - slack) keep[b] = 1;
+  }
+  const int kept = static_cast<int>(std::count(keep.begin(), keep.end(), 1));
+  const absl::Duration left2 = (settings.time_limit - (absl::Now() - t0)) * 0.8;
+  MALLE_ASSIGN_OR_RETURN(auto second, solve_on(keep, incumbent, left2));
+  MipResult& r = second.second;
+  out.status = r.status;
+  out.branch_nodes = first.second.branch_nodes + r.branch_nodes;
+  if (!r.x.empty() && r.objective >= lb) {
+    out.x = to_full(second.first, r.x);
+    out.objective = r.objective;
+  } else {
+    out.x = incumbent;
+    out.objective = lb;
+    if (out.status == MipResult::Status::kLimitNoSolution) {
+      out.status = MipResult::Status::kLimitWithSolution;
+    }
+  }
+  // The restricted model's bound holds for the full model (step 3); the LP
+  // bound always does.
+  out.best_bound = std::max(std::min(r.x.empty() ? ub : r.best_bound, ub), out.objective);
+  out.detail = absl::StrFormat(
+      "pricing: %d of %d pieces in %d rounds, %d kept by reduced costs; %s", generated,
+      blocks.size(), rounds, kept, r.detail);
+  return out;
 }
 
 // The count solution a column vector stands for (not yet checked).
@@ -844,6 +1180,7 @@ CountSolution Extract(const CountModel& model, const Formulation& f, const std::
       const int o = chosen->options[std::clamp<long>(above, 0, chosen->options.size() - 1)];
       s.option.push_back(o);
       s.per_pool.push_back(std::vector<int>(num_pools, 0));
+      if (f.placed_by_flow) continue;
       if (num_pools == 1) s.per_pool.back()[0] = job.options[o].nodes;
       if (!f.x.empty()) {
         for (size_t p = 0; p < num_pools; ++p) {
@@ -967,8 +1304,9 @@ bool WriteAll(int fd, const char* data, size_t size) {
 }
 
 // Runs in the forked child: no logging, no locks, no return.
-[[noreturn]] void ChildMain(int fd, const MipModel& mip, const CbcSettings& settings,
-                            MilpFault fault) {
+using SolveFn = std::function<absl::StatusOr<MipResult>()>;
+
+[[noreturn]] void ChildMain(int fd, const SolveFn& solve, MilpFault fault) {
   switch (fault) {
     case MilpFault::kNone:
       break;
@@ -993,14 +1331,13 @@ bool WriteAll(int fd, const char* data, size_t size) {
       _exit(0);
     }
   }
-  const std::string record = EncodeRecord(internal::SolveWithCbc(mip, settings));
+  const std::string record = EncodeRecord(solve());
   _exit(WriteAll(fd, record.data(), record.size()) ? 0 : 2);
 }
 
 // Solves in a forked child. Errors: the child's own SolveWithCbc error, or
 // Unavailable/DataLoss/DeadlineExceeded describing what went wrong with it.
-absl::StatusOr<MipResult> SolveForked(const MipModel& mip, const CbcSettings& settings,
-                                      const MilpOptions& options) {
+absl::StatusOr<MipResult> SolveForked(const SolveFn& solve, const MilpOptions& options) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("pipe2 failed: ", std::strerror(errno)));
@@ -1015,7 +1352,7 @@ absl::StatusOr<MipResult> SolveForked(const MipModel& mip, const CbcSettings& se
   }
   if (pid == 0) {
     close(fds[0]);
-    ChildMain(fds[1], mip, settings, options.fault);
+    ChildMain(fds[1], solve, options.fault);
   }
   close(fds[1]);
 
@@ -1074,14 +1411,11 @@ absl::StatusOr<MipResult> SolveForked(const MipModel& mip, const CbcSettings& se
 
 // Serialises CBC: it is not known to be reentrant, and a forked solve per
 // caller would only multiply memory for no gain on the allocator's cores.
-absl::StatusOr<MipResult> SolveSerialised(const MipModel& mip, const CbcSettings& settings,
-                                          const MilpOptions& options) {
+absl::StatusOr<MipResult> SolveSerialised(const SolveFn& solve, const MilpOptions& options) {
   static absl::Mutex mu;
   absl::MutexLock lock(&mu);
-  if (options.isolation == SolveIsolation::kInProcess) {
-    return internal::SolveWithCbc(mip, settings);
-  }
-  return SolveForked(mip, settings, options);
+  if (options.isolation == SolveIsolation::kInProcess) return solve();
+  return SolveForked(solve, options);
 }
 
 }  // namespace
@@ -1117,13 +1451,20 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     }
   }
   const CountSolution* first = start_solution ? &*start_solution : nullptr;
-  Formulation f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first)
-                                   : BuildFormulation(model, options.use_mip_start, first);
+  Formulation f = options.segments
+                      ? BuildSegmentFormulation(model, options.use_mip_start, first, options)
+                      : BuildFormulation(model, options.use_mip_start, first);
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
 
-  absl::StatusOr<MipResult> solved = SolveSerialised(f.mip, settings, options);
+  const bool pricing = options.pricing && options.segments && options.use_mip_start;
+  absl::StatusOr<MipResult> solved = SolveSerialised(
+      [&]() -> absl::StatusOr<MipResult> {
+        if (pricing) return SolveByPricing(f, settings);
+        return internal::SolveWithCbc(f.mip, settings);
+      },
+      options);
 
   std::string cause;  // why the DP must answer; empty when the MILP does
   PolicyResult result;
@@ -1138,7 +1479,18 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
                             f.mip.num_cols());
   } else {
     result.solution = Extract(model, f, solved->x);
-    const absl::Status check = CheckSolution(model, result.solution);
+    if (f.placed_by_flow) {
+      // The union rows guarantee a placement (AddUnionRows); not finding
+      // one would be a bug in them, reported as such and answered safely.
+      absl::StatusOr<CountSolution> placed = PlaceOptions(model, result.solution.option);
+      if (placed.ok()) {
+        result.solution = *std::move(placed);
+      } else {
+        cause = absl::StrCat("solver answer cannot be placed on the pools: ",
+                             placed.status().message());
+      }
+    }
+    const absl::Status check = cause.empty() ? CheckSolution(model, result.solution) : absl::OkStatus();
     if (!check.ok()) cause = absl::StrCat("solver answer rejected: ", check.message());
   }
 

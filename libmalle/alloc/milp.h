@@ -70,6 +70,30 @@ struct MilpOptions {
   // integer per job and pool besides; milp.cc has the formulation). False:
   // one binary per option.
   bool segments = true;
+  // With segments and several pools: how a job's count meets the pools.
+  //   kUnionRows: no per-pool variables. One row per union T of
+  //     the pools that growing pieces may draw from: what jobs grow into T
+  //     must fit in T's free nodes plus what shrinking and stopping jobs
+  //     release in T (the transportation problem's cut condition, exact:
+  //     milp.cc). The per-pool split is placed afterwards by a flow
+  //     (PlaceOptions). Used when there are at most max_union_rows unions
+  //     and at most 64 pools, else kPerPoolCounts.
+  //   kPerPoolCounts (default): an integer per (job, pool), linked to the
+  //     chosen piece by the rules of count_model.h.
+  // Both are exact (milp_test checks them against an exhaustive search);
+  // neither is yet fast enough at 4,734 nodes x 100 jobs x 12 pools for the
+  // default to change (docs/benchmarks.md, issue 27).
+  enum class Pools { kUnionRows, kPerPoolCounts };
+  Pools pools = Pools::kPerPoolCounts;
+  int max_union_rows = 1024;
+  // With segments and use_mip_start: solve by pricing (milp.cc,
+  // SolveByPricing): column generation for the LP bound, CBC on the
+  // generated pieces, then on the pieces that reduced-cost fixing cannot
+  // rule out. Exact; CBC sees a fraction of the columns. False: CBC on the
+  // whole model. Off by default: under load its stages overran the time
+  // limit (the child is then killed and the start answers) more often than
+  // CBC on the whole model did (docs/benchmarks.md).
+  bool pricing = false;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

@@ -122,6 +122,12 @@ class ElasticTrainer {
   absl::StatusOr<bool> FinishStep();
 
   absl::Status RequestLeave() { return engine_->RequestLeave(); }
+  // Parking (Engine::Save, parked, resumed_from, snapshot_step): a checkpoint
+  // of the user's own, and what the park store did.
+  absl::Status Save(const std::string& path) { return engine_->Save(path); }
+  bool parked() const { return engine_->parked(); }
+  const std::string& resumed_from() const { return engine_->resumed_from(); }
+  int64_t snapshot_step() const { return engine_->snapshot_step(); }
   absl::StatusOr<std::string> StateDigest() const { return engine_->StateDigest(); }
   // The job state as one packed value (what a transfer sends), and back.
   absl::StatusOr<PackedState> PackJobState() const;

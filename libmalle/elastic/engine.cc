@@ -587,6 +587,9 @@ absl::Status Engine::OnChange(const Transition& t) {
   // The protocol's resume step is the truth, except at a bootstrap, where no
   // member has committed yet and a resumed state says where it stopped.
   step_ = t.kind == Transition::Kind::kBootstrap ? std::max(step_, t.resume_step) : t.resume_step;
+  // The state a job starts (or resumes) with needs no snapshot: the first is
+  // an interval later.
+  if (t.kind == Transition::Kind::kBootstrap) last_snapshot_try_ = step_;
   if (options_.logical_workers > 0) {
     workers_ = AssignWorkers(options_.logical_workers, t.size, t.rank);
   } else {
@@ -1145,16 +1148,33 @@ absl::Status Engine::Save(const std::string& path) {
 }
 
 absl::Status Engine::ResumeFromStore() {
+  // Every error here is final for this job (kInvalidArgument: the boundary
+  // does not retry it): training from scratch instead would lose the progress
+  // the user expects, silently.
   std::optional<ParkedState> found;
   if (!options_.resume_from.empty()) {
     ParkedState p;
-    MALLE_ASSIGN_OR_RETURN(p.state, ReadStateFile(options_.resume_from, options_.secret, &p.info));
+    absl::StatusOr<PackedState> read = ReadStateFile(options_.resume_from, options_.secret, &p.info);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_from: ", read.status().message()));
+    }
+    p.state = *std::move(read);
     p.path = options_.resume_from;
     found = std::move(p);
   } else if (options_.park_store != nullptr) {
     std::vector<std::string> refused;
-    MALLE_ASSIGN_OR_RETURN(found, options_.park_store->ReadNewest(&refused));
+    absl::StatusOr<std::optional<ParkedState>> newest = options_.park_store->ReadNewest(&refused);
     for (const std::string& why : refused) MALLE_LOG(WARNING) << "parked state refused: " << why;
+    if (!newest.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("park store ", options_.park_store->where(),
+                                                     " cannot be read: ", newest.status().message()));
+    }
+    found = *std::move(newest);
+    if (!found && !refused.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("park store ", options_.park_store->where(), " holds ",
+                                                     refused.size(), " state file(s) and none verifies: ",
+                                                     refused.front()));
+    }
   }
   if (!found) return absl::OkStatus();  // a new job
   MALLE_ASSIGN_OR_RETURN(JobState state, JobState::Unpack(std::move(found->state)));
@@ -1199,7 +1219,13 @@ void Engine::MaybeSnapshot() {
   if (last_snapshot_try_ >= 0 && step_ - last_snapshot_try_ < interval) return;
   if (last_snapshot_try_ == step_) return;  // a redo of a step already snapshotted
   if (snapshotter_ == nullptr) snapshotter_ = std::make_unique<Snapshotter>(options_.park_store);
-  if (snapshotter_->Busy()) return;  // the previous one is still being written: no copy now
+  if (options_.snapshot_every > 0) {
+    // An interval the user set is kept: wait for the previous write (the
+    // step pays it only when writes take longer than the interval).
+    snapshotter_->Drain();
+  } else if (snapshotter_->Busy()) {
+    return;  // adaptive: the previous one is still being written, no copy now
+  }
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<JobState> s = CaptureState();
   if (!s.ok()) {

@@ -120,8 +120,11 @@ struct EngineOptions {
   // Asynchronous snapshots to the park store, for the unplanned case (every
   // rank gone at once): rank 0 copies the state at a step boundary and a
   // background thread writes it, so a step pays at most the copy. Every
-  // `snapshot_every` steps; 0: adaptive, so that the copy stays under
-  // `snapshot_budget` of the step time; < 0: none.
+  // `snapshot_every` steps (if the previous write is still going on then,
+  // the step waits for it); 0: adaptive, so that the copy stays under
+  // `snapshot_budget` of the step time (a snapshot due while the previous one
+  // is being written is taken at a later step); < 0: none. The first is an
+  // interval after the job started or resumed.
   int snapshot_every = 0;
   double snapshot_budget = 0.01;
   // A state file to start from at the bootstrap (a user checkpoint, see

@@ -234,7 +234,12 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
   if (::fstat(f.fd, &st) != 0) return IoError("cannot stat", path, errno);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   auto loss = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path, ": ", why)); };
-  if (size < kPrefixBytes + kMacBytes) return loss("truncated state file (too short)");
+  if (size < kPrefixBytes + kMacBytes) {
+    char head[sizeof(kMagic)] = {};
+    const bool ours = size >= sizeof(kMagic) && ::pread(f.fd, head, sizeof(head), 0) == sizeof(head) &&
+                      std::memcmp(head, kMagic, sizeof(kMagic)) == 0;
+    return loss(ours ? "truncated state file (too short)" : "not a malletrain state file");
+  }
   Mac mac(secret);
   Reader r(f.fd, mac, path);
   char magic[8];

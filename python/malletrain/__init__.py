@@ -74,7 +74,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         + f"; torch {torch.__version__} is installed."
     ) from e
 
-from malletrain import alloc, sim
+from malletrain import alloc, callbacks, sim
 from malletrain.elastic import ElasticJob, init
 from malletrain.sampler import ElasticSampler
 from malletrain.errors import (
@@ -103,6 +103,7 @@ if _C.torch_version() != torch.__version__:
 __all__ = [
     "__version__",
     "alloc",
+    "callbacks",
     "sim",
     "init",
     "ElasticJob",

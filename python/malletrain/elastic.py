@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import random
 import signal
@@ -97,43 +98,122 @@ class ElasticModel(torch.nn.Module):
         return self.module(*args, **kwargs)
 
 
-class ElasticOptimizer:
+class ElasticOptimizer(torch.optim.Optimizer):
     """Wraps a ``torch.optim`` optimizer so the training loop stays a plain DDP loop.
 
-    ``step()`` and ``zero_grad()`` act once per step: ``step()`` after the last micro-batch of
-    this rank (and only if the gradient synchronisation succeeded: then the step commits),
-    ``zero_grad()`` before the first backward. Other attributes are the optimizer's.
+    It *is* an ``Optimizer`` (LR schedulers take it directly) whose ``param_groups``,
+    ``state`` and hooks are the wrapped one's. ``step()`` and ``zero_grad()`` act once per
+    step: ``zero_grad()`` before the first backward of this rank's micro-batches, ``step()``
+    after the last one, and only if the gradient synchronisation succeeded: then the step
+    *commits*. ``step()`` returns True on the call that committed the step, False on the
+    others (more micro-batches to come, or a failed synchronisation: the step runs again);
+    with a closure it returns the closure's loss (the closure runs once per micro-batch).
+
+    The full gradient: :meth:`synchronize` (True once per step, when ``.grad`` holds the
+    step's synchronised gradient, averaged over the logical workers) and
+    :meth:`clip_grad_norm_`; hooks registered with ``register_step_pre_hook`` see it too,
+    once per committed step. ``.optimizer`` is the torch optimizer.
     """
 
+    # Not Optimizer.__init__: the state, param_groups and hooks are the wrapped optimizer's.
     def __init__(self, job: "ElasticJob", optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self._job = job
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise MalleValueError("wrap_optimizer: LBFGS re-evaluates its closure within one "
+                                  "step, which needs a synchronised gradient per evaluation")
+        self.__dict__["optimizer"] = optimizer
+        self.__dict__["_job"] = job
+        # The micro-batch (job serial) whose end was told to the engine, and the result of
+        # this step's synchronisation (None: not synchronised yet).
+        self.__dict__["_ended"] = -1
+        self.__dict__["_synced"] = None
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
+        return getattr(self.__dict__["optimizer"], name)
+
+    def __repr__(self) -> str:
+        return f"ElasticOptimizer({self.optimizer!r})"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        raise TypeError("ElasticOptimizer: pickle .optimizer (or its state_dict()) instead")
 
     @property
-    def param_groups(self) -> List[Dict[str, Any]]:
+    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
         return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> Dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise MalleValueError("ElasticOptimizer: parameter groups are fixed once wrapped")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._job._engine.micro_batch > 0:
             return  # accumulating over this rank's logical workers
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        if closure is not None:
-            raise MalleValueError("ElasticOptimizer.step: closures are not supported")
+    def _last_micro_batch(self) -> bool:
+        e = self._job._engine
+        return e.micro_batch + 1 >= len(e.workers)
+
+    def synchronize(self) -> bool:
+        """Ends this micro-batch's backward; after the step's last one, synchronises the
+        gradients (once). True: ``.grad`` now holds the step's full gradient (the average
+        over the L logical workers, the same on every rank; in deterministic mode too):
+        clip it, log its norm, change it, then ``step()``. False: not the last micro-batch
+        (gradients are still accumulating) or the synchronisation failed (a peer died; the
+        step will run again). Blocks for the collectives. Calling it again in the same
+        micro-batch returns the same answer."""
         e = self._job._engine
         if e.micro_batch < 0:
             raise MalleValueError("optimizer.step(): called before any micro-batch of this step")
-        e.end_micro_batch()
-        if e.micro_batch + 1 < len(e.workers):
-            return None  # more micro-batches of this step accumulate first
-        if e.synchronize():  # False: not committed; the next boundary rolls back and redoes it
-            self.optimizer.step()
-            e.commit()
-        return None
+        serial = self._job._serial
+        if self._ended != serial:
+            e.end_micro_batch()
+            self.__dict__["_ended"] = serial
+        if not self._last_micro_batch():
+            return False
+        if self._synced is None:
+            self.__dict__["_synced"] = bool(e.synchronize())
+        return self._synced
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False,
+                        foreach: Optional[bool] = None) -> Optional[torch.Tensor]:
+        """``torch.nn.utils.clip_grad_norm_`` of the full synchronised gradient, once per
+        step: on the step's last micro-batch, after :meth:`synchronize`, over every
+        parameter of the optimizer. Returns the total norm before clipping, or None on the
+        other micro-batches and when the synchronisation failed (nothing to clip)."""
+        if not self.synchronize():
+            return None
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type,
+                                              error_if_nonfinite=error_if_nonfinite,
+                                              foreach=foreach)
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        committed = self._finish_step(lambda: self.optimizer.step())
+        return loss if closure is not None else committed
+
+    def _finish_step(self, update: Callable[[], Any]) -> bool:
+        """Ends the micro-batch; after the last one, if the step synchronised, runs
+        ``update`` (the optimizer's step, or the scaler's) and commits. True if committed."""
+        if not self.synchronize():
+            return False  # not committed; the next boundary rolls back and redoes it
+        update()
+        self.__dict__["_opt_called"] = True  # what an LR scheduler checks (torch's step patch)
+        self._job._engine.commit()
+        self.__dict__["_synced"] = None
+        self._job._step_committed()
+        return True
 
     def state_dict(self) -> Dict[str, Any]:
         return self.optimizer.state_dict()
@@ -202,6 +282,9 @@ class ElasticJob:
         self._optimizer: Optional[ElasticOptimizer] = None
         self._tracked: List[str] = []
         self._history: List[ResizeEvent] = []
+        self._callbacks: List[Any] = []
+        self._serial = 0  # micro-batches started by this process (ElasticOptimizer's clock)
+        self._told = 0    # history events already given to the callbacks
         self.closed = False
         # SIGTERM (a node reclaimed with a grace period, a Slurm preemption, an allocator
         # stopping the job) becomes a leave at the next step boundary; the job's last member
@@ -299,18 +382,82 @@ class ElasticJob:
                               lambda: _state.to_part(copy.deepcopy(obj.state_dict())), load)
         self._tracked.append(name)
 
+    def wrap_scaler(self, scaler: Any) -> Any:
+        """Wraps a ``torch.amp.GradScaler`` (CUDA or CPU) for this job and tracks its state
+        (scale, growth tracker) as job state. See :class:`malletrain.amp.ElasticGradScaler`."""
+        from malletrain.amp import ElasticGradScaler
+        self._require_wrapped()
+        wrapped = ElasticGradScaler(self, scaler)
+        self.track("grad_scaler", scaler)
+        return wrapped
+
+    def add_callback(self, callback: Any) -> None:
+        """Calls ``callback.on_resize(job, event)`` after each membership change this rank
+        goes through (before the step that follows it) and ``callback.on_step_end(job,
+        step)`` after each step that committed, on every rank (``job.rank == 0`` to act
+        once). Either method may be missing. See :mod:`malletrain.callbacks`."""
+        self._callbacks.append(callback)
+
+    def _step_committed(self) -> None:
+        step = self._engine.step - 1  # Commit() moved on to the next step
+        for cb in self._callbacks:
+            fn = getattr(cb, "on_step_end", None)
+            if fn is not None:
+                fn(self, step)
+
+    def _begin_micro_batch(self, i: int) -> None:
+        if i == 0 and self._optimizer is not None:
+            self._optimizer.__dict__["_synced"] = None
+            if self._callbacks and self._told < self._engine.history_size:
+                events = self.history
+                for ev in events[self._told:]:
+                    for cb in self._callbacks:
+                        fn = getattr(cb, "on_resize", None)
+                        if fn is not None:
+                            fn(self, ev)
+                self._told = len(events)
+        self._serial += 1
+        self._engine.begin_micro_batch(i)  # torch's RNG (model stream), buffers, arms the reduction
+
     def loader(self, dataset: Any, batch_size: int, *, steps: Optional[int] = None,
                epochs: Optional[float] = None, shuffle: bool = True, num_workers: int = 0,
                collate_fn: Optional[Callable[[List[Any]], Any]] = None,
-               pin_memory: bool = False) -> "ElasticLoader":
-        """This rank's micro-batches of a map-style dataset, step after step.
+               pin_memory: bool = False, drop_last: bool = True,
+               persistent_workers: bool = False) -> "ElasticLoader":
+        """This rank's micro-batches of a dataset, step after step.
 
-        ``batch_size`` is per logical worker. Give ``steps`` or ``epochs`` (whole steps that
-        fit; the tail of the last epoch is not trained).
+        ``batch_size`` is per logical worker. Give ``steps`` or ``epochs``. With ``epochs``,
+        ``drop_last=True`` trains the whole steps that fit (the tail of the last epoch is
+        not trained); ``drop_last=False`` one more step when a tail is left, completed from
+        the next epoch's order (as ``DistributedSampler`` pads). ``num_workers``,
+        ``pin_memory`` and ``persistent_workers`` go to the ``DataLoader`` underneath (its
+        worker processes then live across steps and resizes).
+
+        A map-style dataset (``len()`` and ``[index]``) is sampled exactly once per epoch.
+        An ``IterableDataset`` is one stream of samples: step ``s`` trains its samples
+        ``[s*L*B, (s+1)*L*B)``, logical worker ``k`` the ``k``-th ``B`` of them; it needs
+        ``steps`` and a resumable position: ``state_dict()`` / ``load_state_dict()`` on the
+        dataset (torchdata's ``Stateful`` protocol; docs/elastic.md, "Data"), which becomes
+        job state. Without one it is refused (``MalleValueError``).
+
+        Iterating the loader yields micro-batches; :meth:`ElasticLoader.steps` yields steps
+        (``len()`` of it is the number of steps, for progress bars).
         """
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            from malletrain.data import StreamLoader
+            return StreamLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
+                                collate_fn=collate_fn, num_workers=num_workers)
+        if not drop_last:
+            if epochs is None:
+                raise MalleValueError("drop_last=False: only with epochs= (steps= is exact)")
+            if self.logical_workers is None:
+                raise MalleValueError("drop_last=False: needs logical_workers (epochs= does)")
+            n = len(dataset) if hasattr(dataset, "__len__") else 0
+            steps = int(math.ceil(epochs * n / (self.logical_workers * batch_size) - 1e-9))
+            epochs = None
         return ElasticLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
                              shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory)
+                             pin_memory=pin_memory, persistent_workers=persistent_workers)
 
     def _require_wrapped(self) -> None:
         """Raises MalleValueError until the model and the optimizer are wrapped."""
@@ -376,36 +523,114 @@ class ElasticJob:
         self.closed = True
 
 
-class ElasticLoader:
+class _Boundary:
+    """What every loader does between steps: the step boundary and the plan (shared by the
+    map-style :class:`ElasticLoader` and the stream loader of malletrain.data)."""
+
+    job: "ElasticJob"
+    _plan: Any = None
+
+    def steps(self) -> "_StepIter":
+        """Iterates steps instead of micro-batches: each item is one step, itself an
+        iterable of this rank's micro-batches of it; ``len()`` is the number of steps left,
+        so ``tqdm(loader.steps())`` counts steps. Per-step work goes after the inner loop
+        (it runs on every rank, committed step or not: track what it changes)."""
+        return _StepIter(self)
+
+    def _next_plan(self) -> Optional[Any]:
+        """Runs the step boundary if the current step's micro-batches are all served; the
+        plan of the step to serve (None at the end)."""
+        job, e = self.job, self.job._engine
+        if self._plan is not None and e.micro_batch + 1 < len(self._plan.workers):
+            return self._plan
+        if e.in_step:
+            raise MalleValueError(f"optimizer.step() was not called after the last "
+                                  f"micro-batch of step {e.step}")
+        if job._sigterm and not e.left:
+            job._sigterm = False
+            if e.rank < 0:  # not a member yet: nothing to leave, no state to keep
+                job._stopped = True
+                self._plan = None
+                return None
+            e.request_leave()  # leaves at this boundary (the last member parks)
+        plan = e.next_step()  # rolls back a failed step, runs the boundary
+        if plan is None:
+            self._plan = None
+            if not job.left and job.print_scaling and job.rank == 0:
+                print(job.scaling_table(), flush=True)
+            return None
+        if plan.lr_rescale != 1.0:  # the global batch follows the world size
+            for g in job._optimizer.optimizer.param_groups:
+                g["lr"] = g["lr"] * plan.lr_rescale
+        self._plan = plan
+        self._new_plan(plan)
+        return plan
+
+    def _new_plan(self, plan: Any) -> None:
+        raise NotImplementedError
+
+
+class _StepIter:
+    def __init__(self, loader: _Boundary) -> None:
+        self._loader = loader
+        e = loader.job._engine
+        self._len = max(0, loader.total_steps - max(0, e.step))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> "_StepIter":
+        iter(self._loader)
+        return self
+
+    def __next__(self) -> Iterator[Any]:
+        first = next(self._loader)  # the boundary; StopIteration at the end
+        return self._micro_batches(first)
+
+    def _micro_batches(self, first: Any) -> Iterator[Any]:
+        yield first
+        job = self._loader.job
+        while job.micro_batch + 1 < len(job.workers):
+            yield next(self._loader)
+
+
+class ElasticLoader(_Boundary):
     """Yields this rank's micro-batches, step after step, across resizes.
 
     Each step it first runs the step boundary (joins, leaves and failures take effect there,
     and a failed step is redone), then yields one micro-batch per logical worker of this
-    rank. Iterate it once. ``len()`` is the number of steps. Created by
-    :meth:`ElasticJob.loader`.
+    rank. Iterate it once. It has no ``len()`` (this rank's micro-batches per step change
+    with the size); ``total_steps`` is the number of steps and :meth:`steps` iterates them.
+    Created by :meth:`ElasticJob.loader`.
     """
 
     def __init__(self, job: ElasticJob, dataset: Any, batch_size: int, *, steps: Optional[int],
                  epochs: Optional[float], shuffle: bool, num_workers: int,
-                 collate_fn: Optional[Callable[[List[Any]], Any]], pin_memory: bool) -> None:
+                 collate_fn: Optional[Callable[[List[Any]], Any]], pin_memory: bool,
+                 persistent_workers: bool = False) -> None:
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            raise MalleValueError("dataset: must be map-style (len() and [index])")
+            raise MalleValueError("dataset: must be map-style (len() and [index]) or a "
+                                  "torch.utils.data.IterableDataset")
         if num_workers < 0:
             raise MalleValueError(f"num_workers: must be >= 0, got {num_workers}")
+        if persistent_workers and num_workers == 0:
+            raise MalleValueError("persistent_workers: needs num_workers > 0")
         job._engine.set_data(len(dataset), batch_size, steps, epochs, shuffle)
         self.job = job
         self.dataset = dataset
         self.total_steps = job._engine.total_steps
-        self._fetch = _MicroBatches(dataset, collate_fn)
-        self._loader_args = dict(num_workers=num_workers, pin_memory=pin_memory)
         self.batch_size = batch_size
+        # One DataLoader for the job: its sampler serves the keys of the plan in force, and
+        # with persistent_workers its worker processes live across steps and resizes.
+        self._sampler = _Keys()
+        self._dl = torch.utils.data.DataLoader(
+            _MicroBatches(dataset, collate_fn), sampler=self._sampler, batch_size=None,
+            collate_fn=_as_fetched, num_workers=num_workers, pin_memory=pin_memory,
+            persistent_workers=persistent_workers)
         self._it: Optional[Iterator[Any]] = None
         self._it_key: Optional[tuple] = None  # (step, workers, position, size) served next
         self._plan: Any = None
         self._started = False
-
-    def __len__(self) -> int:
-        return self.total_steps
 
     def __iter__(self) -> "ElasticLoader":
         self.job._require_wrapped()
@@ -424,55 +649,39 @@ class ElasticLoader:
             for k in workers:
                 yield e.batch_key(s, k, pos)
 
+    def _new_plan(self, plan: Any) -> None:
+        job, e = self.job, self.job._engine
+        workers = [w.worker for w in plan.workers]
+        key = (plan.step, tuple(workers), e.position, plan.size)
+        if self._it is None or key != self._it_key:
+            # One item per micro-batch, fetched and collated under its logical worker's
+            # data stream by the DataLoader (or its worker process).
+            self._sampler.gen = self._keys(*key)
+            self._it = iter(self._dl)
+        pos = e.position + (plan.size * self.batch_size if job.logical_workers is None else 0)
+        self._it_key = (plan.step + 1, tuple(workers), pos, plan.size)  # what it serves next
+
     def __next__(self) -> Any:
         job, e = self.job, self.job._engine
-        if self._plan is None or e.micro_batch + 1 >= len(self._plan.workers):
-            if e.in_step:
-                raise MalleValueError(f"optimizer.step() was not called after the last "
-                                      f"micro-batch of step {e.step}")
-            if job._sigterm and not e.left:
-                job._sigterm = False
-                if e.rank < 0:  # not a member yet: nothing to leave, no state to keep
-                    job._stopped = True
-                    raise StopIteration
-                e.request_leave()  # leaves at this boundary (the last member parks)
-            plan = e.next_step()  # rolls back a failed step, runs the boundary
-            if plan is None:
-                self._plan = None
-                if not job.left and job.print_scaling and job.rank == 0:
-                    print(job.scaling_table(), flush=True)
-                raise StopIteration
-            if plan.lr_rescale != 1.0:  # the global batch follows the world size
-                for g in job._optimizer.optimizer.param_groups:
-                    g["lr"] = g["lr"] * plan.lr_rescale
-            workers = [w.worker for w in plan.workers]
-            key = (plan.step, tuple(workers), e.position, plan.size)
-            if self._it is None or key != self._it_key:
-                # One item per micro-batch, fetched and collated under its logical worker's
-                # data stream by the DataLoader (or its worker process).
-                self._it = iter(torch.utils.data.DataLoader(
-                    self._fetch, sampler=_Keys(self._keys(*key)), batch_size=None,
-                    collate_fn=_as_fetched, **self._loader_args))
-            pos = e.position + (plan.size * self.batch_size if job.logical_workers is None else 0)
-            self._it_key = (plan.step + 1, tuple(workers), pos, plan.size)  # what it serves next
-            self._plan = plan
+        if self._next_plan() is None:
+            raise StopIteration
         t0 = time.perf_counter()
         batch = next(self._it)
         e.add_data_wait(time.perf_counter() - t0)
         i = e.micro_batch + 1
-        e.begin_micro_batch(i)  # torch's RNG (model stream), buffers, arms the reduction
+        job._begin_micro_batch(i)
         _seed_python(self._plan.workers[i].rng_seed)
         return batch
 
 
 class _Keys:
-    """A DataLoader sampler over a generator of (data seed, indices) keys."""
+    """A DataLoader sampler over the generator of (data seed, indices) keys in force."""
 
-    def __init__(self, gen: Iterator[Tuple[int, List[int]]]) -> None:
-        self._gen = gen
+    def __init__(self) -> None:
+        self.gen: Iterator[Tuple[int, List[int]]] = iter(())
 
     def __iter__(self) -> Iterator[Tuple[int, List[int]]]:
-        return self._gen
+        return self.gen
 
 
 class _MicroBatches(torch.utils.data.Dataset):

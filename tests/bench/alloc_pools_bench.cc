@@ -62,6 +62,11 @@ ABSL_FLAG(double, short_share, 0.3, "share of nodes with a forecast");
 ABSL_FLAG(double, gap, 1e-4, "MILP relative gap (CBC stops when it proves this)");
 ABSL_FLAG(double, milp_time_limit_s, 5, "MILP time limit, seconds");
 ABSL_FLAG(bool, milp_fork, true, "solve the MILP in a forked child (the default)");
+ABSL_FLAG(std::string, milp_pools, "per_pool",
+          "multi-pool formulation: union (pool-union rows, placed by a flow) or per_pool "
+          "(an integer per job and pool)");
+ABSL_FLAG(bool, milp_pricing, false,
+          "solve by pricing (column generation, then CBC on the pieces reduced costs keep)");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
@@ -209,6 +214,9 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
   mo.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
   mo.relative_gap = absl::GetFlag(FLAGS_gap);
   if (!absl::GetFlag(FLAGS_milp_fork)) mo.isolation = alloc::SolveIsolation::kInProcess;
+  mo.pools = absl::GetFlag(FLAGS_milp_pools) == "per_pool" ? alloc::MilpOptions::Pools::kPerPoolCounts
+                                                           : alloc::MilpOptions::Pools::kUnionRows;
+  mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     MALLE_ASSIGN_OR_RETURN(Problem problem, MakeInstance(mix, row.n, row.j, rep, windows));
     auto timed = [&](auto solve) -> absl::StatusOr<std::pair<PolicyResult, double>> {

@@ -117,6 +117,10 @@ def main(argv=None) -> int:
     p.add_argument("--term-all", type=int, default=-1,
                    help="every rank SIGTERMs itself during this step: all leave, the last parks")
     p.add_argument("--snapshot-every", type=int, default=0)
+    p.add_argument("--save-at", type=int, default=-1,
+                   help="rank 0 calls job.save(OUT/ckpt.mstate) and job.export(OUT/export.pt) "
+                   "once this many steps are done")
+    p.add_argument("--resume-from", default=None)
     p.add_argument("--model", choices=["main", "other"], default="main")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--out", required=True)
@@ -124,7 +128,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
 
     job = malletrain.init(logical_workers=args.logical_workers, seed=11,
-                          deterministic=args.deterministic, snapshot_every=args.snapshot_every)
+                          deterministic=args.deterministic, snapshot_every=args.snapshot_every,
+                          resume_from=args.resume_from)
     model = job.wrap_model(build_model() if args.model == "main" else build_other_model())
     opt = job.wrap_optimizer(torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=7, gamma=0.7)
@@ -179,6 +184,9 @@ def main(argv=None) -> int:
             # Unguarded on purpose, as users write it: the job must undo it if the step
             # did not commit (a tracked object is job state).
             sched.step()
+            if job.step == args.save_at and job.rank == 0:
+                job.save(os.path.join(args.out, "ckpt.mstate"))
+                job.export(os.path.join(args.out, "export.pt"))
             if args.step_sleep:
                 import time
                 time.sleep(args.step_sleep)

@@ -407,6 +407,78 @@ absl::StatusOr<MipResult> Solve(const MipModel& m, const CbcSettings& settings) 
 
 }  // namespace
 
+absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& m) {
+  MALLE_RETURN_IF_ERROR(ValidateModel(m));
+  try {
+    OsiClpSolverInterface lp;
+    const double inf = lp.getInfinity();
+    auto clamp_inf = [inf](double v) { return std::isinf(v) ? (v > 0 ? inf : -inf) : v; };
+    const int n = m.num_cols(), rows = m.num_rows();
+    std::vector<double> col_lb(n), col_ub(n), row_lb(rows), row_ub(rows), obj(n);
+    // Clp minimises: the objective is negated for a maximisation, and the
+    // duals negated back below.
+    const double sense = m.maximize ? -1.0 : 1.0;
+    for (int c = 0; c < n; ++c) {
+      col_lb[c] = clamp_inf(m.col_lb[c]);
+      col_ub[c] = clamp_inf(m.col_ub[c]);
+      obj[c] = sense * m.obj[c];
+    }
+    for (int r = 0; r < rows; ++r) {
+      row_lb[r] = clamp_inf(m.row_lb[r]);
+      row_ub[r] = clamp_inf(m.row_ub[r]);
+    }
+    std::vector<CoinBigIndex> starts(m.row_start.begin(), m.row_start.end());
+    std::vector<int> lengths(rows);
+    for (int r = 0; r < rows; ++r) lengths[r] = m.row_start[r + 1] - m.row_start[r];
+    CoinPackedMatrix matrix(/*colordered=*/false, /*minor=*/n, /*major=*/rows,
+                            static_cast<CoinBigIndex>(m.value.size()), m.value.data(),
+                            m.col_index.data(), starts.data(), lengths.data());
+    lp.messageHandler()->setLogLevel(0);
+    lp.setHintParam(OsiDoReducePrint, true, OsiHintTry);
+    lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), row_lb.data(), row_ub.data());
+    lp.setObjSense(1.0);
+    lp.initialSolve();
+    LpResult result;
+    result.optimal = lp.isProvenOptimal();
+    if (!result.optimal) return result;
+    result.objective = sense * lp.getObjValue();
+    result.x.assign(lp.getColSolution(), lp.getColSolution() + n);
+    result.row_duals.assign(lp.getRowPrice(), lp.getRowPrice() + rows);
+    result.reduced_costs.assign(lp.getReducedCost(), lp.getReducedCost() + n);
+    // Minimisation of -obj: y' = -y and r' = -r in the maximisation's sense.
+    for (double& y : result.row_duals) y *= sense;
+    for (double& r : result.reduced_costs) r *= sense;
+    return result;
+  } catch (const CoinError& e) {
+    return absl::InternalError(absl::StrCat("COIN error in Clp: ", e.message()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("exception in Clp: ", e.what()));
+  }
+}
+
+MipModel SubModel(const MipModel& m, const std::vector<int>& cols) {
+  MipModel sub;
+  sub.maximize = m.maximize;
+  std::vector<int> where(m.num_cols(), -1);
+  for (int c : cols) {
+    where[c] = sub.AddCol(m.col_lb[c], m.col_ub[c], m.obj[c], m.is_integer[c] != 0);
+  }
+  for (int r = 0; r < m.num_rows(); ++r) {
+    std::vector<int> rc;
+    std::vector<double> rv;
+    for (int k = m.row_start[r]; k < m.row_start[r + 1]; ++k) {
+      if (where[m.col_index[k]] < 0) continue;
+      rc.push_back(where[m.col_index[k]]);
+      rv.push_back(m.value[k]);
+    }
+    sub.AddRow(rc, rv, m.row_lb[r], m.row_ub[r]);
+  }
+  if (!m.start.empty()) {
+    for (int c : cols) sub.start.push_back(m.start[c]);
+  }
+  return sub;
+}
+
 int MipModel::AddCol(double lb, double ub, double objective, bool integer) {
   col_lb.push_back(lb);
   col_ub.push_back(ub);

@@ -77,6 +77,21 @@ absl::string_view MipStatusName(MipResult::Status status);
 // reported in MipResult::status.
 absl::StatusOr<MipResult> SolveWithCbc(const MipModel& model, const CbcSettings& settings);
 
+// The linear relaxation of `model` (integrality and `start` ignored), solved
+// with Clp. Duals and reduced costs are in the model's own sense: for a
+// maximisation, a column at its lower bound with reduced cost r > 0 would
+// raise the objective by r per unit; row_duals y give r_k = obj_k - y . A_k.
+struct LpResult {
+  bool optimal = false;
+  double objective = 0.0;
+  std::vector<double> x, row_duals, reduced_costs;
+};
+absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& model);
+
+// The model restricted to `cols` (in that order): every row, with the
+// entries of other columns left out; start entries kept.
+MipModel SubModel(const MipModel& model, const std::vector<int>& cols);
+
 }  // namespace malle::alloc::internal
 
 #endif  // MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_

@@ -460,4 +460,52 @@ TEST(JobVectorValueTest, EnforcesKeepAndReleaseRules) {
 }
 
 }  // namespace
+// Two pools of 2 nodes (fast "f", slow "s"). Job a holds f0 and s0 and
+// shrinks to 1 node; job b grows from nothing to 3 nodes on any pool. b
+// needs a's released node: the flow must release a's node where b can use
+// it, and b's 3 nodes = 1 free f + 1 free s + the one a releases.
+TEST(PlaceOptionsTest, ShrinkingJobReleasesWhereTheGrowerNeedsIt) {
+  Problem p;
+  p.classes = {NodeClass{"f", "", 1.0}, NodeClass{"s", "", 0.5}};
+  p.nodes = {Node{"f0", "f"}, Node{"f1", "f"}, Node{"s0", "s"}, Node{"s1", "s"}};
+  JobSpec a;
+  a.id = "a";
+  a.min_nodes = 1;
+  a.max_nodes = 2;
+  a.throughput = {{1, 10.0}, {2, 20.0}};
+  a.current_nodes = {"f0", "s0"};
+  JobSpec b = a;
+  b.id = "b";
+  b.max_nodes = 3;
+  b.throughput = {{1, 10.0}, {3, 30.0}};
+  b.current_nodes = {};
+  p.jobs = {a, b};
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_EQ(model.pools.size(), 2u);
+  // a at 1 node on the pattern of both pools (speed 0.5), b at 3 on both.
+  auto find = [&](int j, int nodes) {
+    const JobModel& job = model.jobs[j];
+    for (size_t o = 0; o < job.options.size(); ++o) {
+      if (job.options[o].nodes == nodes && job.patterns[job.options[o].pattern].pools.size() == 2) {
+        return static_cast<int>(o);
+      }
+    }
+    return -1;
+  };
+  const int a1 = find(0, 1), b3 = find(1, 3);
+  ASSERT_GE(a1, 0);
+  ASSERT_GE(b3, 0);
+  ASSERT_OK_AND_ASSIGN(CountSolution s, PlaceOptions(model, {a1, b3}));
+  EXPECT_THAT(CheckSolution(model, s), IsOk());
+  EXPECT_EQ(s.per_pool[0][0] + s.per_pool[0][1], 1);
+  EXPECT_EQ(s.per_pool[1][0] + s.per_pool[1][1], 3);
+  EXPECT_EQ(s.per_pool[0][0] + s.per_pool[1][0], 2);  // pool f full
+  EXPECT_EQ(s.per_pool[0][1] + s.per_pool[1][1], 2);  // pool s full
+  // a keeping both nodes (stay) leaves b only 2: no placement.
+  const int a_stay = model.jobs[0].current_option;
+  EXPECT_EQ(PlaceOptions(model, {a_stay, b3}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PlaceOptions(model, {a_stay}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace malle::alloc

@@ -280,12 +280,23 @@ TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
 // jobs: the MILP's optimum equals an exhaustive search over every way of
 // splitting every pool's nodes among the jobs, valued by JobVectorValue
 // (the count model's rules), independent of the DP.
-TEST(MilpTest, MultiPoolMatchesExhaustiveSearchWithEightPools) {
+// Every multi-pool formulation: pool-union rows solved by pricing (the
+// default), the same rows with CBC on the whole model, per-pool counts.
+struct Formulation {
+  const char* name;
+  MilpOptions::Pools pools;
+  bool pricing;
+};
+class MultiPoolExhaustiveTest : public ::testing::TestWithParam<Formulation> {};
+
+TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
   std::mt19937 rng(8080);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   MilpOptions options;
   options.isolation = SolveIsolation::kInProcess;
   options.time_limit = absl::Seconds(10);
+  options.pools = GetParam().pools;
+  options.pricing = GetParam().pricing;
   int eight = 0;
   for (int i = 0; i < 60; ++i) {
     Problem p;
@@ -372,6 +383,13 @@ TEST(MilpTest, MultiPoolMatchesExhaustiveSearchWithEightPools) {
   }
   EXPECT_GT(eight, 40);  // most instances really have eight pools
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Formulations, MultiPoolExhaustiveTest,
+    ::testing::Values(Formulation{"union_pricing", MilpOptions::Pools::kUnionRows, true},
+                      Formulation{"union_whole", MilpOptions::Pools::kUnionRows, false},
+                      Formulation{"per_pool", MilpOptions::Pools::kPerPoolCounts, false}),
+    [](const ::testing::TestParamInfo<Formulation>& info) { return info.param.name; });
 
 // The MILP's start is the best of the current allocation and the baselines'
 // answers: with no time to search, the answer is still at least the best

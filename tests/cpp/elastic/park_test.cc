@@ -1,0 +1,443 @@
+// Parking through the C++ API (issue 22): the state file format and the
+// directory park store (round trip, truncated / corrupt / forged / unsigned
+// files refused with the previous state used, a full disk keeping the
+// previous state), and the engine: a one-rank job asked to leave parks, a new
+// incarnation resumes at the exact step and ends bitwise equal to a run that
+// never stopped; snapshots after an abrupt end; Save() / resume_from; another
+// model's state is refused naming the mismatch.
+#include "libmalle/elastic/park_store.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/optim/adam.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/elastic/elastic_trainer.h"
+#include "libmalle/elastic/job_state.h"
+#include "tests/cpp/testing/group_options.h"
+#include "tests/cpp/testing/status_matchers.h"
+
+namespace malle::elastic {
+namespace {
+
+namespace fs = std::filesystem;
+using ::malle::comm::testing::GroupOptions;
+using ::malle::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  fs::path p = fs::path(base != nullptr ? base : fs::temp_directory_path().string()) /
+               ("malle-park-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A job state with a float and an int64 tensor and a part with bytes.
+JobState SomeState(int64_t step, int n = 1000) {
+  JobState s;
+  s.logical_workers = 4;
+  s.seed = 7;
+  s.step = step;
+  s.parameters.push_back({"w", at::arange(n, at::kFloat) * static_cast<float>(step + 1)});
+  s.buffers.push_back({"count", at::tensor({step}, at::kLong)});
+  StatePartRecord part;
+  part.name = "extra";
+  part.state.bytes = "schedule=" + std::to_string(step);
+  s.parts.push_back(part);
+  return s;
+}
+
+void ExpectSame(const PackedState& packed, const JobState& want) {
+  absl::StatusOr<JobState> got = JobState::Unpack(packed);
+  ASSERT_OK(got.status());
+  EXPECT_EQ(got->step, want.step);
+  ASSERT_EQ(got->parameters.size(), 1u);
+  EXPECT_TRUE(at::equal(got->parameters[0].tensor, want.parameters[0].tensor));
+  EXPECT_TRUE(at::equal(got->buffers[0].tensor, want.buffers[0].tensor));
+  ASSERT_NE(got->part("extra"), nullptr);
+  EXPECT_EQ(got->part("extra")->state.bytes, want.parts[0].state.bytes);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+TEST(StateFileTest, RoundTripsSignedAndUnsigned) {
+  const std::string dir = TempDir("roundtrip");
+  const JobState s = SomeState(12);
+  for (const std::string secret : {std::string(), std::string("deployment-secret")}) {
+    const std::string path = dir + "/s" + std::to_string(secret.size()) + ".mstate";
+    ASSERT_OK(WriteStateFile(path, s.Pack(), "digits", 12, secret));
+    StateFileInfo info;
+    absl::StatusOr<PackedState> back = ReadStateFile(path, secret, &info);
+    ASSERT_OK(back.status());
+    ExpectSame(*back, s);
+    EXPECT_EQ(info.job, "digits");
+    EXPECT_EQ(info.step, 12);
+    EXPECT_EQ(info.signed_, !secret.empty());
+    // No temporary file is left behind.
+    for (const auto& e : fs::directory_iterator(dir)) {
+      EXPECT_EQ(e.path().extension(), ".mstate") << e.path();
+    }
+  }
+}
+
+TEST(StateFileTest, TruncatedCorruptForgedAndUnsignedFilesAreRefusedNamingWhy) {
+  const std::string dir = TempDir("bad");
+  const std::string good = dir + "/good.mstate";
+  ASSERT_OK(WriteStateFile(good, SomeState(3).Pack(), "j", 3, "secret-a"));
+  const std::string bytes = ReadAll(good);
+
+  const std::string truncated = dir + "/truncated.mstate";
+  WriteAll(truncated, bytes.substr(0, bytes.size() / 2));
+  EXPECT_THAT(ReadStateFile(truncated, "secret-a").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+
+  const std::string corrupt = dir + "/corrupt.mstate";
+  std::string flipped = bytes;
+  flipped[bytes.size() - 100] ^= 0x40;  // a byte of a segment
+  WriteAll(corrupt, flipped);
+  EXPECT_THAT(ReadStateFile(corrupt, "secret-a").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+
+  // Forged: a well-formed file signed with another key.
+  const std::string forged = dir + "/forged.mstate";
+  ASSERT_OK(WriteStateFile(forged, SomeState(3).Pack(), "j", 3, "attacker-key"));
+  EXPECT_THAT(ReadStateFile(forged, "secret-a").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+
+  // An unsigned file where the deployment has a secret.
+  const std::string unsigned_path = dir + "/unsigned.mstate";
+  ASSERT_OK(WriteStateFile(unsigned_path, SomeState(3).Pack(), "j", 3, ""));
+  EXPECT_THAT(ReadStateFile(unsigned_path, "secret-a").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unsigned")));
+
+  const std::string other = dir + "/other.mstate";
+  WriteAll(other, "PK\x03\x04 a zip file, not a state file at all");
+  EXPECT_THAT(ReadStateFile(other, "secret-a").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a malletrain state file")));
+  EXPECT_THAT(ReadStateFile(dir + "/missing.mstate", "secret-a").status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The good one still reads.
+  EXPECT_OK(ReadStateFile(good, "secret-a").status());
+}
+
+TEST(DirParkStoreTest, KeepsTheTwoNewestAndFallsBackWhenTheNewestIsBad) {
+  const std::string dir = TempDir("store");
+  auto store = DirParkStore::Open({dir, "digits", "k"});
+  ASSERT_OK(store.status());
+  absl::StatusOr<std::optional<ParkedState>> none = (*store)->ReadNewest();
+  ASSERT_OK(none.status());
+  EXPECT_FALSE(none->has_value());
+  for (int64_t step : {5, 10, 15}) ASSERT_OK((*store)->Write(SomeState(step).Pack(), step));
+  absl::StatusOr<std::vector<StateFileInfo>> listed = (*store)->List();
+  ASSERT_OK(listed.status());
+  ASSERT_EQ(listed->size(), 2u);  // step 5 was removed once 15 was durable
+  EXPECT_EQ((*listed)[0].step, 15);
+  EXPECT_EQ((*listed)[1].step, 10);
+
+  absl::StatusOr<std::optional<ParkedState>> newest = (*store)->ReadNewest();
+  ASSERT_OK(newest.status());
+  ASSERT_TRUE(newest->has_value());
+  ExpectSame((*newest)->state, SomeState(15));
+
+  // Corrupt the newest: the previous one is used, and the refusal is named.
+  std::string bytes = ReadAll((*newest)->path);
+  bytes[bytes.size() / 2] ^= 1;
+  WriteAll((*newest)->path, bytes);
+  std::vector<std::string> refused;
+  absl::StatusOr<std::optional<ParkedState>> fallback = (*store)->ReadNewest(&refused);
+  ASSERT_OK(fallback.status());
+  ASSERT_TRUE(fallback->has_value());
+  ExpectSame((*fallback)->state, SomeState(10));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_THAT(refused[0], HasSubstr("checksum mismatch"));
+}
+
+// A write that fails half-way (the disk fills up) returns kResourceExhausted
+// and leaves the previous state readable. The full disk is a 256 KiB tmpfs
+// mounted in a private mount namespace of a child process (root only).
+TEST(DirParkStoreTest, AFullDiskIsAnErrorAndKeepsThePreviousState) {
+  const std::string dir = TempDir("full");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0) _exit(77);
+    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(77);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) _exit(77);
+    auto store = DirParkStore::Open({dir + "/job", "j", ""});
+    if (!store.ok()) _exit(10);
+    if (!(*store)->Write(SomeState(1, 1000).Pack(), 1).ok()) _exit(11);  // 4 KB: fits
+    absl::Status full = (*store)->Write(SomeState(2, 100000).Pack(), 2);  // 400 KB: does not
+    if (full.code() != absl::StatusCode::kResourceExhausted) _exit(12);
+    if (full.message().find("No space left") == std::string::npos) _exit(13);
+    auto newest = (*store)->ReadNewest();
+    if (!newest.ok() || !newest->has_value() || (*newest)->info.step != 1) _exit(14);
+    int files = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir + "/job")) ++files;
+    if (files != 1) _exit(15);  // no temporary file left behind
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace (not root)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's check that failed (see the test body)";
+}
+
+// --- the engine ------------------------------------------------------------------------------
+
+// One rank, L = 2, deterministic: a model with a running-mean buffer and a
+// float64 counter, Adam, a tracked schedule and a learning-rate decay stepped
+// after each FinishStep (what users write). Runs until `stop_after` steps are
+// committed (then asks to leave: the last member parks) or the end (12).
+struct JobRun {
+  std::vector<at::Tensor> state;  // w, mean, count, Adam's exp_avg of w
+  int64_t schedule = 0;
+  double lr = 0;
+  int64_t steps = 0;
+  int64_t first_step = -1;
+  bool parked = false;
+  std::string resumed_from;
+  absl::Status status;
+};
+
+struct RunSpec {
+  std::shared_ptr<ParkStore> store;
+  int stop_after = -1;        // RequestLeave once this step committed
+  int abandon_after = -1;     // stop driving the engine (an abrupt end) after this step
+  int snapshot_every = -1;
+  int init_seed = 5;
+  int width = 2;              // another model: 3
+  std::string save_at_path;   // Save() after step 6
+  std::string resume_from;
+};
+
+JobRun TrainJob(const std::string& job, const RunSpec& spec) {
+  JobRun out;
+  at::Generator data = at::make_generator<at::CPUGeneratorImpl>(1);
+  const at::Tensor x = at::randn({40, 5}, data, at::TensorOptions());
+  at::Generator init = at::make_generator<at::CPUGeneratorImpl>(spec.init_seed);
+  at::Tensor w = at::randn({5, spec.width}, init, at::TensorOptions()).set_requires_grad(true);
+  at::Tensor mean = at::zeros({5});
+  at::Tensor count = at::zeros({}, at::kDouble);
+  torch::optim::Adam adam({w}, torch::optim::AdamOptions(0.05));
+  ElasticTrainerOptions o;
+  o.logical_workers = 2;
+  o.seed = 3;
+  o.deterministic = true;
+  o.num_samples = 40;
+  o.batch_size = 4;
+  o.steps = 12;
+  o.park_store = spec.store;
+  o.snapshot_every = spec.snapshot_every;
+  o.resume_from = spec.resume_from;
+  auto trainer = ElasticTrainer::Create(comm::ControlStore::InMemory(), GroupOptions(job, "m0", 1), o,
+                                        ModelState::FromTensors({w}, {mean, count}), adam);
+  if (!trainer.ok()) {
+    out.status = trainer.status();
+    return out;
+  }
+  int64_t schedule = 0;
+  out.status = (*trainer)->Track(
+      "schedule", [&] { return ExtraState{{}, std::to_string(schedule)}; },
+      [&](const ExtraState& s) {
+        schedule = std::stoll(s.bytes);
+        return absl::OkStatus();
+      });
+  if (!out.status.ok()) return out;
+  for (;;) {
+    auto plan = (*trainer)->NextStep();
+    if (!plan.ok()) {
+      out.status = plan.status();
+      return out;
+    }
+    if (!plan->has_value()) break;
+    if (out.first_step < 0) out.first_step = (*plan)->step;
+    for (size_t i = 0; i < (*plan)->workers.size(); ++i) {
+      (*trainer)->BeginMicroBatch(i);
+      at::Tensor xb = x.index_select(0, at::tensor((*plan)->workers[i].indices, at::kLong));
+      mean.mul_(0.9).add_(xb.mean(0), 0.1);
+      count.add_(xb.size(0));
+      at::matmul(xb, w).pow(2).mean().backward();
+      out.status = (*trainer)->EndMicroBatch();
+      if (!out.status.ok()) return out;
+    }
+    auto committed = (*trainer)->FinishStep();
+    if (!committed.ok() || !*committed) {
+      out.status = committed.ok() ? absl::InternalError("not committed") : committed.status();
+      return out;
+    }
+    ++schedule;
+    adam.param_groups()[0].options().set_lr(adam.param_groups()[0].options().get_lr() * 0.9);
+    const int64_t done = (*trainer)->step();
+    if (!spec.save_at_path.empty() && done == 6) {
+      out.status = (*trainer)->Save(spec.save_at_path);
+      if (!out.status.ok()) return out;
+    }
+    if (done == spec.stop_after) (void)(*trainer)->RequestLeave();
+    if (done == spec.abandon_after) break;
+  }
+  out.steps = (*trainer)->step();
+  out.parked = (*trainer)->parked();
+  out.resumed_from = (*trainer)->resumed_from();
+  auto& state = adam.state();
+  auto it = state.find(w.unsafeGetTensorImpl());
+  at::Tensor exp_avg = it == state.end() ? at::Tensor()
+                                         : static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg();
+  out.state = {w.detach().clone(), mean.clone(), count.clone(), exp_avg.defined() ? exp_avg.clone() : at::Tensor()};
+  out.schedule = schedule;
+  out.lr = adam.param_groups()[0].options().get_lr();
+  return out;
+}
+
+void ExpectSameRun(const JobRun& got, const JobRun& want) {
+  ASSERT_EQ(got.state.size(), want.state.size());
+  EXPECT_TRUE(at::equal(got.state[0], want.state[0])) << "parameters";
+  EXPECT_TRUE(at::equal(got.state[1], want.state[1])) << "running mean buffer";
+  EXPECT_EQ(got.state[2].item<double>(), want.state[2].item<double>()) << "counter buffer";
+  ASSERT_TRUE(got.state[3].defined());
+  EXPECT_TRUE(at::equal(got.state[3], want.state[3])) << "Adam's first moment";
+  EXPECT_EQ(got.schedule, want.schedule) << "tracked object";
+  EXPECT_EQ(got.lr, want.lr) << "learning rate";
+  EXPECT_EQ(got.steps, 12);
+}
+
+std::shared_ptr<ParkStore> Store(const std::string& dir, const std::string& secret = "") {
+  auto s = DirParkStore::Open({dir, "job", secret});
+  EXPECT_OK(s.status());
+  return s.ok() ? std::shared_ptr<ParkStore>(*std::move(s)) : nullptr;
+}
+
+TEST(EngineParkTest, TheLastMemberParksAndANewIncarnationResumesAtTheExactStep) {
+  const JobRun clean = TrainJob("clean", {});
+  ASSERT_OK(clean.status);
+  auto store = Store(TempDir("engine-park"));
+  RunSpec first;
+  first.store = store;
+  first.stop_after = 5;
+  const JobRun parked = TrainJob("p1", first);
+  ASSERT_OK(parked.status);
+  EXPECT_TRUE(parked.parked);
+  // The leave is taken at a boundary after the request: where it parked.
+  EXPECT_GE(parked.steps, 5);
+  EXPECT_LT(parked.steps, 12);
+  absl::StatusOr<std::vector<StateFileInfo>> files = store->List();
+  ASSERT_OK(files.status());
+  ASSERT_EQ(files->size(), 1u);
+  EXPECT_EQ((*files)[0].step, parked.steps);
+
+  RunSpec second;
+  second.store = store;
+  second.init_seed = 99;  // other initial weights: the parked state must win
+  const JobRun resumed = TrainJob("p2", second);
+  ASSERT_OK(resumed.status);
+  EXPECT_EQ(resumed.first_step, parked.steps);
+  EXPECT_THAT(resumed.resumed_from, HasSubstr(".mstate"));
+  ExpectSameRun(resumed, clean);
+}
+
+TEST(EngineParkTest, WithoutAParkStoreTheLastMemberCannotParkAndNothingIsClaimed) {
+  RunSpec spec;
+  spec.stop_after = 5;
+  const JobRun r = TrainJob("nopark", spec);
+  ASSERT_OK(r.status);
+  EXPECT_FALSE(r.parked);
+}
+
+TEST(EngineParkTest, AfterAnAbruptEndTheJobResumesFromItsLastSnapshot) {
+  const JobRun clean = TrainJob("clean", {});
+  auto store = Store(TempDir("engine-snap"));
+  RunSpec first;
+  first.store = store;
+  first.snapshot_every = 3;
+  first.abandon_after = 8;  // snapshots at the boundaries of steps 3 and 6, then it "dies"
+  const JobRun died = TrainJob("s1", first);
+  ASSERT_OK(died.status);
+  EXPECT_FALSE(died.parked);
+  RunSpec second;
+  second.store = store;
+  second.init_seed = 42;
+  const JobRun resumed = TrainJob("s2", second);
+  ASSERT_OK(resumed.status);
+  EXPECT_EQ(resumed.first_step, 6) << "redoes only the steps since the snapshot";
+  ExpectSameRun(resumed, clean);
+}
+
+TEST(EngineParkTest, SaveAndResumeFromAUsersCheckpoint) {
+  const JobRun clean = TrainJob("clean", {});
+  const std::string path = TempDir("engine-save") + "/mine.mstate";
+  RunSpec first;
+  first.save_at_path = path;
+  ASSERT_OK(TrainJob("u1", first).status);
+  RunSpec second;
+  second.resume_from = path;
+  second.init_seed = 17;
+  const JobRun resumed = TrainJob("u2", second);
+  ASSERT_OK(resumed.status);
+  EXPECT_EQ(resumed.first_step, 6);
+  EXPECT_EQ(resumed.resumed_from, path);
+  ExpectSameRun(resumed, clean);
+
+  // A corrupt checkpoint is an error naming it, not a fresh start.
+  std::string bytes = ReadAll(path);
+  bytes[bytes.size() - 40] ^= 2;
+  WriteAll(path, bytes);
+  EXPECT_THAT(TrainJob("u3", second).status,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resume_from: ")));
+}
+
+TEST(EngineParkTest, AnotherModelsParkedStateIsRefusedNamingTheMismatch) {
+  auto store = Store(TempDir("engine-other"));
+  RunSpec first;
+  first.store = store;
+  first.stop_after = 4;
+  ASSERT_OK(TrainJob("o1", first).status);
+  RunSpec other;
+  other.store = store;
+  other.width = 3;
+  const JobRun r = TrainJob("o2", other);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model mismatch")));
+}
+
+TEST(EngineParkTest, AStoreWhoseOnlyStatesAreForgedIsAnErrorNotAFreshStart) {
+  const std::string dir = TempDir("engine-forged");
+  RunSpec first;
+  first.store = Store(dir, "attacker");
+  first.stop_after = 4;
+  ASSERT_OK(TrainJob("f1", first).status);
+  RunSpec second;
+  second.store = Store(dir, "deployment");
+  const JobRun r = TrainJob("f2", second);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("none verifies")));
+}
+
+}  // namespace
+}  // namespace malle::elastic
