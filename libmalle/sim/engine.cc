@@ -39,8 +39,62 @@ struct JobState {
   double paused_until = -kInf;
   double size_since = 0;           // when the current size started
   std::map<int, double> observed;  // learned mode: size -> measured rate
+  // Preemption accounting (SimOptions::preemption): whether the park store
+  // holds a state to resume from (a park, or a snapshot in kSnapshot mode),
+  // and in kSnapshot mode the progress at the last snapshot and when the
+  // next one is taken (replay seconds).
+  bool stored = false;
+  double snap_done = 0;
+  double next_snap = kInf;
   JobOutcome out;
 };
+
+absl::Status ValidatePreemption(const PreemptionCostOptions& p) {
+  auto positive = [](double v, const char* field) -> absl::Status {
+    if (!(std::isfinite(v) && v > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("preemption.", field, ": must be finite and > 0, got ", v));
+    }
+    return absl::OkStatus();
+  };
+  auto duration = [](absl::Duration d, const char* field) -> absl::Status {
+    if (d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "preemption.", field, ": must be finite and >= 0, got ", absl::FormatDuration(d)));
+    }
+    return absl::OkStatus();
+  };
+  switch (p.mode) {
+    case PreemptionCost::kFree:
+    case PreemptionCost::kPark:
+    case PreemptionCost::kSnapshot:
+    case PreemptionCost::kRestart:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("preemption.mode: ", static_cast<int>(p.mode), " is not a PreemptionCost"));
+  }
+  if (!(std::isfinite(p.state_bytes) && p.state_bytes >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preemption.state_bytes: must be finite and >= 0, got ", p.state_bytes));
+  }
+  MALLE_RETURN_IF_ERROR(positive(p.write_bytes_per_s, "write_bytes_per_s"));
+  MALLE_RETURN_IF_ERROR(positive(p.read_bytes_per_s, "read_bytes_per_s"));
+  MALLE_RETURN_IF_ERROR(positive(p.copy_bytes_per_s, "copy_bytes_per_s"));
+  MALLE_RETURN_IF_ERROR(duration(p.park_fixed, "park_fixed"));
+  MALLE_RETURN_IF_ERROR(duration(p.unpark_fixed, "unpark_fixed"));
+  MALLE_RETURN_IF_ERROR(duration(p.snapshot_interval, "snapshot_interval"));
+  if (!(p.snapshot_budget > 0 && p.snapshot_budget < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preemption.snapshot_budget: must be in (0, 1), got ", p.snapshot_budget));
+  }
+  if (p.mode == PreemptionCost::kSnapshot && p.SnapshotInterval() <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "preemption.snapshot_interval: the adaptive interval is 0 (state_bytes = 0); give one "
+        "> 0");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateOptions(const SimOptions& o) {
   if (o.max_waiting < 0) {
@@ -76,7 +130,7 @@ absl::Status ValidateOptions(const SimOptions& o) {
         absl::StrCat("resize_hysteresis: must be finite and >= 1, got ", o.resize_hysteresis));
   }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
-  return absl::OkStatus();
+  return ValidatePreemption(o.preemption);
 }
 
 // The replay. Per-step work is O(running jobs), never O(all jobs) nor
@@ -99,6 +153,11 @@ class Replay {
   void Record(const char* kind, int job, int node, int before, int after, double ms = 0);
   // `forced`: a reclaim, not the policy's decision (for the loss split).
   void ChargeResize(JobState& j, int before, int after, bool forced);
+  // What a stop costs (SimOptions::preemption), `before` = nodes held before.
+  void ChargeStop(JobState& j, int before);
+  // What a restart costs (reading the stored state), `after` = nodes now.
+  void ChargeRestart(JobState& j, int after);
+  void TakeSnapshots(JobState& j, double r, double to);
   void ReleaseAll(int job);
   void StartRunning(int job);
   void StopRunning(int job, bool wait_again);
@@ -179,6 +238,7 @@ void Replay::Advance(double to) {
     const int n = static_cast<int>(j.nodes.size());
     const double r = Rate(j, n);
     const double training = to - std::max(now_, std::min(to, j.paused_until));
+    if (j.next_snap <= to) TakeSnapshots(j, r, to);
     j.done += r * std::max(0.0, training);
     j.out.ideal_samples += r * dt;
     j.out.node_seconds += n * dt;
@@ -203,6 +263,70 @@ void Replay::ChargeResize(JobState& j, int before, int after, bool forced) {
   }
   (forced ? summary_.lost_to_reclaims : summary_.lost_to_resizes) += lost;
   j.size_since = now_;
+}
+
+// The snapshots a running job takes in (now_, to] (kSnapshot mode): each
+// costs the step its copy (r x copy time); the last one is what a stop falls
+// back to. Called before Advance adds the training of (now_, to].
+void Replay::TakeSnapshots(JobState& j, double r, double to) {
+  const double interval = Sec(options_.preemption.SnapshotInterval());
+  const double copy = Sec(options_.preemption.SnapshotCopyTime());
+  const double last = j.next_snap + std::floor((to - j.next_snap) / interval) * interval;
+  const double count = std::floor((to - j.next_snap) / interval) + 1;
+  const double copies = r * copy * count;
+  j.done -= copies;
+  summary_.lost_to_snapshots += copies;
+  const double trained = last - std::max(now_, std::min(last, j.paused_until));
+  j.snap_done = j.done + r * std::max(0.0, trained);
+  j.next_snap = last + interval;
+  j.stored = true;
+}
+
+void Replay::ChargeStop(JobState& j, int before) {
+  const PreemptionCostOptions& p = options_.preemption;
+  double lost = 0;
+  switch (p.mode) {
+    case PreemptionCost::kFree:
+      break;
+    case PreemptionCost::kPark:
+      // The last member writes the state while it still trains nothing more.
+      lost = Rate(j, before) * Sec(p.ParkTime());
+      j.stored = true;
+      break;
+    case PreemptionCost::kSnapshot:
+      // Back to the last snapshot (the start's state if none was taken since).
+      lost = std::max(0.0, j.done - j.snap_done);
+      break;
+    case PreemptionCost::kRestart:
+      lost = std::max(0.0, j.done);
+      j.stored = false;
+      break;
+  }
+  j.done -= lost;
+  j.next_snap = kInf;
+  j.out.lost_to_preemptions += lost;
+  summary_.lost_to_preemptions += lost;
+}
+
+void Replay::ChargeRestart(JobState& j, int after) {
+  const PreemptionCostOptions& p = options_.preemption;
+  if (p.mode == PreemptionCost::kSnapshot) {
+    j.snap_done = j.done;  // what it resumes from is its newest snapshot
+    j.next_snap = now_ + Sec(p.SnapshotInterval());
+  }
+  if (!j.stored || (p.mode != PreemptionCost::kPark && p.mode != PreemptionCost::kSnapshot)) {
+    return;
+  }
+  const double unpark = Sec(p.UnparkTime());
+  const double lost = Rate(j, after) * unpark;
+  if (options_.accounting == Accounting::kBftrainer) {
+    j.done -= lost;
+    if (p.mode == PreemptionCost::kSnapshot) j.snap_done = j.done;
+  } else {
+    j.paused_until = std::max(j.paused_until, now_) + unpark;
+  }
+  j.out.lost_to_preemptions += lost;
+  summary_.lost_to_preemptions += lost;
 }
 
 void Replay::ReleaseAll(int job) {
@@ -389,12 +513,16 @@ absl::Status Replay::Decide() {
     ++s.out.resizes;
     ++summary_.resizes;
     if (before[k] == 0) {
+      ChargeRestart(s, after);
       StartRunning(j);
       if (s.out.first_start == absl::InfiniteFuture()) {
         s.out.first_start = origin_ + absl::Seconds(now_);
       }
     } else if (after == 0) {
+      ChargeStop(s, before[k]);
       StopRunning(j, /*wait_again=*/true);
+      ++s.out.stops;
+      ++summary_.stops;
     }
     Record("resize", j, -1, before[k], after);
   }
@@ -442,11 +570,11 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     JobState& s = jobs_[j];
     const int after = static_cast<int>(s.nodes.size());
     ChargeResize(s, before, after, /*forced=*/true);
-    // A preemption: the job keeps its progress (samples done) and waits.
-    // Every way a job stops (here, a policy's stop in Decide) goes through
-    // StopRunning, and every restart through StartRunning: the two places
-    // where an accounting of parked state (a park + unpark time) would go.
+    // A preemption: the job pays what SimOptions::preemption says (at the
+    // size it had before the reclaim: its last member parks while it still
+    // holds the nodes' grace period) and waits.
     if (after < s.mix->min_nodes) {
+      ChargeStop(s, before);
       ReleaseAll(j);
       StopRunning(j, /*wait_again=*/true);
       ++s.out.preemptions;
@@ -519,6 +647,29 @@ void Replay::Summarise(double ideal) {
     summary_.makespan_s = last_finish - first_arrival;
   }
   summary_.policy = std::string(alloc::PolicyName(options_.decide.policy));
+  {
+    const PreemptionCostOptions& p = options_.preemption;
+    switch (p.mode) {
+      case PreemptionCost::kFree:
+        summary_.preemption_cost = "free (a stop keeps the job's progress)";
+        break;
+      case PreemptionCost::kPark:
+        summary_.preemption_cost =
+            absl::StrFormat("park (%.3g MB state: park %.2f s, unpark %.2f s)", p.state_bytes / 1e6,
+                            Sec(p.ParkTime()), Sec(p.UnparkTime()));
+        break;
+      case PreemptionCost::kSnapshot:
+        summary_.preemption_cost = absl::StrFormat(
+            "snapshot (%.3g MB state: a snapshot every %.1f s, copy %.2f s; a stop loses the "
+            "progress since; unpark %.2f s)",
+            p.state_bytes / 1e6, Sec(p.SnapshotInterval()), Sec(p.SnapshotCopyTime()),
+            Sec(p.UnparkTime()));
+        break;
+      case PreemptionCost::kRestart:
+        summary_.preemption_cost = "restart (a stop loses all progress)";
+        break;
+    }
+  }
   summary_.idle_node_hours = idle_node_s_ / 3600;
   summary_.used_node_hours = used_node_s_ / 3600;
   summary_.efficiency = ideal > 0 ? summary_.samples_trained / ideal : 0;
@@ -752,6 +903,47 @@ std::string Unix(absl::Time t) {
 
 }  // namespace
 
+const char* PreemptionCostName(PreemptionCost mode) {
+  switch (mode) {
+    case PreemptionCost::kFree:
+      return "free";
+    case PreemptionCost::kPark:
+      return "park";
+    case PreemptionCost::kSnapshot:
+      return "snapshot";
+    case PreemptionCost::kRestart:
+      return "restart";
+  }
+  return "?";
+}
+
+absl::StatusOr<PreemptionCost> ParsePreemptionCost(absl::string_view name) {
+  for (PreemptionCost m : {PreemptionCost::kFree, PreemptionCost::kPark, PreemptionCost::kSnapshot,
+                           PreemptionCost::kRestart}) {
+    if (name == PreemptionCostName(m)) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("preemption cost: '", name, "' is not one of free, park, snapshot, restart"));
+}
+
+absl::Duration PreemptionCostOptions::ParkTime() const {
+  return park_fixed + absl::Seconds(state_bytes / write_bytes_per_s);
+}
+
+absl::Duration PreemptionCostOptions::UnparkTime() const {
+  return unpark_fixed + absl::Seconds(state_bytes / read_bytes_per_s);
+}
+
+absl::Duration PreemptionCostOptions::SnapshotCopyTime() const {
+  return absl::Seconds(state_bytes / copy_bytes_per_s);
+}
+
+absl::Duration PreemptionCostOptions::SnapshotInterval() const {
+  if (snapshot_interval > absl::ZeroDuration()) return snapshot_interval;
+  return std::max(SnapshotCopyTime() / snapshot_budget,
+                  absl::Seconds(state_bytes / write_bytes_per_s));
+}
+
 absl::StatusOr<SimResult> Simulate(const IdleTrace& trace, const std::vector<MixJob>& jobs,
                                    const SimOptions& options) {
   Replay replay(trace, jobs, options);
@@ -786,14 +978,18 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
   std::string out =
       "policy,samples_trained,idle_node_hours,used_node_hours,efficiency,utilisation,"
       "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decision_p50_ms,"
-      "decision_p99_ms,decision_max_ms,wall_s,jct_mean_s,jct_median_s,makespan_s\n";
+      "decision_p99_ms,decision_max_ms,wall_s,jct_mean_s,jct_median_s,makespan_s,"
+      "preemption_cost,lost_to_preemptions,lost_to_snapshots,stops\n";
   for (const Summary& s : summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
-                    s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions,
-                    ",", s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
+                    s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions, ",",
+                    s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
                     Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",",
-                    Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), "\n");
+                    Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
+                    // The mode's name only: the description has commas.
+                    s.preemption_cost.substr(0, s.preemption_cost.find(' ')), ",",
+                    Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops, "\n");
   }
   return out;
 }

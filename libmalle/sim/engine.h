@@ -18,7 +18,11 @@
 //     what malletrain's elastic layer actually does;
 //   - a node reclaimed from under a job is a forced shrink and costs the down
 //     pause the same way; if the job falls below min_nodes it stops (a
-//     preemption), keeps its progress and waits for nodes again;
+//     preemption) and waits for nodes again; what a stop (a preemption, or
+//     the policy giving a running job 0 nodes) costs is SimOptions::
+//     preemption: by default the park + unpark time of the live system's
+//     park store, or nothing, the progress since the last snapshot, or all
+//     progress (PreemptionCost);
 //   - a job finishes when it has trained work_samples; its nodes are freed;
 //   - jobs are admitted at their submit time; the policy considers running
 //     jobs and the first `max_waiting` waiting jobs (FIFO);
@@ -41,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/sim/idle_trace.h"
@@ -49,6 +54,62 @@
 namespace malle::sim {
 
 enum class Accounting { kBftrainer, kPause };
+
+// What a preemption (a job stopped: reclaims pushed it below min_nodes, or
+// the policy gave it 0 nodes) costs the job. docs/simulator.md has the
+// worked numbers and where the defaults come from.
+enum class PreemptionCost {
+  // Nothing: the job keeps its progress and restarts for free (BFTrainer's
+  // replayer; the simulator's accounting before issue 22).
+  kFree,
+  // The live system with a park store: the last member writes the job state
+  // before it leaves (r(n before) x park time lost) and the next incarnation
+  // reads it back (r(n after) x unpark time lost; with Accounting::kPause the
+  // job is paused for it instead). Every stop is assumed announced (a grace
+  // period), so no snapshot is charged.
+  kPark,
+  // Every stop unplanned (kill -9, no grace): the job falls back to its last
+  // asynchronous snapshot (it loses what it trained since), pays the unpark
+  // time to read it, and pays each snapshot's copy while it runs.
+  kSnapshot,
+  // No park store: the job loses everything and starts over (the live
+  // system's behaviour without one).
+  kRestart,
+};
+
+// "free", "park", "snapshot", "restart".
+const char* PreemptionCostName(PreemptionCost mode);
+// The inverse; InvalidArgument naming the allowed names otherwise.
+absl::StatusOr<PreemptionCost> ParsePreemptionCost(absl::string_view name);
+
+// The parameters of PreemptionCost. Defaults: a ~250 MB job state (the size
+// of resize_bench's state, issue 22's park benchmark) and the bandwidths of
+// this project's VMs (dd of 256 MiB: 129 MB/s written with fsync, 1.1 GB/s
+// read with O_DIRECT; a clone into fresh memory ~1 GB/s, docs/benchmarks.md).
+// A site's shared filesystem differs: pass what the park benchmark measures.
+struct PreemptionCostOptions {
+  PreemptionCost mode = PreemptionCost::kPark;
+  double state_bytes = 250e6;        // job state (parameters, optimizer, ...)
+  double write_bytes_per_s = 125e6;  // park store write (fsync included)
+  double read_bytes_per_s = 1e9;     // park store read
+  double copy_bytes_per_s = 1e9;     // a snapshot's copy (the step pays it)
+  // Per park / unpark, beyond the bytes: rename, directory fsync, checksum
+  // and HMAC check, store metadata.
+  absl::Duration park_fixed = absl::Seconds(1);
+  absl::Duration unpark_fixed = absl::Seconds(1);
+  // kSnapshot: time between snapshots while the job runs. Zero: adaptive like
+  // the live engine's (elastic::EngineOptions::snapshot_budget), so that the
+  // copies cost `snapshot_budget` of the training time: copy / budget, and
+  // never less than the write (the live writer skips a snapshot while the
+  // previous one is being written).
+  absl::Duration snapshot_interval = absl::ZeroDuration();
+  double snapshot_budget = 0.01;
+
+  absl::Duration ParkTime() const;
+  absl::Duration UnparkTime() const;
+  absl::Duration SnapshotCopyTime() const;
+  absl::Duration SnapshotInterval() const;  // the interval kSnapshot uses
+};
 
 // What the policy knows of a job's scalability.
 enum class CurveMode {
@@ -91,6 +152,7 @@ struct SimOptions {
   // job and the first `max_waiting` waiting ones are considered).
   int max_jobs = 0;
   Accounting accounting = Accounting::kBftrainer;
+  PreemptionCostOptions preemption;
   CurveMode curves = CurveMode::kOracle;
   absl::Duration learned_warmup = absl::ZeroDuration();
   ForecastMode forecast = ForecastMode::kNone;
@@ -129,6 +191,8 @@ struct JobOutcome {
   int resizes = 0;               // policy-decided size changes (starts included)
   int preemptions = 0;           // forced stops (fell below min_nodes)
   int reclaims = 0;              // nodes taken from under the job
+  int stops = 0;                 // the policy gave the job 0 nodes while it ran
+  double lost_to_preemptions = 0;  // samples (SimOptions::preemption)
 };
 
 struct EventRecord {
@@ -165,6 +229,13 @@ struct Summary {
   // rate at the new size x pause), split by cause: the policy's resizes and
   // the reclaims (forced shrinks and preemptions).
   double lost_to_resizes = 0, lost_to_reclaims = 0;
+  // What SimOptions::preemption charged: the mode and its per-stop costs in
+  // words (e.g. "park (park 3.0 s, unpark 1.25 s)"), and the samples lost to
+  // stops (parks and unparks, progress since the last snapshot or all of
+  // it) and to snapshot copies. A stop is a preemption or a policy stop.
+  std::string preemption_cost;
+  double lost_to_preemptions = 0, lost_to_snapshots = 0;
+  int stops = 0;  // policy-decided stops of a running job
   int jobs_submitted = 0, jobs_finished = 0;
   int resizes = 0, preemptions = 0, reclaims = 0;
   int decisions = 0;

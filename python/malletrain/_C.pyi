@@ -129,6 +129,15 @@ class SimOptions:
     objective: str
     resize_cost: str
     accounting: str
+    preemption_cost: str
+    state_bytes: float
+    write_bytes_per_s: float
+    read_bytes_per_s: float
+    copy_bytes_per_s: float
+    park_fixed_s: float
+    unpark_fixed_s: float
+    snapshot_interval_s: float
+    snapshot_budget: float
     curves: str
     forecast: str
     reclaim_hazard: bool

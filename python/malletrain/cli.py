@@ -242,6 +242,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             result = sim.simulate(
                 trace, mix, policy=policy, curves=args.curves, forecast=args.forecast,
                 accounting=args.accounting, objective=args.objective,
+                preemption_cost=args.preemption_cost, state_bytes=args.state_mb * 1e6,
+                write_bytes_per_s=args.park_write_mb_s * 1e6,
+                read_bytes_per_s=args.park_read_mb_s * 1e6,
+                copy_bytes_per_s=args.snapshot_copy_mb_s * 1e6,
+                park_fixed=args.park_fixed_s, unpark_fixed=args.unpark_fixed_s,
+                snapshot_interval=args.snapshot_interval_s, snapshot_budget=args.snapshot_budget,
                 reclaim_hazard=args.reclaim_hazard, resize_hysteresis=args.hysteresis,
                 forward_window=args.forward_window, debounce=args.debounce,
                 max_waiting=args.max_waiting, time_limit=args.time_limit,
@@ -289,6 +295,26 @@ def _positive_float_or_zero(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
     return value
 
 
@@ -365,6 +391,29 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--hysteresis", type=float, default=1.0, metavar="X",
                    help="the policy charges every resize X >= 1 times its pause")
     p.add_argument("--accounting", default="bftrainer", help="bftrainer or pause")
+    p.add_argument("--preemption-cost", default="park",
+                   choices=("free", "park", "snapshot", "restart"),
+                   help="what a stop costs a job: park (default; the live system with a park "
+                   "store: park + unpark time), snapshot (back to its last snapshot), restart "
+                   "(all progress lost) or free (BFTrainer's replayer); docs/simulator.md")
+    p.add_argument("--state-mb", type=_positive_float_or_zero, default=250.0, metavar="MB",
+                   help="job state parked or snapshotted (default 250, resize_bench's state)")
+    p.add_argument("--park-write-mb-s", type=_positive_float, default=125.0, metavar="MB/S",
+                   help="park store write bandwidth (default 125, this VM's disk with fsync)")
+    p.add_argument("--park-read-mb-s", type=_positive_float, default=1000.0, metavar="MB/S",
+                   help="park store read bandwidth (default 1000)")
+    p.add_argument("--snapshot-copy-mb-s", type=_positive_float, default=1000.0, metavar="MB/S",
+                   help="copy bandwidth of a snapshot, paid by the step (default 1000)")
+    p.add_argument("--park-fixed-s", type=_positive_float_or_zero, default=1.0,
+                   metavar="SECONDS", help="fixed part of a park (default 1)")
+    p.add_argument("--unpark-fixed-s", type=_positive_float_or_zero, default=1.0,
+                   metavar="SECONDS", help="fixed part of an unpark (default 1)")
+    p.add_argument("--snapshot-interval-s", type=_positive_float_or_zero, default=0.0,
+                   metavar="SECONDS", help="snapshot mode: seconds between snapshots (default "
+                   "0: adaptive, copies under --snapshot-budget of the training time)")
+    p.add_argument("--snapshot-budget", type=_fraction, default=0.01, metavar="F",
+                   help="adaptive snapshots: copy time / training time, in (0, 1) (default "
+                   "0.01, the live engine's)")
     p.add_argument("--objective", default="throughput",
                    help="throughput, speedup, weighted or completion (the value of finishing)")
     p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")

@@ -221,6 +221,15 @@ def simulate(
     objective: str = "throughput",
     resize_cost: str = "bftrainer",
     accounting: str = "bftrainer",
+    preemption_cost: str = "park",
+    state_bytes: float | None = None,
+    write_bytes_per_s: float | None = None,
+    read_bytes_per_s: float | None = None,
+    copy_bytes_per_s: float | None = None,
+    park_fixed: float | datetime.timedelta | None = None,
+    unpark_fixed: float | datetime.timedelta | None = None,
+    snapshot_interval: float | datetime.timedelta = 0.0,
+    snapshot_budget: float | None = None,
     curves: str = "oracle",
     forecast: str = "none",
     reclaim_hazard: bool = False,
@@ -251,7 +260,13 @@ def simulate(
     ``objective`` is ``throughput``, ``speedup``, ``weighted`` or ``completion`` (work as a
     share of the work left: the value of finishing). ``accounting="bftrainer"`` charges a
     resize as BFTrainer's replayer does
-    (old rate x pause); ``"pause"`` stops the job for the pause. ``progress`` is called with the
+    (old rate x pause); ``"pause"`` stops the job for the pause. ``preemption_cost`` is what a
+    stop (a preemption or a policy stop) costs: ``"park"`` (the default, the live system with a
+    park store: park + unpark time of ``state_bytes`` at ``write_bytes_per_s`` /
+    ``read_bytes_per_s`` plus ``park_fixed`` / ``unpark_fixed``), ``"snapshot"`` (back to the
+    last snapshot, every ``snapshot_interval`` or adaptive to ``snapshot_budget``, copies at
+    ``copy_bytes_per_s``), ``"restart"`` (all progress lost) or ``"free"`` (BFTrainer's
+    replayer); None keeps the C++ defaults (docs/simulator.md). ``progress`` is called with the
     fraction done (0..1). Bad options raise ``ValueError`` naming the option.
     """
     trace = _as_trace(trace)
@@ -262,6 +277,21 @@ def simulate(
     o.objective = objective
     o.resize_cost = resize_cost
     o.accounting = accounting
+    o.preemption_cost = preemption_cost
+    for name, value in (("state_bytes", state_bytes), ("write_bytes_per_s", write_bytes_per_s),
+                        ("read_bytes_per_s", read_bytes_per_s),
+                        ("copy_bytes_per_s", copy_bytes_per_s),
+                        ("snapshot_budget", snapshot_budget)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name}: expected a number, got {value!r}")
+        setattr(o, name, float(value))
+    if park_fixed is not None:
+        o.park_fixed_s = _seconds(park_fixed, "park_fixed")
+    if unpark_fixed is not None:
+        o.unpark_fixed_s = _seconds(unpark_fixed, "unpark_fixed")
+    o.snapshot_interval_s = _seconds(snapshot_interval, "snapshot_interval")
     o.curves = curves
     o.forecast = forecast
     if not isinstance(reclaim_hazard, bool):
@@ -319,6 +349,8 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
         ("finished", "jobs_finished", "{}", None, 8),
         ("resizes", "resizes", "{}", None, 7),
         ("preempt", "preemptions", "{}", None, 7),
+        ("stops", "stops", "{}", None, 5),
+        ("lost stops", "lost_to_preemptions", "{:.4g}", None, 10),
         ("dec p50 ms", "decision_p50_ms", "{:.2f}", None, 10),
         ("dec p99 ms", "decision_p99_ms", "{:.2f}", None, 10),
         ("JCT mean h", "jct_mean_s", "{:.2f}", hour, 10),
@@ -341,6 +373,9 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
     for r in results:
         lines.append("  ".join(cell(r.summary, key, fmt, scale).rjust(w)
                                for _, key, fmt, scale, w in cols))
+    costs = sorted({r.summary["preemption_cost"] for r in results
+                    if r.summary.get("preemption_cost")})
+    lines.extend(f"preemption cost: {c}" for c in costs)
     warnings = [(r.summary["policy"], w) for r in results for w in r.summary.get("warnings", [])]
     if warnings:
         lines.append("")

@@ -92,6 +92,16 @@ struct Options {
   std::string objective = "throughput";
   std::string resize_cost = "bftrainer";
   std::string accounting = "bftrainer";
+  // sim::PreemptionCostOptions; the defaults are C++'s (see ToSimOptions).
+  std::string preemption_cost = "park";
+  double state_bytes = sim::PreemptionCostOptions{}.state_bytes;
+  double write_bytes_per_s = sim::PreemptionCostOptions{}.write_bytes_per_s;
+  double read_bytes_per_s = sim::PreemptionCostOptions{}.read_bytes_per_s;
+  double copy_bytes_per_s = sim::PreemptionCostOptions{}.copy_bytes_per_s;
+  double park_fixed_s = absl::ToDoubleSeconds(sim::PreemptionCostOptions{}.park_fixed);
+  double unpark_fixed_s = absl::ToDoubleSeconds(sim::PreemptionCostOptions{}.unpark_fixed);
+  double snapshot_interval_s = 0;
+  double snapshot_budget = sim::PreemptionCostOptions{}.snapshot_budget;
   std::string curves = "oracle";
   std::string forecast = "none";
   bool reclaim_hazard = false;
@@ -125,6 +135,15 @@ sim::SimOptions ToSimOptions(const Options& o) {
   s.accounting = ParseName<sim::Accounting>(
       "accounting", o.accounting,
       {{"bftrainer", sim::Accounting::kBftrainer}, {"pause", sim::Accounting::kPause}});
+  s.preemption.mode = ValueOrThrow(sim::ParsePreemptionCost(o.preemption_cost));
+  s.preemption.state_bytes = o.state_bytes;
+  s.preemption.write_bytes_per_s = o.write_bytes_per_s;
+  s.preemption.read_bytes_per_s = o.read_bytes_per_s;
+  s.preemption.copy_bytes_per_s = o.copy_bytes_per_s;
+  s.preemption.park_fixed = absl::Seconds(o.park_fixed_s);
+  s.preemption.unpark_fixed = absl::Seconds(o.unpark_fixed_s);
+  s.preemption.snapshot_interval = absl::Seconds(o.snapshot_interval_s);
+  s.preemption.snapshot_budget = o.snapshot_budget;
   s.curves = ParseName<sim::CurveMode>(
       "curves", o.curves,
       {{"oracle", sim::CurveMode::kOracle},
@@ -177,6 +196,10 @@ py::dict SummaryDict(const sim::Summary& s) {
   d["samples_per_node_hour"] = s.samples_per_node_hour;
   d["lost_to_resizes"] = s.lost_to_resizes;
   d["lost_to_reclaims"] = s.lost_to_reclaims;
+  d["preemption_cost"] = s.preemption_cost;
+  d["lost_to_preemptions"] = s.lost_to_preemptions;
+  d["lost_to_snapshots"] = s.lost_to_snapshots;
+  d["stops"] = s.stops;
   d["active_hours"] = s.active_hours;
   d["active_idle_node_hours"] = s.active_idle_node_hours;
   d["active_utilisation"] = s.active_utilisation;
@@ -202,6 +225,8 @@ py::dict ResultDict(const sim::SimResult& r) {
     d["resizes"] = j.resizes;
     d["preemptions"] = j.preemptions;
     d["reclaims"] = j.reclaims;
+    d["stops"] = j.stops;
+    d["lost_to_preemptions"] = j.lost_to_preemptions;
     jobs.append(std::move(d));
   }
   out["jobs"] = std::move(jobs);
@@ -347,6 +372,15 @@ void BindSim(py::module_& m) {
       .def_readwrite("objective", &Options::objective)
       .def_readwrite("resize_cost", &Options::resize_cost)
       .def_readwrite("accounting", &Options::accounting)
+      .def_readwrite("preemption_cost", &Options::preemption_cost)
+      .def_readwrite("state_bytes", &Options::state_bytes)
+      .def_readwrite("write_bytes_per_s", &Options::write_bytes_per_s)
+      .def_readwrite("read_bytes_per_s", &Options::read_bytes_per_s)
+      .def_readwrite("copy_bytes_per_s", &Options::copy_bytes_per_s)
+      .def_readwrite("park_fixed_s", &Options::park_fixed_s)
+      .def_readwrite("unpark_fixed_s", &Options::unpark_fixed_s)
+      .def_readwrite("snapshot_interval_s", &Options::snapshot_interval_s)
+      .def_readwrite("snapshot_budget", &Options::snapshot_budget)
       .def_readwrite("curves", &Options::curves)
       .def_readwrite("forecast", &Options::forecast)
       .def_readwrite("reclaim_hazard", &Options::reclaim_hazard)

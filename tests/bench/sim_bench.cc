@@ -74,6 +74,10 @@ ABSL_FLAG(std::string, terms_for, "milp,dp",
 ABSL_FLAG(bool, reclaim_hazard, false,
           "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
 ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
+ABSL_FLAG(std::string, preemption_cost, "park",
+          "what a stop costs: park (the simulator's default), snapshot, restart or free "
+          "(BFTrainer's replayer); the other parameters at their defaults (sim_preemption_bench "
+          "varies them)");
 ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
 ABSL_FLAG(std::string, resize_cost, "bftrainer", "bftrainer or lost_work");
 ABSL_FLAG(double, t_fwd_s, 120, "forward window T_fwd, seconds");
@@ -233,6 +237,13 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   o.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
   o.resize_hysteresis = absl::GetFlag(FLAGS_hysteresis);
   o.record_events = false;
+  absl::StatusOr<sim::PreemptionCost> preemption =
+      sim::ParsePreemptionCost(absl::GetFlag(FLAGS_preemption_cost));
+  if (!preemption.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--preemption_cost: ", preemption.status().message()));
+  }
+  o.preemption.mode = *preemption;
   o.decide.milp.time_limit = absl::Seconds(limit);
   o.decide.milp.relative_gap = absl::GetFlag(FLAGS_milp_relative_gap);
   o.decide.milp.isolation =
@@ -674,7 +685,8 @@ int main(int argc, char** argv) {
   }
 
   std::cout << absl::StrFormat(
-      "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s%s, accounting %s, objective %s, "
+      "sim_bench: T_fwd %.0f s, debounce %.0f s, forecast %s%s, accounting %s (preemption cost "
+      "%s), objective %s, "
       "resize cost %s (objective terms%s for %s; the others: throughput, BFTrainer's),\n  "
       "max_waiting %d, max_jobs %d%s; regimes %s (saturated: %d copies of "
       "the mix, %.0f h apart); loaded in %.1f s\n",
@@ -683,8 +695,8 @@ int main(int argc, char** argv) {
                    absl::GetFlag(FLAGS_hysteresis) != 1
                        ? absl::StrFormat(", hysteresis %.3g", absl::GetFlag(FLAGS_hysteresis))
                        : ""),
-      absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_objective),
-      absl::GetFlag(FLAGS_resize_cost),
+      absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_preemption_cost),
+      absl::GetFlag(FLAGS_objective), absl::GetFlag(FLAGS_resize_cost),
       absl::GetFlag(FLAGS_terms_t_fwd_s) > 0
           ? absl::StrFormat(" and T_fwd %.0f s", absl::GetFlag(FLAGS_terms_t_fwd_s))
           : "",

@@ -326,3 +326,36 @@ def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
         row = next(csv.DictReader(f))
     assert row["jobs_submitted"] == "2"
     assert "hardly competed" not in row["warnings"]  # two jobs want 4 nodes of 2
+
+
+def test_preemption_cost_modes_by_hand(tmp_path, capsys):
+    # Two nodes idle from 0; n1 reclaimed at 550 (the 2-node job stops: r(2) x 5 s for the
+    # forced shrink), back at 700; end at 1000. r(2) = 20/s. Park 1 + 100/50 = 3 s, unpark
+    # 0.5 + 100/200 = 1 s (tests/cpp/sim/engine_test.cc works out every mode).
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n550,n1,0\n700,n1,1\n1000,n0,1\n")
+    mix = tmp_path / "m.csv"
+    mix.write_text(MIX_HEADER + "job,0,2,2,1000000000,10,5,0;1;2,0;10;20\n")
+    costs = dict(state_bytes=100e6, write_bytes_per_s=50e6, read_bytes_per_s=200e6,
+                 park_fixed=1.0, unpark_fixed=0.5)
+    free = sim.simulate(trace, mix, preemption_cost="free", **costs).summary
+    park = sim.simulate(trace, mix, **costs).summary  # the default
+    restart = sim.simulate(trace, mix, preemption_cost="restart", **costs).summary
+    assert free["samples_trained"] == pytest.approx(20 * 550 - 100 + 20 * 300)
+    assert park["samples_trained"] == pytest.approx(free["samples_trained"] - 80)
+    assert park["lost_to_preemptions"] == pytest.approx(80)
+    assert park["preemption_cost"] == "park (100 MB state: park 3.00 s, unpark 1.00 s)"
+    assert restart["samples_trained"] == pytest.approx(20 * 300)
+    with pytest.raises(ValueError, match="preemption.state_bytes"):
+        sim.simulate(trace, mix, state_bytes=-1.0)
+    with pytest.raises(ValueError, match="free, park, snapshot, restart"):
+        sim.simulate(trace, mix, preemption_cost="parked")
+    # The CLI: the mode in the table; bad flags named.
+    assert main(["simulate", "--trace", str(trace), "--jobs", str(mix), "--quiet",
+                 "--preemption-cost", "restart"]) == 0
+    assert "preemption cost: restart" in capsys.readouterr().out
+    for flag, value in (("--preemption-cost", "parked"), ("--state-mb", "-1"),
+                        ("--park-write-mb-s", "0"), ("--snapshot-budget", "1")):
+        with pytest.raises(SystemExit):
+            main(["simulate", "--trace", str(trace), "--jobs", str(mix), flag, value])
+        assert flag in capsys.readouterr().err

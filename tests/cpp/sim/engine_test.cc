@@ -163,7 +163,12 @@ TEST(EngineTest, NodesReclaimedAtOneTimeAreOneShrink) {
 
 TEST(EngineTest, ReclaimBelowMinPreemptsAndTheJobResumesWithItsProgress) {
   constexpr char kTrace[] = "0,n0,1\n0,n1,1\n500,n1,0\n700,n1,1\n1000,n0,1\n";
-  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTrace), {Job("j", 2, 2, 1e9)}, Dp()));
+  const SimOptions free = [] {
+    SimOptions o = Dp();
+    o.preemption.mode = PreemptionCost::kFree;
+    return o;
+  }();
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTrace), {Job("j", 2, 2, 1e9)}, free));
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 500 - 20 * 5 + 20 * 300);
   EXPECT_EQ(r.summary.preemptions, 1);
   EXPECT_EQ(r.jobs[0].preemptions, 1);
@@ -176,11 +181,119 @@ TEST(EngineTest, ReclaimBelowMinPreemptsAndTheJobResumesWithItsProgress) {
 
   // The job needs 15,900 samples in all: preempted with 9,900 done, it
   // finishes 300 s after its restart, not 795 s after.
-  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15900)}, Dp()));
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15900)}, free));
   EXPECT_EQ(r.jobs[0].finish, T(1000));
-  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15000)}, Dp()));
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTrace), {Job("j", 2, 2, 15000)}, free));
   EXPECT_EQ(r.jobs[0].finish, T(955));
   EXPECT_DOUBLE_EQ(r.jobs[0].samples_done, 15000);
+}
+
+// What a preemption costs under each PreemptionCost mode, by hand. Two
+// nodes idle from 0; n1 is reclaimed at 550 (the 2-node job falls below
+// min_nodes: r(2) x 5 s = 100 samples for the forced shrink, then the stop)
+// and comes back at 700 (restart on 2 nodes, free in BFTrainer's
+// accounting); the replay ends at 1000. r(2) = 20 samples/s.
+// Park 1 s + 100 MB / 50 MB/s = 3 s; unpark 0.5 s + 100 MB / 200 MB/s = 1 s;
+// a snapshot's copy 100 MB / 100 MB/s = 1 s, every 1 s / 0.01 = 100 s.
+constexpr char kPreempt[] = "0,n0,1\n0,n1,1\n550,n1,0\n700,n1,1\n1000,n0,1\n";
+
+SimOptions PreemptionCase(PreemptionCost mode) {
+  SimOptions o = Dp();
+  o.preemption.mode = mode;
+  o.preemption.state_bytes = 100e6;
+  o.preemption.write_bytes_per_s = 50e6;
+  o.preemption.read_bytes_per_s = 200e6;
+  o.preemption.copy_bytes_per_s = 100e6;
+  o.preemption.park_fixed = absl::Seconds(1);
+  o.preemption.unpark_fixed = absl::Seconds(0.5);
+  return o;
+}
+
+TEST(EngineTest, PreemptionCostFreeKeepsTheProgress) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)},
+                                             PreemptionCase(PreemptionCost::kFree)));
+  EXPECT_EQ(r.summary.preemptions, 1);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 550 - 100 + 20 * 300);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 0);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_snapshots, 0);
+  EXPECT_THAT(r.summary.preemption_cost, ::testing::StartsWith("free"));
+}
+
+TEST(EngineTest, PreemptionCostParkChargesParkAndUnpark) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)},
+                                             PreemptionCase(PreemptionCost::kPark)));
+  // Parks at the old size (20/s x 3 s), unparks at the new one (20/s x 1 s).
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 20 * 3 + 20 * 1);
+  EXPECT_DOUBLE_EQ(r.jobs[0].lost_to_preemptions, 80);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 550 - 100 + 20 * 300 - 80);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_snapshots, 0);  // every stop announced: no snapshots
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 20 * 850);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, (20 * 850 - 100 - 80) / (20.0 * 850));
+  EXPECT_EQ(r.summary.preemption_cost, "park (100 MB state: park 3.00 s, unpark 1.00 s)");
+
+  // With the pause accounting the unpark pauses the job (after its 10 s up
+  // pause): 10..550 and 711..1000 trained, the park still lost.
+  SimOptions o = PreemptionCase(PreemptionCost::kPark);
+  o.accounting = Accounting::kPause;
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)}, o));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 540 - 60 + 20 * 289);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 80);
+}
+
+TEST(EngineTest, PreemptionCostSnapshotLosesTheProgressSinceTheLastSnapshot) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)},
+                                             PreemptionCase(PreemptionCost::kSnapshot)));
+  // Snapshots at 100..500 (5 copies x 20/s x 1 s = 100): 9,900 done at the
+  // one of 500. At 550: 11,000 - 100 (copies) - 100 (shrink) = 10,800, back
+  // to 9,900 (900 lost). Unpark at 700 (20), then snapshots at 800, 900,
+  // 1000 (60) and 300 s at 20/s.
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_snapshots, 100 + 60);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 900 + 20);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 9900 - 20 + 6000 - 60);
+  EXPECT_THAT(r.summary.preemption_cost, HasSubstr("a snapshot every 100.0 s"));
+
+  // A fixed interval of 400 s: one snapshot (at 400, 7,980 done), 2,920 lost.
+  SimOptions o = PreemptionCase(PreemptionCost::kSnapshot);
+  o.preemption.snapshot_interval = absl::Seconds(400);
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)}, o));
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, (20 * 550 - 20 - 100) - 7980 + 20);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 7980 - 20 + 6000);  // next snapshot at 1100
+
+  // Stopped before its first snapshot, the job loses everything and has
+  // nothing to read back (no unpark).
+  o.preemption.snapshot_interval = absl::Seconds(600);
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)}, o));
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 20 * 550 - 100);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 300);
+}
+
+TEST(EngineTest, PreemptionCostRestartLosesEverything) {
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 1e9)},
+                                             PreemptionCase(PreemptionCost::kRestart)));
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_preemptions, 20 * 550 - 100);
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 300);
+  EXPECT_DOUBLE_EQ(r.summary.efficiency, 6000 / (20.0 * 850));
+  // A job of 12,000 samples: 10,900 done at 550, all lost; it needs 600 s
+  // from the restart at 700 and does not finish by 1000.
+  ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 12000)},
+                                   PreemptionCase(PreemptionCost::kRestart)));
+  EXPECT_EQ(r.jobs[0].finish, absl::InfiniteFuture());
+  ASSERT_OK_AND_ASSIGN(
+      r, Simulate(Trace(kPreempt), {Job("j", 2, 2, 12000)}, PreemptionCase(PreemptionCost::kPark)));
+  EXPECT_EQ(r.jobs[0].finish, T(700 + (12000 - 10900 + 80) / 20));
+}
+
+TEST(EngineTest, PreemptionCostIsParkByDefaultWithDocumentedParameters) {
+  const PreemptionCostOptions p;
+  EXPECT_EQ(p.mode, PreemptionCost::kPark);
+  // 250 MB at 125 MB/s + 1 s; 250 MB at 1 GB/s + 1 s; copy 0.25 s -> 25 s.
+  EXPECT_EQ(p.ParkTime(), absl::Seconds(3));
+  EXPECT_EQ(p.UnparkTime(), absl::Seconds(1.25));
+  EXPECT_EQ(p.SnapshotInterval(), absl::Seconds(25));
+  EXPECT_EQ(*ParsePreemptionCost("snapshot"), PreemptionCost::kSnapshot);
+  EXPECT_THAT(ParsePreemptionCost("parked").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'parked' is not one of free, park, snapshot, restart")));
 }
 
 TEST(EngineTest, FinishedJobFreesItsNodesForTheNext) {
@@ -532,8 +645,11 @@ TEST(EngineTest, CsvWriters) {
   s.samples_trained = 1.5;
   s.jobs_finished = 2;
   const std::string summaries = SummariesToCsv({s});
-  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,nan,nan,nan\n"));
-  EXPECT_THAT(summaries, HasSubstr(",wall_s,jct_mean_s,jct_median_s,makespan_s\n"));
+  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,nan,nan,nan,,0,0,0\n"));
+  EXPECT_THAT(summaries, HasSubstr(",wall_s,jct_mean_s,jct_median_s,makespan_s,preemption_cost,"
+                                   "lost_to_preemptions,lost_to_snapshots,stops\n"));
+  // The mode's name, not its description (which has commas).
+  EXPECT_THAT(SummariesToCsv({r.summary}), HasSubstr(",park,"));
   // Unstarted jobs leave first_start and finish empty.
   ASSERT_OK_AND_ASSIGN(r, Simulate(Trace(kTwoNodes), {Job("big", 3, 3, 5000)}, Dp()));
   EXPECT_THAT(JobsToCsv(r.jobs), HasSubstr("\nbig,0,,,5000,0,0,0,0,0,0\n"));
@@ -678,6 +794,37 @@ TEST(EngineTest, BadOptionsNameTheField) {
   o = Dp();
   o.max_jobs = -1;
   fails_on(o, "max_jobs");
+  o = Dp();
+  o.preemption.mode = static_cast<PreemptionCost>(7);
+  fails_on(o, "preemption.mode");
+  o = Dp();
+  o.preemption.state_bytes = -1;
+  fails_on(o, "preemption.state_bytes");
+  o = Dp();
+  o.preemption.write_bytes_per_s = 0;
+  fails_on(o, "preemption.write_bytes_per_s");
+  o = Dp();
+  o.preemption.read_bytes_per_s = std::nan("");
+  fails_on(o, "preemption.read_bytes_per_s");
+  o = Dp();
+  o.preemption.copy_bytes_per_s = -5;
+  fails_on(o, "preemption.copy_bytes_per_s");
+  o = Dp();
+  o.preemption.park_fixed = absl::Seconds(-1);
+  fails_on(o, "preemption.park_fixed");
+  o = Dp();
+  o.preemption.unpark_fixed = absl::InfiniteDuration();
+  fails_on(o, "preemption.unpark_fixed");
+  o = Dp();
+  o.preemption.snapshot_interval = absl::Seconds(-1);
+  fails_on(o, "preemption.snapshot_interval");
+  o = Dp();
+  o.preemption.snapshot_budget = 0;
+  fails_on(o, "preemption.snapshot_budget");
+  o = Dp();
+  o.preemption.mode = PreemptionCost::kSnapshot;
+  o.preemption.state_bytes = 0;  // the adaptive interval would be 0
+  fails_on(o, "preemption.snapshot_interval");
   EXPECT_THAT(Simulate(IdleTrace{}, {}, Dp()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trace")));
   IdleTrace bad;
