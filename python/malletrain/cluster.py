@@ -43,7 +43,7 @@ from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
 log = logging.getLogger("malletrain")
 
 __all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "format_status",
-           "held_summary"]
+           "held_summary", "saved_state", "park_summary"]
 
 _ENDED = ("succeeded", "failed", "cancelled")
 
@@ -549,13 +549,20 @@ def format_status(status: Dict[str, Any]) -> str:
                      f"{str(n.get('running') or '-'):<18} {n.get('last_seen_s_ago', 0):5.1f}s")
     lines.append("")
     lines.append(f"{'job':<16} {'phase':<10} {'nodes':>5} {'running':>7} {'samples/s':>10} "
-                 f"{'step':>6} {'productive':>11} {'held idle':>10}  message")
+                 f"{'step':>6} {'saved state':>16} {'productive':>11} {'held idle':>10}  message")
+    parks = []
     for j in status.get("jobs", []):
         held = j.get("held") or {}
         lines.append(f"{j['job']:<16} {j['phase']:<10} {len(j.get('nodes', [])):>5} "
                      f"{j.get('running_nodes', 0):>7} {j.get('samples_per_s', 0):>10.1f} "
-                     f"{j.get('step', 0):>6} {held.get('productive_node_s', 0):>10.1f}s "
+                     f"{j.get('step', 0):>6} {saved_state(j):>16} "
+                     f"{held.get('productive_node_s', 0):>10.1f}s "
                      f"{held.get('held_idle_node_s', 0):>9.1f}s  {j.get('message', '')}")
+        if j.get("park"):
+            parks.append(park_summary(j))
+    if parks:
+        lines.append("")
+        lines.extend(parks)
     total = status.get("held")
     if total:
         lines.append("")
@@ -572,6 +579,24 @@ def format_status(status: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def saved_state(job: Dict[str, Any]) -> str:
+    """The job's newest state in its park store and its age: "park@40 3s ago", "snap@20 1s ago"
+    or "-" (none reported)."""
+    saved = job.get("saved")
+    if not saved:
+        return "-"
+    kind = "park" if saved.get("kind") == "park" else "snap"
+    return f"{kind}@{saved.get('step', 0)} {saved.get('age_s', 0):.0f}s ago"
+
+
+def park_summary(job: Dict[str, Any]) -> str:
+    """One line on a job's parks: how many, the last one's step, size and measured cost."""
+    p = job["park"]
+    unpark = f"{p.get('unpark_s', 0):.2f} s" + ("" if p.get("unpark_measured") else " (est.)")
+    return (f"{job['job']}: parked {job.get('parks', 0)}x, last at step {p.get('step', 0)} "
+            f"({p.get('bytes', 0) / 1e6:.1f} MB in {p.get('park_s', 0):.2f} s), unpark {unpark}")
+
+
 def held_summary(held: Dict[str, Any]) -> str:
     """One line on node time: productive vs held without training (docs/operations.md)."""
     return (f"node time held: {held.get('held_node_s', 0):.1f} node-s, productive "
@@ -586,8 +611,10 @@ def live_table(cluster: LocalCluster) -> str:
     st = cluster.status()
     t = time.monotonic() - cluster.t0
     up = cluster.live_nodes()
-    jobs = "  ".join(f"{j['job']}:{j['phase'][:3]}@{len(j.get('nodes', []))}"
-                     f"(step {j.get('step', 0)})" for j in st.get("jobs", []))
+    jobs = "  ".join(f"{j['job']}:{j['phase'] if j['phase'] == 'parked' else j['phase'][:3]}"
+                     f"@{len(j.get('nodes', []))}(step {j.get('step', 0)}"
+                     + (f", {saved_state(j)}" if j.get("saved") else "") + ")"
+                     for j in st.get("jobs", []))
     plan = (st.get("last_decision") or {}).get("plan", 0)
     return f"[{t:6.1f}s] nodes up {len(up)} {sorted(up)}  plan {plan}  {jobs}"
 

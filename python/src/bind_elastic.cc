@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
-#include "libmalle/control/service/channel.h"
+#include "libmalle/control/service/report_sink.h"
 #include "libmalle/control/wire/messages.h"
 #include "libmalle/control/wire/secret.h"
 #include "libmalle/elastic/engine.h"
@@ -45,28 +45,6 @@ absl::Duration Seconds(double s, const char* field) {
   }
   return absl::Seconds(s);
 }
-
-// Reports and completion to the allocator as signed control messages.
-class OutboxSink : public advisor::ReportSink {
- public:
-  OutboxSink(std::shared_ptr<comm::ControlStore> store, control::Secret secret, std::string sender, std::string job)
-      : outbox_(std::move(store), std::move(secret), std::move(sender)), job_(std::move(job)) {}
-  absl::Status SendReport(const std::string& report_json) override {
-    return outbox_.Send(control::AdvisorReport{job_, report_json});
-  }
-  absl::Status SendComplete(int64_t steps, int64_t samples) override {
-    control::JobComplete c;
-    c.job = job_;
-    c.status = control::JobStatus::kSucceeded;
-    c.steps = steps;
-    c.samples = samples;
-    return outbox_.Send(c);
-  }
-
- private:
-  control::Outbox outbox_;
-  std::string job_;
-};
 
 // An engine with the Python exception its callbacks raised, if any.
 struct PyEngine {
@@ -255,7 +233,9 @@ void BindElastic(py::module_& m) {
              if (!control_job.empty() && !secret_path.empty()) {
                control::Secret secret = ValueOrThrow(control::LoadSecret(secret_path));
                const std::string sender = absl::StrCat("rank.", member_id).substr(0, 128);
-               o.report_sink = std::make_shared<OutboxSink>(store, std::move(secret), sender, control_job);
+               // Reports, completion and parks go to the allocator as signed messages.
+               o.report_sink = std::make_shared<control::ControlReportSink>(store, std::move(secret), sender,
+                                                                            control_job, job_id);
              }
              auto e = std::make_unique<PyEngine>();
              e->engine = ValueOrThrow(Engine::Create(std::move(store), std::move(g), std::move(o)));

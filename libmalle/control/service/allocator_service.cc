@@ -189,7 +189,10 @@ absl::Status AllocatorService::Handle(const std::string& wire, absl::Time now) {
     MALLE_ASSIGN_OR_RETURN(std::string spec, outbox_.SignNow(*submit));
     MALLE_RETURN_IF_ERROR(store_->Set(keys::JobSpecKey(submit->job), spec));
   }
-  if (!a->what.empty() && TypeOf(e->message) != MessageType::kAdvisorReport) {
+  // Reports and snapshots come every few seconds: not logged.
+  const auto* saved = std::get_if<JobSaved>(&e->message);
+  if (!a->what.empty() && TypeOf(e->message) != MessageType::kAdvisorReport &&
+      !(saved != nullptr && saved->kind == SaveKind::kSnapshot)) {
     MALLE_LOG(INFO) << a->what;
   }
   absl::MutexLock lock(&mu_);
@@ -449,8 +452,11 @@ std::string AllocatorService::MetricsText() const {
   m.Gauge("malle_allocator_nodes_offered", "Nodes offered to jobs now.",
           static_cast<double>(state_.BuildProblem(now).nodes.size()));
   std::map<std::string, int> job_phases = {
-      {"queued", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}};
-  for (const auto& [id, j] : state_.jobs()) ++job_phases[std::string(JobPhaseName(j.phase))];
+      {"queued", 0}, {"parked", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}};
+  for (const auto& [id, j] : state_.jobs()) {
+    // As the status document says it: a parked job is a queued one with its state parked.
+    ++job_phases[j.phase == JobPhase::kQueued && j.parked ? "parked" : std::string(JobPhaseName(j.phase))];
+  }
   for (const auto& [phase, count] : job_phases) {
     m.Gauge("malle_allocator_jobs", "Jobs by phase.", count, {{"phase", phase}});
   }
@@ -464,8 +470,10 @@ std::string AllocatorService::MetricsText() const {
             stats_.decision_ms_sum / 1e3, static_cast<double>(stats_.decisions));
   m.Counter("malle_allocator_resizes_total", "Plans that grew or shrank a running job.", state_.resizes());
   m.Counter("malle_allocator_job_stops_total",
-            "Running jobs stopped because the nodes left could not hold them (parks, once jobs park).",
-            state_.job_stops());
+            "Running jobs stopped because the nodes left could not hold them.", state_.job_stops());
+  m.Counter("malle_allocator_parks_total",
+            "Jobs that parked their state in their park store (reported by their last member).",
+            state_.parks());
   m.Counter("malle_allocator_messages_total", "Inbox messages, by result.", stats_.accepted,
             {{"result", "accepted"}});
   m.Counter("malle_allocator_messages_total", "Inbox messages, by result.", stats_.rejected,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -127,6 +128,17 @@ absl::string_view JobPhaseName(JobPhase phase) {
 
 std::string JobRecord::RuntimeId() const { return absl::StrCat(spec.job, ".i", incarnation); }
 
+std::optional<double> JobRecord::ParkSeconds() const {
+  if (!last_park) return std::nullopt;
+  return last_park->write_s;
+}
+
+std::optional<double> JobRecord::UnparkSeconds() const {
+  if (unpark_s) return unpark_s;
+  // Not resumed yet: reading the state back is taken to cost what writing it did.
+  return ParkSeconds();
+}
+
 absl::string_view HeldKindName(HeldKind kind) {
   switch (kind) {
     case HeldKind::kProductive:
@@ -232,6 +244,28 @@ void AllocatorState::EndJob(JobRecord& job, JobPhase phase, absl::Time now, std:
   if (!message.empty()) job.message = std::move(message);
   // Its ranks stop being productive now, whether or not the plan has caught up.
   for (auto& [name, n] : nodes_) Reclassify(n, now);
+}
+
+void AllocatorState::ReleaseNodes(JobRecord& job, absl::Time now) {
+  for (auto& [name, n] : nodes_) Accrue(n, now);
+  for (const std::string& node : job.nodes) {
+    NodeRecord& n = nodes_.at(node);
+    if (n.planned && *n.planned == job.spec.job) n.planned.reset();
+  }
+  job.nodes.clear();
+  job.probe.reset();
+  if (job.phase == JobPhase::kRunning) job.phase = JobPhase::kQueued;
+  for (auto& [name, n] : nodes_) Reclassify(n, now);
+}
+
+bool AllocatorState::HasRankRunning(const JobRecord& job) const {
+  const std::string prefix = absl::StrCat(job.spec.job, ".i");
+  for (const auto& [name, n] : nodes_) {
+    if (n.phase != NodePhase::kGone && n.running && absl::StartsWith(n.running->job, prefix)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool AllocatorState::Offered(const NodeRecord& n, absl::Time now) const {
@@ -399,6 +433,14 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           Accrue(*n, at);
           n->running = m.running;
           Reclassify(*n, at);
+          if (n->held == HeldKind::kProductive) {
+            // The first member of a resumed incarnation trains: the unpark is over.
+            auto it = jobs_.find(n->held_job);
+            if (it != jobs_.end() && it->second.unpark_since) {
+              it->second.unpark_s = Seconds(std::max(at - *it->second.unpark_since, absl::ZeroDuration()));
+              it->second.unpark_since.reset();
+            }
+          }
         } else if constexpr (std::is_same_v<T, RankExit>) {
           auto nit = nodes_.find(m.node);
           if (nit != nodes_.end() && nit->second.agent != e.sender) {
@@ -415,6 +457,15 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
               m.signal != 0 ? absl::StrCat("signal ", m.signal) : absl::StrCat("exit ", m.exit_code);
           a.what = absl::StrCat("rank ", m.member, " of ", m.job, " on ", m.node, " ended (", how,
                                 ", ", RankExitCauseName(m.cause), ")");
+          {
+            // A queued job is not started while a rank of it still runs (it
+            // may be parking): that rank's end is a reason to decide again.
+            const size_t dot = m.job.rfind(".i");
+            auto waiting = jobs_.find(dot == std::string::npos ? m.job : m.job.substr(0, dot));
+            if (waiting != jobs_.end() && waiting->second.phase == JobPhase::kQueued) {
+              a.needs_decision = true;
+            }
+          }
           const JobRecord* found = FindByRuntimeId(m.job);
           if (found == nullptr || m.cause != RankExitCause::kExited) return a;
           JobRecord& job = jobs_.at(found->spec.job);
@@ -507,6 +558,36 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           a.needs_decision = a.journal = true;
           a.what = absl::StrCat("job ", m.job, " completed: ", JobPhaseName(phase), " after ",
                                 m.steps, " steps, ", m.samples, " samples");
+        } else if constexpr (std::is_same_v<T, JobSaved>) {
+          MALLE_ASSIGN_OR_RETURN(JobRecord * job, LiveJob(m.job));
+          JobRecord::Saved saved{m.kind,  m.runtime_id, m.step, m.bytes, Seconds(m.write_time),
+                                 now};
+          job->last_saved = saved;
+          job->step = std::max(job->step, m.step);
+          a.what = absl::StrCat("job ", m.job, " (", m.runtime_id, ") ",
+                                m.kind == SaveKind::kPark ? "parked" : "snapshot", " at step ",
+                                m.step, ": ", m.bytes, " B in ",
+                                absl::StrFormat("%.3f", Seconds(m.write_time)), " s");
+          if (m.kind == SaveKind::kSnapshot) return a;  // soft: not journaled, changes no decision
+          job->last_park = saved;
+          ++job->parks;
+          ++parks_;
+          // The cost it will be priced at changed; so does its state when the
+          // park is its current incarnation's: no rank holds the job any more.
+          a.needs_decision = a.journal = true;
+          if (m.runtime_id != job->RuntimeId()) {
+            absl::StrAppend(&a.what, "; not its current incarnation ", job->RuntimeId(),
+                            ": cost recorded");
+            return a;
+          }
+          if (!job->nodes.empty()) {
+            absl::StrAppend(&a.what, "; gives back ", job->nodes.size(), " node(s)");
+            ReleaseNodes(*job, now);
+          }
+          job->phase = JobPhase::kQueued;
+          job->parked = true;
+          job->message = absl::StrCat("parked at step ", m.step);
+          absl::StrAppend(&a.what, "; queued");
         } else if constexpr (std::is_same_v<T, AllocationPlan>) {
           return absl::InvalidArgumentError(
               absl::StrCat("allocation_plan from '", e.sender, "': only the allocator makes plans"));
@@ -580,7 +661,10 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   // Deterministic job order: priority (high first), then submission, then id.
   std::vector<const JobRecord*> live;
   for (const auto& [id, j] : jobs_) {
-    if (j.phase == JobPhase::kQueued || j.phase == JobPhase::kRunning) live.push_back(&j);
+    if (j.phase == JobPhase::kRunning) live.push_back(&j);
+    // Not restarted while a rank of it still runs: it may be writing the
+    // state the next incarnation must resume from.
+    if (j.phase == JobPhase::kQueued && (!j.nodes.empty() || !HasRankRunning(j))) live.push_back(&j);
   }
   std::sort(live.begin(), live.end(), [](const JobRecord* a, const JobRecord* b) {
     return std::make_tuple(-a->spec.priority, a->submitted_at, a->spec.job) <
@@ -588,18 +672,22 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   });
   // The penalty must exceed anything the other jobs could gain over the
   // window: 4 x an upper bound of the whole objective.
+  // What one sample of a job is worth in the objective.
+  auto scale_of = [this](const JobRecord& j, const alloc::Curve& curve) {
+    double scale = j.spec.weight;
+    if (options_.objective == alloc::Objective::kThroughput) scale = 1;
+    if (options_.objective == alloc::Objective::kSpeedup) {
+      const double at_min = alloc::Interpolate(curve, j.spec.min_nodes);
+      scale = at_min > 0 ? j.spec.weight * j.spec.min_nodes / at_min : 0;
+    }
+    return scale;
+  };
   double bound = 0;
   for (const JobRecord* j : live) {
     const alloc::Curve curve = CurveOf(*j);
     double best = 0;
     for (const alloc::Breakpoint& b : curve) best = std::max(best, b.samples_per_s);
-    double scale = j->spec.weight;
-    if (options_.objective == alloc::Objective::kThroughput) scale = 1;
-    if (options_.objective == alloc::Objective::kSpeedup) {
-      const double at_min = alloc::Interpolate(curve, j->spec.min_nodes);
-      scale = at_min > 0 ? j->spec.weight * j->spec.min_nodes / at_min : 0;
-    }
-    bound += best * scale * Seconds(options_.forward_window);
+    bound += best * scale_of(*j, curve) * Seconds(options_.forward_window);
   }
   const double penalty = 4 * bound + 1;
   for (const JobRecord* j : live) {
@@ -616,7 +704,22 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
     for (const std::string& node : j->nodes) {
       if (offered.count(node)) spec.current_nodes.push_back(node);
     }
-    if (j->phase == JobPhase::kRunning && !spec.current_nodes.empty()) spec.stop_penalty = penalty;
+    const std::optional<double> park_s = j->ParkSeconds(), unpark_s = j->UnparkSeconds();
+    if (j->phase == JobPhase::kRunning && !spec.current_nodes.empty()) {
+      // A job that can park loses, by stopping, what it would have trained
+      // while parking and resuming (measured); one that never parked may
+      // have nowhere to put its state, and would lose all of it.
+      spec.stop_penalty = penalty;
+      if (park_s) {
+        const double rate =
+            alloc::Interpolate(spec.throughput, static_cast<int>(spec.current_nodes.size()));
+        spec.stop_penalty = scale_of(*j, spec.throughput) * rate * (*park_s + *unpark_s);
+      }
+    }
+    if (j->parked && unpark_s) {
+      // Its start reads the parked state back before it trains.
+      spec.resize_up_pause = std::max(spec.resize_up_pause, absl::Seconds(*unpark_s));
+    }
     p.jobs.push_back(std::move(spec));
   }
   return p;
@@ -685,9 +788,11 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
         }
       }
       job.phase = JobPhase::kRunning;
+      if (job.parked) job.unpark_since = now;
+      job.parked = false;
     } else if (!job.nodes.empty() && next.empty() && job.phase == JobPhase::kRunning) {
-      // Its training state lived in its ranks: it starts again from scratch
-      // (or from its own checkpoint) when it gets nodes back.
+      // Its last member parks (a job_saved then says so) if the job has a
+      // park store; else its state is lost and it starts again from scratch.
       job.phase = JobPhase::kQueued;
       job.message = "stopped: the nodes left could not hold every running job";
       ++job_stops_;
@@ -812,7 +917,10 @@ absl::Status AllocatorState::Restore(const AllocationPlan& plan) {
     auto w = wanted.find(id);
     std::vector<std::string> next = w == wanted.end() ? std::vector<std::string>{} : w->second;
     std::sort(next.begin(), next.end());
-    if (job.phase == JobPhase::kQueued && !next.empty()) job.phase = JobPhase::kRunning;
+    if (job.phase == JobPhase::kQueued && !next.empty()) {
+      job.phase = JobPhase::kRunning;
+      job.parked = false;
+    }
     if (job.phase == JobPhase::kRunning && next.empty()) job.phase = JobPhase::kQueued;
     job.nodes = std::move(next);
   }
@@ -854,7 +962,8 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
   for (const auto& [id, job] : jobs_) {
     Json j;
     j["job"] = id;
-    j["phase"] = JobPhaseName(job.phase);
+    // A parked job is a queued one whose state waits in its park store.
+    j["phase"] = job.phase == JobPhase::kQueued && job.parked ? "parked" : JobPhaseName(job.phase);
     j["runtime_id"] = job.incarnation > 0 ? Json(job.RuntimeId()) : Json(nullptr);
     j["min_nodes"] = job.spec.min_nodes;
     j["max_nodes"] = job.spec.EffectiveMaxNodes();
@@ -886,6 +995,27 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
       j["ended_at"] = Unix(job.ended_at);
       j["steps"] = job.steps;
       j["samples"] = job.samples;
+    }
+    // Parking: the newest saved state (park or snapshot) and its age, the
+    // newest park and its measured cost.
+    j["parks"] = job.parks;
+    if (job.last_saved) {
+      j["saved"] = {{"kind", SaveKindName(job.last_saved->kind)},
+                    {"step", job.last_saved->step},
+                    {"bytes", job.last_saved->bytes},
+                    {"age_s", Seconds(now - job.last_saved->at)}};
+    } else {
+      j["saved"] = nullptr;
+    }
+    if (job.last_park) {
+      j["park"] = {{"step", job.last_park->step},
+                   {"bytes", job.last_park->bytes},
+                   {"at", Unix(job.last_park->at)},
+                   {"park_s", *job.ParkSeconds()},
+                   {"unpark_s", *job.UnparkSeconds()},
+                   {"unpark_measured", job.unpark_s.has_value()}};
+    } else {
+      j["park"] = nullptr;
     }
     j["message"] = job.message;
     jobs.push_back(std::move(j));

@@ -24,10 +24,20 @@
 //     nodes, and ends succeeded (a JobComplete, or one of its ranks exiting 0
 //     on a node the plan still gives it), failed (max_rank_failures rank
 //     crashes) or cancelled. Ended jobs hold no node.
-//   - A running job is never stopped to make room for others (it pays
-//     alloc::JobSpec::stop_penalty); it stops only when the nodes left cannot
-//     hold every running job. Each start from zero nodes is a new incarnation
+//   - A running job whose state lives only in its ranks is never stopped to
+//     make room for others (it pays a prohibitive alloc::JobSpec::stop_penalty);
+//     it stops only when the nodes left cannot hold every running job. A job
+//     that has parked (JobSaved kind park) can park again: its stop costs what
+//     its park and unpark were measured to cost (the samples it would have
+//     trained meanwhile). Each start from zero nodes is a new incarnation
 //     (store job id "<job>.i<k>"), bootstrapped by one node, the others join.
+//   - Parking: a park of the job's current incarnation means no rank holds
+//     it: the job is queued (status phase "parked") and gives back its nodes;
+//     a rank that then exits 0 is not the job's success. A job is not started
+//     again while a rank of it still runs anywhere (that rank may still be
+//     writing the state the next incarnation resumes from). Unpark time is
+//     measured from the launch of the next incarnation to its first member
+//     training (until then: the park's write time).
 //   - Curves come from the job's latest advisor report (samples/s at each
 //     size it can predict, extended linearly by the nearest per-node rate);
 //     before any report a job is assumed to scale like the prior in
@@ -154,6 +164,24 @@ struct JobRecord {
   };
   std::optional<Probe> probe;
   std::optional<absl::Time> last_probe_at;
+  // Parking (from JobSaved): the newest state saved (park or snapshot), the
+  // newest park, whether the job is parked now (its current incarnation
+  // parked and none has started since) and how many times it parked.
+  struct Saved {
+    SaveKind kind = SaveKind::kPark;
+    std::string runtime_id;
+    int64_t step = 0;
+    int64_t bytes = 0;
+    double write_s = 0;
+    absl::Time at;  // when the allocator received it
+  };
+  std::optional<Saved> last_saved, last_park;
+  bool parked = false;
+  int64_t parks = 0;
+  // Unpark: when the incarnation that resumes a park was launched (until its
+  // first member trains), and what the last resume took (soft state).
+  std::optional<absl::Time> unpark_since;
+  std::optional<double> unpark_s;
   // From JobComplete.
   int64_t steps = 0, samples = 0;
   std::string message;
@@ -164,6 +192,10 @@ struct JobRecord {
   // new for every start from zero nodes (a restart cannot meet the old
   // incarnation's store records).
   std::string RuntimeId() const;
+  // The measured cost of parking and of resuming, in seconds (nullopt: the
+  // job never parked). Unpark: the last resume, else the park's write time.
+  std::optional<double> ParkSeconds() const;
+  std::optional<double> UnparkSeconds() const;
 };
 
 // What Apply did.
@@ -229,6 +261,8 @@ class AllocatorState {
   // issue 22's park/unpark will count as parks).
   int64_t resizes() const { return resizes_; }
   int64_t job_stops() const { return job_stops_; }
+  // Parks reported (JobSaved kind park), of any incarnation.
+  int64_t parks() const { return parks_; }
   int64_t next_plan_id() const { return last_plan_ ? last_plan_->plan + 1 : 1; }
   const AllocatorStateOptions& options() const { return options_; }
 
@@ -249,6 +283,10 @@ class AllocatorState {
   // that is already on its way out): a new incarnation must not bootstrap on it.
   bool Draining(const NodeRecord& n) const;
   void EndJob(JobRecord& job, JobPhase phase, absl::Time now, std::string message);
+  // A running job gives back every node (its plan entries too) and is queued.
+  void ReleaseNodes(JobRecord& job, absl::Time now);
+  // A rank of `job` (any incarnation) still runs on a node that is not gone.
+  bool HasRankRunning(const JobRecord& job) const;
   alloc::Curve CurveOf(const JobRecord& job) const;
   // Adds spare nodes to `wanted` for granted and grantable probes; returns
   // one note per probe granted or held, for the plan's reason.
@@ -261,6 +299,7 @@ class AllocatorState {
   HeldSeconds held_total_;  // every job's, and ranks of jobs not known here
   int64_t resizes_ = 0;
   int64_t job_stops_ = 0;
+  int64_t parks_ = 0;
   std::optional<AllocationPlan> last_plan_;
   struct DecisionInfo {
     absl::Time at;

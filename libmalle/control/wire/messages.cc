@@ -47,7 +47,7 @@ constexpr int kMaxSignal = 127;
 constexpr absl::string_view kTypeNames[] = {
     "node_register", "node_reclaim", "node_leave",     "agent_heartbeat", "rank_exit",
     "job_submit",    "job_cancel",   "advisor_report", "job_complete",    "allocation_plan",
-    "allocator_status",
+    "allocator_status", "job_saved",
 };
 static_assert(std::size(kTypeNames) == std::variant_size_v<Message>,
               "one wire name per Message alternative");
@@ -68,6 +68,11 @@ constexpr std::pair<absl::string_view, JobStatus> kJobStatusNames[] = {
     {"succeeded", JobStatus::kSucceeded},
     {"failed", JobStatus::kFailed},
     {"cancelled", JobStatus::kCancelled},
+};
+
+constexpr std::pair<absl::string_view, SaveKind> kSaveKindNames[] = {
+    {"park", SaveKind::kPark},
+    {"snapshot", SaveKind::kSnapshot},
 };
 
 // --- paths and messages: base/json_path, like every JSON format of libmalle ---------------------
@@ -541,6 +546,24 @@ absl::Status Validate(const AllocatorStatus& m, const std::string& p) {
   return ValidateObjectText(Member(p, "status"), m.status_json, kMaxStatusBytes);
 }
 
+absl::Status Validate(const JobSaved& m, const std::string& p) {
+  MALLE_RETURN_IF_ERROR(CheckId(Member(p, "job"), m.job));
+  MALLE_RETURN_IF_ERROR(CheckId(Member(p, "runtime_id"), m.runtime_id));
+  const bool known = std::any_of(std::begin(kSaveKindNames), std::end(kSaveKindNames),
+                                 [&](const auto& entry) { return entry.second == m.kind; });
+  if (!known) {
+    return PathError(Member(p, "kind"), absl::StrCat("unknown SaveKind ", static_cast<int>(m.kind)));
+  }
+  MALLE_RETURN_IF_ERROR(CheckInt(Member(p, "step"), m.step, 0, kMaxCounter));
+  MALLE_RETURN_IF_ERROR(CheckInt(Member(p, "bytes"), m.bytes, 0, kMaxCounter));
+  if (m.write_time < absl::ZeroDuration() || m.write_time > kMaxSaveTime) {
+    return PathError(Member(p, "write_s"),
+                     absl::StrCat("expected seconds in [0, ", absl::ToDoubleSeconds(kMaxSaveTime),
+                                  "], got ", absl::ToDoubleSeconds(m.write_time)));
+  }
+  return absl::OkStatus();
+}
+
 // --- decoding bodies -----------------------------------------------------------------------------
 
 absl::StatusOr<NodeRegister> DecodeNodeRegister(const Json& body, const std::string& path) {
@@ -808,6 +831,33 @@ absl::StatusOr<AllocatorStatus> DecodeAllocatorStatus(const Json& body, const st
   return m;
 }
 
+absl::StatusOr<JobSaved> DecodeJobSaved(const Json& body, const std::string& path) {
+  MALLE_ASSIGN_OR_RETURN(
+      Fields f,
+      Fields::Open(body, path, {"job", "runtime_id", "kind", "step", "bytes", "write_s"}));
+  JobSaved m;
+  MALLE_ASSIGN_OR_RETURN(m.job, Required(f, "job", StringReader()));
+  MALLE_ASSIGN_OR_RETURN(m.runtime_id, Required(f, "runtime_id", StringReader()));
+  MALLE_ASSIGN_OR_RETURN(std::string kind, Required(f, "kind", StringReader()));
+  bool known = false;
+  for (const auto& [name, value] : kSaveKindNames) {
+    if (name == kind) {
+      m.kind = value;
+      known = true;
+    }
+  }
+  if (!known) {
+    return PathError(f.Path("kind"),
+                     absl::StrCat("expected one of \"park\", \"snapshot\", got ", Quote(kind)));
+  }
+  MALLE_ASSIGN_OR_RETURN(m.step, Required(f, "step", IntReader(0, kMaxCounter)));
+  MALLE_ASSIGN_OR_RETURN(m.bytes, Required(f, "bytes", IntReader(0, kMaxCounter)));
+  MALLE_ASSIGN_OR_RETURN(m.write_time, Required(f, "write_s", [](const Json& v, const std::string& p) {
+                           return ReadSeconds(v, p, kMaxSaveTime);
+                         }));
+  return m;
+}
+
 absl::StatusOr<Message> DecodeBodyValue(MessageType type, const Json& body,
                                         const std::string& path) {
   absl::StatusOr<Message> message;
@@ -844,6 +894,9 @@ absl::StatusOr<Message> DecodeBodyValue(MessageType type, const Json& body,
       break;
     case MessageType::kAllocatorStatus:
       message = DecodeAllocatorStatus(body, path);
+      break;
+    case MessageType::kJobSaved:
+      message = DecodeJobSaved(body, path);
       break;
     default:
       return absl::InvalidArgumentError(
@@ -955,6 +1008,15 @@ OrderedJson Encode(const AllocatorStatus& m) {
   return {{"status", OrderedJson::parse(m.status_json)}};
 }
 
+OrderedJson Encode(const JobSaved& m) {
+  return {{"job", m.job},
+          {"runtime_id", m.runtime_id},
+          {"kind", std::string(SaveKindName(m.kind))},
+          {"step", m.step},
+          {"bytes", m.bytes},
+          {"write_s", ToWireSeconds(m.write_time)}};
+}
+
 // Compact ASCII (non-ASCII \u-escaped): the wire is one line of printable text.
 absl::StatusOr<std::string> Dump(const OrderedJson& value) {
   try {
@@ -990,6 +1052,13 @@ absl::string_view RankExitCauseName(RankExitCause cause) {
 absl::string_view RankPhaseName(RankPhase phase) {
   for (const auto& [name, value] : kRankPhaseNames) {
     if (value == phase) return name;
+  }
+  return "unknown";
+}
+
+absl::string_view SaveKindName(SaveKind kind) {
+  for (const auto& [name, value] : kSaveKindNames) {
+    if (value == kind) return name;
   }
   return "unknown";
 }
@@ -1141,6 +1210,10 @@ bool operator==(const AllocationPlan& a, const AllocationPlan& b) {
 }
 bool operator==(const AllocatorStatus& a, const AllocatorStatus& b) {
   return a.status_json == b.status_json;
+}
+bool operator==(const JobSaved& a, const JobSaved& b) {
+  return std::tie(a.job, a.runtime_id, a.kind, a.step, a.bytes, a.write_time) ==
+         std::tie(b.job, b.runtime_id, b.kind, b.step, b.bytes, b.write_time);
 }
 bool operator==(const Envelope& a, const Envelope& b) {
   return std::tie(a.sender, a.seq, a.ts, a.message) == std::tie(b.sender, b.seq, b.ts, b.message);

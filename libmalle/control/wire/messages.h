@@ -77,6 +77,7 @@ inline constexpr int64_t kMaxCounter = int64_t{1} << 53;  // steps, samples, pla
 // Timestamps (ts, idle_until, decided_at) are unix seconds in [0, 1e10].
 inline constexpr double kMaxUnixSeconds = 1e10;
 inline constexpr absl::Duration kMaxGrace = absl::Hours(1);  // NodeReclaim.grace_s
+inline constexpr absl::Duration kMaxSaveTime = absl::Hours(24);  // JobSaved.write_s
 // JSON nesting (arrays and objects, the envelope included) is at most this
 // deep; it bounds the recursion of the serialiser for AdvisorReport.report.
 inline constexpr int kMaxJsonDepth = 64;
@@ -196,6 +197,26 @@ struct JobComplete {
   std::string message;  // <= 4096 bytes
 };
 
+// Where a saved state came from (JobSaved.kind).
+enum class SaveKind {
+  kPark,      // the job's last member was asked to leave and parked the job's state
+  kSnapshot,  // a periodic snapshot, for the unplanned case (every rank dying at once)
+};
+absl::string_view SaveKindName(SaveKind kind);  // "park", "snapshot"
+
+// A rank wrote the job's state to its park store (issue 22). A park of the
+// job's current incarnation means no rank holds the job any more: the
+// allocator queues it with the measured cost, and a new incarnation resumes
+// from the parked state.
+struct JobSaved {
+  std::string job;         // id: the allocator's job id (JobSubmit.job)
+  std::string runtime_id;  // id: the incarnation that saved (JobLaunch.runtime_id)
+  SaveKind kind = SaveKind::kPark;
+  int64_t step = 0;   // [0, 2^53]: the step the job resumes at
+  int64_t bytes = 0;  // [0, 2^53]: the state's size
+  absl::Duration write_time = absl::ZeroDuration();  // write_s: [0, 24 h], what saving took
+};
+
 struct Assignment {
   std::string node;
   std::optional<std::string> job;  // nullopt: the node is left idle
@@ -236,7 +257,7 @@ struct AllocatorStatus {
 // The alternatives are in MessageType order.
 using Message = std::variant<NodeRegister, NodeReclaim, NodeLeave, AgentHeartbeat, RankExit,
                              JobSubmit, JobCancel, AdvisorReport, JobComplete, AllocationPlan,
-                             AllocatorStatus>;
+                             AllocatorStatus, JobSaved>;
 
 enum class MessageType {
   kNodeRegister,
@@ -250,6 +271,7 @@ enum class MessageType {
   kJobComplete,
   kAllocationPlan,
   kAllocatorStatus,
+  kJobSaved,
 };
 
 MessageType TypeOf(const Message& message);
@@ -320,6 +342,7 @@ bool operator==(const JobSize& a, const JobSize& b);
 bool operator==(const JobLaunch& a, const JobLaunch& b);
 bool operator==(const AllocationPlan& a, const AllocationPlan& b);
 bool operator==(const AllocatorStatus& a, const AllocatorStatus& b);
+bool operator==(const JobSaved& a, const JobSaved& b);
 bool operator==(const Envelope& a, const Envelope& b);
 
 }  // namespace malle::control

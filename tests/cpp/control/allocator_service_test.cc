@@ -3,6 +3,7 @@
 // and a restart from the journal that loses nothing.
 #include "libmalle/control/service/allocator_service.h"
 
+#include <cmath>
 #include <string>
 #include <variant>
 
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/cpp/testing/status_matchers.h"
 #include "libmalle/control/service/channel.h"
+#include "libmalle/control/service/report_sink.h"
 #include "nlohmann/json.hpp"
 
 namespace malle::control {
@@ -194,6 +196,44 @@ TEST_F(AllocatorServiceTest, ARestartFromTheJournalLosesNothingAndFencesTheOldIn
   RegisterNode("n4");
   EXPECT_THAT(old_service->Step(t0 + absl::Seconds(10)),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("another allocator took over")));
+}
+
+// A rank's ControlReportSink reports a park through the inbox: the job is
+// parked, counted in the metrics, and still parked after a restart from the
+// journal. A value the wire refuses never leaves the rank.
+TEST_F(AllocatorServiceTest, AParkSentByTheReportSinkIsJournaledAndCounted) {
+  const absl::Time t0 = absl::Now();
+  auto old_service = NewService();
+  ASSERT_OK(old_service->Begin(t0));
+  RegisterNode("n0");
+  JobSubmit job;
+  job.job = "p";
+  job.command = {"true"};
+  ASSERT_OK(Outbox(store_, TestSecret(), "client.test").Send(job));
+  ASSERT_OK(old_service->Step(t0));
+  ASSERT_OK(old_service->Step(t0 + absl::Seconds(1)));
+  ASSERT_TRUE(Plan().has_value());
+
+  ControlReportSink sink(store_, TestSecret(), "rank.p-m0", "p", "p.i1");
+  EXPECT_THAT(sink.SendParked(-1, 10, 0.5),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("body.step")));
+  EXPECT_THAT(sink.SendParked(12, 10, std::nan("")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("body.write_s")));
+  ASSERT_OK(sink.SendParked(12, 4096, 0.5));
+  ASSERT_OK(old_service->Step(t0 + absl::Seconds(2)));
+  nlohmann::json job_status = nlohmann::json::parse(old_service->StatusJson())["jobs"][0];
+  EXPECT_EQ(job_status["phase"], "parked");
+  EXPECT_EQ(job_status["park"]["step"], 12);
+  EXPECT_EQ(job_status["park"]["bytes"], 4096);
+  EXPECT_THAT(old_service->MetricsText(), HasSubstr("malle_allocator_parks_total 1\n"));
+  EXPECT_THAT(old_service->MetricsText(), HasSubstr("malle_allocator_jobs{phase=\"parked\"} 1\n"));
+
+  auto service = NewService();
+  ASSERT_OK(service->Begin(t0 + absl::Seconds(3)));
+  nlohmann::json replayed = nlohmann::json::parse(service->StatusJson())["jobs"][0];
+  EXPECT_EQ(replayed["phase"], "parked");
+  EXPECT_EQ(replayed["park"]["step"], 12);
+  EXPECT_THAT(service->MetricsText(), HasSubstr("malle_allocator_parks_total 1\n"));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // policy is the exact DP.
 #include "libmalle/control/state/allocator_state.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -217,6 +218,182 @@ TEST_F(AllocatorStateTest, ARunningJobIsNotStoppedForAnotherButWaitersAre) {
   DecideAndAdopt();
   EXPECT_THAT(Job("first").nodes, ElementsAre("n0"));
   EXPECT_EQ(Job("rich").phase, JobPhase::kQueued);
+}
+
+// --- parking (issue 22) ---------------------------------------------------------------------------
+
+JobSaved Saved(const std::string& job, const std::string& runtime_id, int64_t step, double write_s,
+               SaveKind kind = SaveKind::kPark) {
+  return JobSaved{job, runtime_id, kind, step, 1 << 20, absl::Milliseconds(std::llround(write_s * 1e3))};
+}
+
+nlohmann::json JobStatusOf(const AllocatorState& state, const std::string& job, absl::Time now) {
+  const nlohmann::json status = nlohmann::json::parse(state.StatusJson(now));
+  for (const nlohmann::json& j : status["jobs"]) {
+    if (j["job"] == job) return j;
+  }
+  return nullptr;
+}
+
+// The SIGTERM / preemption case: the plan still gives the job its nodes when
+// its last member parks and exits 0. That exit is not the job's success; the
+// job is queued with its state parked, and starts again (a new incarnation)
+// only once no rank of it runs any more.
+TEST_F(AllocatorStateTest, AParkQueuesTheJobAndTheRankExitingZeroAfterItIsNotSuccess) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  ASSERT_OK(Heartbeat("n0", kT0 + absl::Seconds(1), "a.i1"));
+  ASSERT_OK(Heartbeat("n1", kT0 + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+
+  const absl::Time t_park = kT0 + absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(Applied parked, state_.Apply(From("rank.n0-m", Saved("a", "a.i1", 40, 0.5)), t_park));
+  EXPECT_TRUE(parked.needs_decision);
+  EXPECT_TRUE(parked.journal);
+  EXPECT_THAT(parked.what, HasSubstr("parked at step 40"));
+  EXPECT_EQ(Job("a").phase, JobPhase::kQueued);
+  EXPECT_TRUE(Job("a").parked);
+  EXPECT_THAT(Job("a").nodes, IsEmpty());
+  EXPECT_FALSE(state_.nodes().at("n0").planned.has_value());
+  EXPECT_EQ(Job("a").step, 40);
+  EXPECT_EQ(state_.parks(), 1);
+
+  // The parked rank exits 0 by itself (its agent did not ask it to).
+  RankExit exit0{"n0", "a.i1", "n0-m", 0, 0, RankExitCause::kExited};
+  ASSERT_OK(state_.Apply(From(Agent("n0"), exit0), t_park + absl::Seconds(1)).status());
+  EXPECT_EQ(Job("a").phase, JobPhase::kQueued) << Job("a").message;
+
+  // n1 still runs a rank of a.i1: the job is not started again until it ends.
+  for (const alloc::JobSpec& j : state_.BuildProblem(t_park + absl::Seconds(1)).jobs) {
+    EXPECT_NE(j.id, "a") << "started while a rank of it still runs";
+  }
+  RankExit stopped{"n1", "a.i1", "n1-m", 0, 15, RankExitCause::kStopped};
+  ASSERT_OK_AND_ASSIGN(Applied freed, state_.Apply(From(Agent("n1"), stopped), t_park + absl::Seconds(2)));
+  EXPECT_TRUE(freed.needs_decision);
+  const nlohmann::json st = JobStatusOf(state_, "a", t_park + absl::Seconds(2));
+  EXPECT_EQ(st["phase"], "parked");
+  EXPECT_EQ(st["step"], 40);
+  EXPECT_EQ(st["parks"], 1);
+  EXPECT_EQ(st["park"]["step"], 40);
+  EXPECT_DOUBLE_EQ(st["park"]["park_s"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(st["park"]["unpark_s"].get<double>(), 0.5);  // estimated: as long as the write
+  EXPECT_EQ(st["park"]["unpark_measured"], false);
+  EXPECT_DOUBLE_EQ(st["saved"]["age_s"].get<double>(), 2.0);
+
+  // Resumed: a new incarnation; the unpark is measured up to its first member training.
+  AllocationPlan p = DecideAndAdopt(t_park + absl::Seconds(2));
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_FALSE(Job("a").parked);
+  ASSERT_THAT(p.launches, SizeIs(1));
+  EXPECT_EQ(p.launches[0].runtime_id, "a.i2");
+  ASSERT_OK(Heartbeat(Job("a").nodes[0], t_park + absl::Seconds(9), "a.i2", RankPhase::kTraining,
+                      t_park + absl::Seconds(8)));
+  ASSERT_TRUE(Job("a").UnparkSeconds().has_value());
+  EXPECT_DOUBLE_EQ(*Job("a").UnparkSeconds(), 6.0);
+  EXPECT_EQ(JobStatusOf(state_, "a", t_park + absl::Seconds(9))["phase"], "running");
+}
+
+TEST_F(AllocatorStateTest, AParkOfAnOlderIncarnationOrASnapshotChangesNoPhase) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("a", 1, 1).status());
+  DecideAndAdopt();
+  ASSERT_EQ(Job("a").RuntimeId(), "a.i1");
+  ASSERT_OK_AND_ASSIGN(Applied snap,
+                       state_.Apply(From("rank.m", Saved("a", "a.i1", 20, 0.1, SaveKind::kSnapshot)), kT0));
+  EXPECT_FALSE(snap.journal);
+  EXPECT_FALSE(snap.needs_decision);
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_FALSE(Job("a").ParkSeconds().has_value());  // a snapshot is no park
+  nlohmann::json st = JobStatusOf(state_, "a", kT0 + absl::Seconds(3));
+  EXPECT_EQ(st["saved"]["kind"], "snapshot");
+  EXPECT_EQ(st["saved"]["step"], 20);
+  EXPECT_DOUBLE_EQ(st["saved"]["age_s"].get<double>(), 3.0);
+  EXPECT_EQ(st["park"], nullptr);
+
+  ASSERT_OK_AND_ASSIGN(Applied old, state_.Apply(From("rank.m", Saved("a", "a.i0", 7, 2.0)), kT0));
+  EXPECT_THAT(old.what, HasSubstr("not its current incarnation"));
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0"));
+  EXPECT_FALSE(Job("a").parked);
+  ASSERT_TRUE(Job("a").ParkSeconds().has_value());
+  EXPECT_DOUBLE_EQ(*Job("a").ParkSeconds(), 2.0);  // the cost is still a measurement
+
+  // An unknown or ended job's park is refused naming it.
+  EXPECT_THAT(state_.Apply(From("rank.m", Saved("nope", "nope.i1", 1, 0.1)), kT0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  ASSERT_OK(state_.Apply(From("a.m", JobComplete{"a", JobStatus::kSucceeded, 10, 10, ""}), kT0).status());
+  EXPECT_THAT(state_.Apply(From("rank.m", Saved("a", "a.i1", 1, 0.1)), kT0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
+}
+
+// A job that has parked is priced at its measured park + unpark cost: the
+// rich job of ARunningJobIsNotStoppedForAnotherButWaitersAre now gets the node.
+TEST_F(AllocatorStateTest, AJobThatCanParkIsPricedAtItsMeasuredCostNotTheFlatPenalty) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("first", 1, 1).status());
+  DecideAndAdopt();
+  alloc::Problem before = state_.BuildProblem(kT0);
+  ASSERT_THAT(before.jobs, SizeIs(1));
+  EXPECT_GT(before.jobs[0].stop_penalty, 100.0);  // never parked: it would lose everything
+  // It parked once (0.25 s) and runs again.
+  ASSERT_OK(state_.Apply(From("rank.m", Saved("first", "first.i1", 40, 0.25)), kT0).status());
+  DecideAndAdopt(kT0 + absl::Seconds(1));
+  ASSERT_EQ(Job("first").RuntimeId(), "first.i2");
+  alloc::Problem p = state_.BuildProblem(kT0 + absl::Seconds(1));
+  ASSERT_THAT(p.jobs, SizeIs(1));
+  // 1 sample/s (the prior at one node) x (0.25 s park + 0.25 s unpark).
+  EXPECT_DOUBLE_EQ(p.jobs[0].stop_penalty, 0.5);
+
+  ASSERT_OK(Submit("rich", 1, 1, kT0 + absl::Seconds(1)).status());
+  ASSERT_OK(state_.Apply(From("rich.m0", RichReport()), kT0 + absl::Seconds(1)).status());
+  DecideAndAdopt(kT0 + absl::Seconds(1));
+  EXPECT_THAT(Job("rich").nodes, ElementsAre("n0"));
+  EXPECT_EQ(Job("first").phase, JobPhase::kQueued);
+  // A parked job's start pays its unpark.
+  for (const alloc::JobSpec& j : state_.BuildProblem(kT0 + absl::Seconds(1)).jobs) {
+    if (j.id == "first") EXPECT_GE(j.resize_up_pause, absl::Milliseconds(250));
+  }
+}
+
+TEST_F(AllocatorStateTest, ReplayKeepsAParkedJobParked) {
+  std::vector<Envelope> log;
+  auto apply = [&](Envelope e, absl::Time now) {
+    ASSERT_OK_AND_ASSIGN(Applied a, state_.Apply(e, now));
+    if (a.journal) log.push_back(std::move(e));
+  };
+  for (const char* n : {"n0", "n1"}) {
+    NodeRegister r;
+    r.node = n;
+    r.agent = Agent(n);
+    apply(From(r.agent, r), kT0);
+  }
+  JobSubmit s;
+  s.job = "a";
+  s.command = {"x"};
+  s.max_nodes = 2;
+  apply(From("client", s), kT0);
+  AllocationPlan p1 = DecideAndAdopt();
+  const size_t before_park = log.size();
+  apply(From("rank.m", Saved("a", "a.i1", 40, 0.5)), kT0 + absl::Seconds(1));
+  apply(From(Agent("n0"), RankExit{"n0", "a.i1", "m", 0, 0, RankExitCause::kExited}), kT0 + absl::Seconds(2));
+  ASSERT_EQ(Job("a").phase, JobPhase::kQueued);
+
+  AllocatorState replayed;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const absl::Time at = i < before_park ? kT0 : i == before_park ? kT0 + absl::Seconds(1) : kT0 + absl::Seconds(2);
+    ASSERT_OK(replayed.Apply(log[i], at).status());
+    if (i + 1 == before_park) ASSERT_OK(replayed.Restore(p1));
+  }
+  const JobRecord& a = replayed.jobs().at("a");
+  EXPECT_EQ(a.phase, JobPhase::kQueued);
+  EXPECT_TRUE(a.parked);
+  EXPECT_THAT(a.nodes, IsEmpty());
+  EXPECT_EQ(a.step, 40);
+  EXPECT_EQ(replayed.parks(), 1);
+  const absl::Time now = kT0 + absl::Seconds(3);
+  EXPECT_EQ(JobStatusOf(replayed, "a", now), JobStatusOf(state_, "a", now));
 }
 
 TEST_F(AllocatorStateTest, ASecondAgentForALiveNodeIsRefusedUntilTheFirstIsSilent) {

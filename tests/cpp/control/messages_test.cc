@@ -79,11 +79,15 @@ AllocationPlan MakeAllocationPlan() {
   return m;
 }
 AllocatorStatus MakeAllocatorStatus() { return {R"({"jobs":[{"job":"resnet"}],"now":1.5})"}; }
+JobSaved MakeJobSaved() {
+  return {"resnet", "resnet.i3", SaveKind::kSnapshot, 1234, int64_t{250} << 20,
+          absl::Microseconds(1'750'250)};
+}
 
 std::vector<Message> AllMessages() {
   return {MakeNodeRegister(), MakeNodeReclaim(),   MakeNodeLeave(), MakeAgentHeartbeat(),
           MakeRankExit(),     MakeJobSubmit(),     MakeJobCancel(), MakeAdvisorReport(),
-          MakeJobComplete(),  MakeAllocationPlan(), MakeAllocatorStatus()};
+          MakeJobComplete(),  MakeAllocationPlan(), MakeAllocatorStatus(), MakeJobSaved()};
 }
 
 Envelope Wrap(Message message, uint64_t seq = 1) {
@@ -105,7 +109,8 @@ TEST(MessagesTest, EveryTypeHasADistinctWireName) {
   }
   EXPECT_THAT(names, ElementsAre("node_register", "node_reclaim", "node_leave", "agent_heartbeat",
                                  "rank_exit", "job_submit", "job_cancel", "advisor_report",
-                                 "job_complete", "allocation_plan", "allocator_status"));
+                                 "job_complete", "allocation_plan", "allocator_status",
+                                 "job_saved"));
 }
 
 TEST(MessagesTest, EveryTypeRoundTripsThroughItsBody) {
@@ -133,6 +138,15 @@ TEST(MessagesTest, EnvelopeJsonHasTheDocumentedShape) {
   ASSERT_OK_AND_ASSIGN(std::string json, EncodeEnvelopeJson(Wrap(MakeNodeReclaim(), 42)));
   EXPECT_EQ(json, R"({"v":1,"type":"node_reclaim","sender":"agent-n7","seq":42,"ts":1700000000.25,)"
                   R"("body":{"node":"n7","grace_s":30.5,"reason":"slurm job 991 starts"}})");
+}
+
+TEST(MessagesTest, JobSavedHasTheDocumentedShape) {
+  JobSaved m = MakeJobSaved();
+  m.kind = SaveKind::kPark;
+  ASSERT_OK_AND_ASSIGN(std::string body, EncodeBody(m));
+  EXPECT_EQ(body, R"({"job":"resnet","runtime_id":"resnet.i3","kind":"park","step":1234,)"
+                  R"("bytes":262144000,"write_s":1.75025})");
+  EXPECT_EQ(SaveKindName(SaveKind::kSnapshot), "snapshot");
 }
 
 TEST(MessagesTest, NonAsciiTextRoundTripsAndTheWireIsAscii) {
@@ -394,6 +408,30 @@ std::vector<RuleCase> RuleCases() {
        "missing"},
       {"status not an object", MakeAllocatorStatus(), [](Json& b) { b["status"] = Json::array(); },
        "body.status", "expected a JSON object"},
+      {"saved: unknown key", MakeJobSaved(), [](Json& b) { b["snapshot_step"] = 3; },
+       "body.snapshot_step", "unknown key; expected one of job, runtime_id, kind, step, bytes, write_s"},
+      {"saved: job missing", MakeJobSaved(), [](Json& b) { b.erase("job"); }, "body.job",
+       "missing (required)"},
+      {"saved: runtime id not an id", MakeJobSaved(), [](Json& b) { b["runtime_id"] = "r/i1"; },
+       "body.runtime_id", "{1,128}$, got \"r/i1\""},
+      {"saved: unknown kind", MakeJobSaved(), [](Json& b) { b["kind"] = "checkpoint"; },
+       "body.kind", "expected one of \"park\", \"snapshot\", got \"checkpoint\""},
+      {"saved: kind missing", MakeJobSaved(), [](Json& b) { b.erase("kind"); }, "body.kind",
+       "missing (required)"},
+      {"saved: negative step", MakeJobSaved(), [](Json& b) { b["step"] = -1; }, "body.step",
+       "[0, 9007199254740992], got -1"},
+      {"saved: step not an integer", MakeJobSaved(), [](Json& b) { b["step"] = 12.5; },
+       "body.step", "expected an integer in [0, 9007199254740992], got 12.5"},
+      {"saved: bytes beyond 2^53", MakeJobSaved(),
+       [](Json& b) { b["bytes"] = (uint64_t{1} << 53) + 1; }, "body.bytes", "[0, 9007199254740992]"},
+      {"saved: bytes a string", MakeJobSaved(), [](Json& b) { b["bytes"] = "250MB"; },
+       "body.bytes", "expected an integer"},
+      {"saved: negative write time", MakeJobSaved(), [](Json& b) { b["write_s"] = -0.1; },
+       "body.write_s", "expected seconds in [0, 86400]"},
+      {"saved: write time over a day", MakeJobSaved(), [](Json& b) { b["write_s"] = 86401; },
+       "body.write_s", "expected seconds in [0, 86400], got 86401"},
+      {"saved: write time missing", MakeJobSaved(), [](Json& b) { b.erase("write_s"); },
+       "body.write_s", "missing (required)"},
   };
 }
 
@@ -448,6 +486,18 @@ TEST(MessagesRulesTest, TheSameRulesApplyWhenEncoding) {
   complete.status = static_cast<JobStatus>(9);
   EXPECT_THAT(EncodeBody(complete),
               StatusIs(absl::StatusCode::kInvalidArgument, StartsWith("body.status: ")));
+  JobSaved saved = MakeJobSaved();
+  saved.kind = static_cast<SaveKind>(7);
+  EXPECT_THAT(EncodeBody(saved), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          StartsWith("body.kind: unknown SaveKind 7")));
+  saved = MakeJobSaved();
+  saved.write_time = absl::Hours(25);
+  EXPECT_THAT(EncodeBody(saved), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          StartsWith("body.write_s: expected seconds in [0, 86400]")));
+  saved = MakeJobSaved();
+  saved.bytes = -1;
+  EXPECT_THAT(EncodeBody(saved), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          StartsWith("body.bytes: expected an integer in [0, ")));
 }
 
 TEST(MessagesRulesTest, DuplicateKeysAreRejected) {
