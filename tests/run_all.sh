@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything malletrain needs (Debian packages, .venv with the pinned torch),
-# builds the package and the C++ tests in one CMake build (build/ci), then runs ctest and
-# pytest. Runs both suites even if the first fails; exits non-zero if either failed.
+# builds the package and the C++ tests in one CMake build (build/ci) and makes the wheel
+# self-contained (build/dist, installed into .venv), then runs ctest and pytest: tests/python,
+# and tests/packaging (that wheel in a new venv outside the tree; the C++ package installed
+# and used by projects outside the tree). Runs both suites even if the first fails; exits
+# non-zero if either failed.
 # Works from any directory; on a fresh Debian 12 machine it needs root (or sudo).
 set -euo pipefail
 
@@ -25,7 +28,7 @@ malle_log "Python tests (pytest)"
 t0=${SECONDS}
 pytest_rc=0
 # Exit status 5 (no tests collected) is a failure too: it is not 0.
-"${MALLE_PY}" -m pytest tests/python -q || pytest_rc=$?
+"${MALLE_PY}" -m pytest tests/python tests/packaging -q || pytest_rc=$?
 pytest_s=$((SECONDS - t0))
 
 verdict() { if (($1 == 0)); then echo "passed"; else echo "FAILED (exit $1)"; fi; }

@@ -1,6 +1,7 @@
 """The ``malletrain`` command line.
 
     malletrain version                 versions of malletrain and of the torch it was built against
+                                       (also: malletrain --version, python -m malletrain --version)
     malletrain alloc solve PROBLEM     decide which idle nodes each elastic job should hold
     malletrain alloc validate PROBLEM  check an allocation problem (JSON file, or - for stdin)
     malletrain simulate (--trace T | --swf LOG) (--jobs J | --synthetic N [--seed S])
@@ -47,12 +48,24 @@ def _cmd_version(args: argparse.Namespace) -> int:
     print(f"torch (built against) {_C.torch_version()}")
     print(f"torch (runtime) {torch.__version__}")
     if _C.torch_version() != torch.__version__:
+        # Another release cannot get here (malletrain/__init__.py refuses it): another build.
         print(
-            "warning: the runtime torch differs from the one malletrain was compiled against; "
-            "rebuild with: pip install --no-build-isolation .",
+            "warning: the runtime torch is another build of the release malletrain was "
+            "compiled against",
             file=sys.stderr,
         )
     return 0
+
+
+class _VersionAction(argparse.Action):
+    """``malletrain --version``: prints what ``malletrain version`` prints, then exits."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(_cmd_version(namespace))
 
 
 def _read_problem(path: str) -> str | pathlib.Path:
@@ -175,6 +188,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     if args.repeat_period is not None and args.repeat_mix is None:
         print("malletrain simulate: --repeat-period: only with --repeat-mix", file=sys.stderr)
+        return 2
+    if args.out and not sim.plots_available():
+        # Before the simulation, not after it: --out writes plots too.
+        print(f"malletrain simulate: --out: {sim.PLOTS_MISSING}", file=sys.stderr)
         return 2
     try:
         if args.swf is not None:
@@ -408,7 +425,7 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
                    help="start at this trace timestamp index (BFTrainer's replayer uses 999)")
     p.add_argument("--events", action="store_true", help="record every event (events.csv)")
     p.add_argument("--strict", action="store_true", help="fail on the first bad input row")
-    p.add_argument("--out", help="directory for CSVs and PNG plots")
+    p.add_argument("--out", help="directory for CSVs and PNG plots (plots: malletrain[plots])")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_simulate)
 
@@ -752,6 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="malletrain",
         description="Elastic data-parallel training for PyTorch.",
     )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the versions of malletrain and torch, then exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     version = commands.add_parser(

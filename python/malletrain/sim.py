@@ -383,8 +383,24 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
     return "\n".join(lines)
 
 
+PLOTS_MISSING = ("plots need matplotlib, which is not installed: "
+                 "pip install 'malletrain[plots]' (or pip install matplotlib)")
+
+
+def plots_available() -> bool:
+    """Whether the plot functions can run (matplotlib, the ``plots`` extra, is installed)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError as e:
+        if e.name != "matplotlib":
+            raise
+        raise ImportError(PLOTS_MISSING) from e
 
     matplotlib.use("Agg")  # files only; works without a display
     import matplotlib.pyplot as plt

@@ -1,4 +1,5 @@
-"""The installed malletrain package: versions, error translation, log level, CLI."""
+"""The installed malletrain package: versions, the torch version guard, error translation, log
+level, CLI, the plots extra. (The wheel itself, in a new venv: tests/packaging.)"""
 
 from __future__ import annotations
 
@@ -188,3 +189,92 @@ def test_cli_without_command_exits_2():
     result = _run_cli()
     assert result.returncode == 2
     assert "usage: malletrain" in result.stderr
+
+
+def test_cli_version_flag_and_python_dash_m_print_what_version_prints():
+    want = _run_cli("version")
+    assert want.returncode == 0, want.stderr
+    flag = _run_cli("--version")
+    assert (flag.returncode, flag.stdout) == (0, want.stdout), flag.stderr
+    dash_m = subprocess.run([sys.executable, "-m", "malletrain", "--version"], capture_output=True,
+                            text=True, timeout=CLI_TIMEOUT_S, cwd="/")
+    assert (dash_m.returncode, dash_m.stdout) == (0, want.stdout), dash_m.stderr
+    assert dash_m.stdout.splitlines()[0] == f"malletrain {malletrain.__version__}"
+
+
+# --- the torch version guard (and the build information it reads) -------------------------------
+
+
+def test_build_info_agrees_with_the_extension():
+    from malletrain import _build_info
+
+    assert _build_info.version == _C.version() == malletrain.__version__
+    assert _build_info.torch_version == _C.torch_version()
+    assert isinstance(_build_info.with_nccl, bool)
+
+
+def _import_with_torch(tmp_path, torch_init: str) -> subprocess.CompletedProcess:
+    """Imports malletrain in a fresh interpreter whose `import torch` finds a stand-in first."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(torch_init)
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+         "import malletrain"], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd="/")
+
+
+@pytest.mark.parametrize("other", ["2.10.0", "2.12.0+cpu", "3.0.0a0+git1234"])
+def test_another_torch_release_is_refused_by_name_before_the_extension_loads(tmp_path, other):
+    r = _import_with_torch(tmp_path, f"__version__ = {other!r}\n")
+    assert r.returncode == 1
+    supported = _C.torch_version().split("+")[0]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"ImportError: malletrain {malletrain.__version__} supports torch {supported} only (it is "
+        f"compiled against torch's C++ internals), but torch {other} is installed. Install the "
+        f"supported one (pip install torch=={supported}) or build malletrain against this torch "
+        "(docs/install.md).")
+    assert "_C" not in r.stderr and "undefined symbol" not in r.stderr
+
+
+def test_missing_torch_names_the_one_to_install(tmp_path):
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
+                        "import malletrain"], capture_output=True, text=True,
+                       timeout=CLI_TIMEOUT_S, cwd="/")
+    assert r.returncode == 1
+    supported = _C.torch_version().split("+")[0]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"ImportError: malletrain {malletrain.__version__} needs torch {supported}, which is not "
+        f"installed: pip install torch=={supported}")
+
+
+# --- plots are an extra ---------------------------------------------------------------------------
+
+
+def test_plots_extra_is_declared():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert extras["plots"] == ["matplotlib"]
+    assert "matplotlib" not in " ".join(_pyproject()["project"]["dependencies"])
+
+
+def test_simulate_out_without_matplotlib_says_what_to_install(monkeypatch, tmp_path, capsys):
+    from malletrain import cli, sim
+
+    monkeypatch.setattr(sim, "plots_available", lambda: False)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n100,n0,0\n")
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("name,submit_time,min_nodes,max_nodes,work_samples,rescale_up_s,"
+                    "rescale_down_s,nodes,throughput\nj,0,1,1,100,1,1,0;1,0;10\n")
+    assert cli.main(["simulate", "--trace", str(trace), "--jobs", str(jobs), "--out",
+                     str(tmp_path / "out"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "malletrain simulate: --out: plots need matplotlib, which is not installed: "
+        "pip install 'malletrain[plots]' (or pip install matplotlib)")
+    assert not (tmp_path / "out").exists()  # refused before simulating, nothing half-written
+
+
+def test_plot_functions_without_matplotlib_raise_a_clear_import_error(monkeypatch):
+    from malletrain import sim
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'malletrain\[plots\]'"):
+        sim._pyplot()

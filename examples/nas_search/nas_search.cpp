@@ -15,8 +15,12 @@
 //       --widths=32,64,128 --steps=150 --out=/tmp/nas
 //
 // Exit codes: 0 every trial succeeded, 1 a trial failed or timed out, 2 bad flags.
+//
+// Built by malletrain's own build, or on its own against the installed C++ package:
+// examples/nas_search/CMakeLists.txt (find_package(malle), docs/install.md).
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
