@@ -8,6 +8,8 @@
 
 #include <ATen/ops/zeros.h>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,6 +40,7 @@ namespace {
 // A refusal comes back in microseconds on a LAN; no answer at all (a host
 // that is down) gives no verdict, and the recovery waits out its grace.
 constexpr absl::Duration kLivenessProbeTimeout = absl::Milliseconds(50);
+constexpr absl::Duration kLivenessReprobe = absl::Milliseconds(200);
 
 std::string RandomHex() {
   std::random_device device;
@@ -698,7 +701,8 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
   comm_.reset();
   MALLE_RETURN_IF_ERROR(CheckIn(*job_, g, /*ensure_visible=*/true));
   const absl::Time deadline = absl::Now() + options_.recovery_grace;
-  absl::flat_hash_set<std::string> probed;
+  // When each member not checked in is probed next (see below).
+  absl::flat_hash_map<std::string, absl::Time> next_probe;
   for (;;) {
     MALLE_ASSIGN_OR_RETURN(bool decided, job_->Exists(RecordKey(g + 1)));
     if (decided) break;
@@ -707,19 +711,25 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
     if (arrived < size) {
       // A member that has not checked in and whose liveness port refuses
       // connections is gone (killed, or its group closed): report it, as its
-      // owner would, instead of waiting out the grace. Once per member: a
-      // live one (accepted) is waited for as before.
+      // owner would, instead of waiting out the grace. A member whose port
+      // still accepts is probed again every kLivenessReprobe: a process being
+      // killed closes its Gloo sockets (which is how the others noticed)
+      // before its listener, so the first probe may still be accepted.
+      const absl::Time now = absl::Now();
       for (const std::string& m : failed.members) {
-        if (m == member_id() || probed.contains(m)) continue;
+        if (m == member_id()) continue;
+        auto due = next_probe.find(m);
+        if (due != next_probe.end() && now < due->second) continue;
         MALLE_ASSIGN_OR_RETURN(bool in, job_->Exists(CheckInKey(g, m)));
         if (in) continue;
-        probed.insert(m);
+        next_probe[m] = now + kLivenessReprobe;
         MALLE_ASSIGN_OR_RETURN(std::optional<std::string> where, job_->TryGet(internal::ProbeKey(m)));
         if (where.has_value() &&
             internal::Probe(*where, kLivenessProbeTimeout) == internal::Liveness::kGone) {
           MALLE_LOG(WARNING) << "member " << m << " is gone (its liveness port " << *where
                              << " refuses connections); not waiting for its check-in";
           MALLE_RETURN_IF_ERROR(ReportDead(*root_, job_id(), m));
+          next_probe[m] = absl::InfiniteFuture();  // reported once
         }
       }
       // Members reported dead by their owner will never check in.
