@@ -490,6 +490,10 @@ class HarvestOptions:
         group, speed: the agents' locality group and relative speed.
         log_dir: agent job output (``agent-<job id>.log``) and rank logs; must exist on the
             compute nodes (default: Slurm's default, the submit directory).
+        park_dir: the jobs' park stores (``<park_dir>/<job>``, ``malle-agent --park_dir``):
+            where a job whose last slot is preempted parks its state, to resume at the same
+            step on the next slots; must be a shared file system the compute nodes reach
+            (default: none, such a job starts over).
         qos, account: passed to sbatch if given.
         sbatch_args: more sbatch arguments, as given.
         poll: seconds between two looks at the queue.
@@ -514,6 +518,7 @@ class HarvestOptions:
     group: str = "default"
     speed: float = 1.0
     log_dir: Optional[str] = None
+    park_dir: Optional[str] = None
     qos: Optional[str] = None
     account: Optional[str] = None
     sbatch_args: List[str] = field(default_factory=list)
@@ -661,6 +666,8 @@ class Harvester:
             argv.append(q(f"--idle_until={idle_until:.0f}"))
         if o.log_dir:
             argv.append(q(f"--log_dir={o.log_dir}"))
+        if o.park_dir:
+            argv.append(q(f"--park_dir={o.park_dir}"))
         return ("#!/bin/sh\n"
                 "# A malletrain node agent, submitted by `malletrain slurm harvest`.\n"
                 "# exec: the agent is the batch shell, so --signal=B:TERM reaches it alone.\n"
@@ -842,7 +849,8 @@ def _cmd_harvest(args: argparse.Namespace) -> int:
             store=store, secret=secret, slots=args.slots,
             partition=args.partition, per=args.per, cpus_per_slot=args.cpus_per_slot,
             grace=args.grace, time_limit=args.time_limit, job_name=args.job_name,
-            node_prefix=args.node_prefix, group=args.group, log_dir=args.log_dir, qos=args.qos,
+            node_prefix=args.node_prefix, group=args.group, log_dir=args.log_dir,
+            park_dir=args.park_dir, qos=args.qos,
             account=args.account, sbatch_args=list(args.sbatch_arg or []), poll=args.poll,
             agent=args.agent, command_timeout=args.command_timeout, min_window=args.min_window)
         h = Harvester(options)
@@ -929,6 +937,9 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
     h.add_argument("--node-prefix", default="slurm")
     h.add_argument("--group", default="default", help="locality group of the agents")
     h.add_argument("--log-dir", default=None, help="agent and rank logs (shared file system)")
+    h.add_argument("--park-dir", default=None,
+                   help="jobs park here when their last slot is preempted, <DIR>/<job> (a "
+                   "shared file system); they resume at the same step (default: no parking)")
     h.add_argument("--qos", default=None)
     h.add_argument("--account", default=None)
     h.add_argument("--sbatch-arg", action="append", metavar="ARG",
