@@ -576,6 +576,10 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
                                  change.park.empty() ? "" : absl::StrCat(", ", change.park, " parks the job"));
   MALLE_ASSIGN_OR_RETURN(std::string stored,
                          job_->CreateIfAbsent(RecordKey(proposal.generation), EncodeRecord(proposal)));
+  if (stored == EncodeRecord(proposal) && !change.leave_again.empty()) {
+    // The last member's leave, postponed until the joiners hold the state.
+    MALLE_RETURN_IF_ERROR(RequestLeave(*root_, job_id(), change.leave_again));
+  }
   if (stored == EncodeRecord(proposal)) {
     for (const std::string& joiner : change.joined) {
       MALLE_RETURN_IF_ERROR(job_->Set(AdmitKey(joiner), absl::StrCat(proposal.generation)));

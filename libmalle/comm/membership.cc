@@ -1,6 +1,7 @@
 #include "libmalle/comm/membership.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -215,6 +216,16 @@ PlannedChange PlanNextMembers(const GenerationRecord& current,
     } else {
       change.deferred.push_back(joiner);
     }
+  }
+  if (!change.park.empty() && !change.joined.empty()) {
+    // Someone else will hold the state: no need to park. The joiners are
+    // admitted with the leaver still a member (it sends them the state), and
+    // it leaves at the next boundary, as any member would.
+    const std::string parks = absl::StrCat("leave of ", change.park, ": it is the last member, it parks the job");
+    change.notes.erase(std::remove(change.notes.begin(), change.notes.end(), parks), change.notes.end());
+    change.notes.push_back(absl::StrCat("leave of ", change.park, ": joiners are admitted first, ",
+                                        "it leaves at the next boundary instead of parking"));
+    change.leave_again = std::exchange(change.park, std::string());
   }
   change.changed = change.next != current.members;
   return change;

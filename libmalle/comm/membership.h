@@ -82,14 +82,19 @@ struct PlannedChange {
   // The last member, asked to leave: it stays and must park the job (no
   // member is left to hold its state). Empty: none.
   std::string park;
+  // The last member, asked to leave while joiners are admitted in this very
+  // change: it stays for now (the joiners receive the state) and asks to
+  // leave again, a normal leave at the next boundary. Empty: none.
+  std::string leave_again;
   int64_t requests_consumed = 0;
 };
 
 // Applies `requests` (queue indices current.requests_consumed,
 // current.requests_consumed+1, ...) to `current`:
 //  - a leave removes a member, unless it is the last one (never an empty group):
-//    that one is to park the job instead (`park`); a leave of a deferred
-//    joiner cancels the join;
+//    that one is to park the job instead (`park`), or, when joiners are
+//    admitted in the same change, to hand over and leave after (`leave_again`);
+//    a leave of a deferred joiner cancels the join;
 //  - joins are admitted in queue order while size < max_size, the rest are
 //    deferred (kept in order for later boundaries);
 //  - a join by a current member or a leave by a stranger is ignored and noted.

@@ -662,12 +662,19 @@ absl::StatusOr<std::optional<StepPlan>> Engine::NextStep() {
   }
   MALLE_ASSIGN_OR_RETURN(bool active, Boundary());
   if (!active) return std::optional<StepPlan>();
-  if (park_requested_) {
-    // The last member, asked to leave: nobody is left to hold the state.
-    MALLE_RETURN_IF_ERROR(Park());
-    left_ = true;
-    group_->Finish();
-    return std::optional<StepPlan>();
+  if (std::exchange(park_requested_, false)) {
+    if (options_.park_store != nullptr) {
+      // The last member, asked to leave: nobody is left to hold the state.
+      MALLE_RETURN_IF_ERROR(Park());
+      left_ = true;
+      group_->Finish();
+      return std::optional<StepPlan>();
+    }
+    // Nowhere to park: leaving would throw the progress away. It keeps
+    // training (joiners may still come and take the state over; whoever
+    // asked for the leave stops the process at its own deadline).
+    MALLE_LOG(WARNING) << "job " << job_id() << ": the last member was asked to leave and the job has no "
+                       << "park store (MALLE_PARK_DIR): it stays, so as not to lose step " << step_;
   }
   if (step_ >= total_steps_) {
     // That boundary was the others' last one (a joiner admitted at the end,

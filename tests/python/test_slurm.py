@@ -448,6 +448,7 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     assert abs(new_node["idle_until"] - later_start) < 1.5, (new_node, later_start, h.events)
     sizes = sizes_seen(read_traces(out))
     assert sizes[0] == 1, sizes
+    assert 2 in sizes[sizes.index(3):], sizes  # shrank when the slot was preempted
     i2 = sizes.index(2, sizes.index(3))
     assert 3 in sizes[i2:], sizes  # grew, shrank, grew back
     check_replicas_and_data(read_traces(out), steps=STEPS, workers=3)
@@ -458,3 +459,70 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     text = (logs / f"agent-{victim_job}.log").read_text(errors="replace")
     assert re.search(r"rank slurm-\S+ of digits.i1 ended with status 0 \(left\)", text), text
     assert cmds.agent_jobs("malle-agent") == []  # the harvester's stop ended every agent job
+
+
+def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm, tmp_path):
+    """Issue 22 through a real Slurm preemption: a digits job on its only harvested slot; a
+    main-partition job wants every CPU, Slurm preempts the agent job with GraceTime; the job's
+    last rank parks its state in the harvester's park store and exits 0 (the job is parked,
+    not succeeded); when the main job is done the harvester's next agent takes the slot and
+    the job's second incarnation resumes at the parked step, ending with the fixed-size
+    model."""
+    fixed_out = tmp_path / "fixed"
+    r = launcher.run_local(train_cmd(fixed_out, 0.0), nodes=1, job_id="fixed", timeout=300,
+                           log_dir=str(tmp_path / "fixed-logs"))
+    assert r.ok
+    fixed = final_state(fixed_out)
+
+    out = tmp_path / "digits"
+    logs = tmp_path / "agents"
+    logs.mkdir()
+    later = sbatch(slurm, "-p", "main", "-n1", "-t", "1", "--begin=now+1800", "--wrap", "true")
+    cmds = SlurmCommands(env=slurm.env)
+    with LocalCluster(["unused"], policy="dp", heartbeat_timeout=5.0,
+                      workdir=tmp_path / "cluster") as c:
+        h = Harvester(HarvestOptions(store=c.address, secret=str(c.secret_path), slots=1,
+                                     partition="scavenger", per="cpu", log_dir=str(logs),
+                                     park_dir=str(c.park_dir), poll=0.5), cmds)
+        try:
+            h.start()
+            c.submit("digits", train_cmd(out, 0.3), max_nodes=3, logical_workers=3)
+            wait_for("digits training on its slot", lambda: progress(c, "digits.i1") >= 5,
+                     timeout=150)
+            # Every CPU wanted by the main partition: the only agent job is preempted.
+            main = sbatch(slurm, "-p", "main", "-n3", "-t", "1", "--wrap", "sleep 5")
+            job = wait_for("digits parked", lambda: next(
+                (j for j in c.status()["jobs"] if j["job"] == "digits"
+                 and j["phase"] == "parked"), None), timeout=GRACE + 10)
+            assert job["saved"]["kind"] == "park", job
+            parked_step = job["saved"]["step"]
+            assert 5 <= parked_step < STEPS, job
+            wait_for("the main job done", lambda: job_field(slurm, main, "JobState")
+                     == "COMPLETED", timeout=90)
+            final = c.wait(["digits"], timeout=300)
+            status = c.status()
+        except BaseException:
+            print(dump(c, h, slurm, logs))
+            raise
+        finally:
+            h.stop(timeout=30)
+            cmds.scancel([later])
+    assert final["digits"]["phase"] == "succeeded", status
+    assert final["digits"]["rank_failures"] == 0, final
+    traces = read_traces(out)
+    # The second incarnation started at the parked step: no step trained twice, none lost.
+    check_replicas_and_data(traces, steps=STEPS, workers=3)
+    assert_same_state(final_state(out), fixed)
+    assert final["digits"]["parks"] == 1, final
+    # Two ranks in all, one per incarnation: the first trained steps 0 .. parked_step - 1,
+    # the second started at parked_step (not from scratch, which would give the same model).
+    first, last = {}, {}
+    for row in traces:
+        if row["type"] == "micro":
+            m = row["member"]
+            first[m] = min(first.get(m, STEPS), row["step"])
+            last[m] = max(last.get(m, -1), row["step"])
+    assert len(first) == 2, first
+    m1, m2 = sorted(first, key=first.get)
+    assert (first[m1], last[m1], first[m2]) == (0, parked_step - 1, parked_step), (first, last)
+    assert cmds.agent_jobs("malle-agent") == []

@@ -34,6 +34,7 @@ struct PlanCase {
   std::vector<std::string> deferred;
   size_t notes;
   std::string park = "";
+  std::string leave_again = "";
 };
 
 class PlanNextMembersTest : public ::testing::TestWithParam<PlanCase> {};
@@ -47,6 +48,7 @@ TEST_P(PlanNextMembersTest, Decides) {
   EXPECT_EQ(change.deferred, c.deferred);
   EXPECT_EQ(change.notes.size(), c.notes) << ::testing::PrintToString(change.notes);
   EXPECT_EQ(change.park, c.park);
+  EXPECT_EQ(change.leave_again, c.leave_again);
   EXPECT_EQ(change.changed, c.next != c.current.members);
   EXPECT_EQ(change.requests_consumed,
             c.current.requests_consumed + static_cast<int64_t>(c.requests.size()));
@@ -76,6 +78,9 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"everyone_leaves_the_last_one_parks", Gen({"a", "b", "c"}),
                  {{Kind::kLeave, "a"}, {Kind::kLeave, "b"}, {Kind::kLeave, "c"}}, 8, {"c"}, {},
                  {"a", "b"}, {}, 1, "c"},
+        PlanCase{"last_member_with_a_joiner_hands_over_instead_of_parking", Gen({"a"}),
+                 {{Kind::kLeave, "a"}, {Kind::kJoin, "x"}}, 8, {"a", "x"}, {"x"}, {}, {}, 1, "",
+                 "a"},
         PlanCase{"leave_of_stranger_noted", Gen({"a", "b"}), {{Kind::kLeave, "z"}}, 8, {"a", "b"},
                  {}, {}, {}, 1},
         PlanCase{"duplicate_join_noted", Gen({"a", "b"}), {{Kind::kJoin, "b"}, {Kind::kJoin, "x"},

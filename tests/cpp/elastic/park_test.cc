@@ -364,12 +364,16 @@ TEST(EngineParkTest, TheLastMemberParksAndANewIncarnationResumesAtTheExactStep) 
   ExpectSameRun(resumed, clean);
 }
 
-TEST(EngineParkTest, WithoutAParkStoreTheLastMemberCannotParkAndNothingIsClaimed) {
+TEST(EngineParkTest, WithoutAParkStoreTheLastMemberStaysAndKeepsItsProgress) {
+  // Leaving would lose the state: the job trains on (whoever asked stops the
+  // process at its own deadline; joiners may come and take the state over).
+  const JobRun clean = TrainJob("clean", {});
   RunSpec spec;
   spec.stop_after = 5;
   const JobRun r = TrainJob("nopark", spec);
   ASSERT_OK(r.status);
   EXPECT_FALSE(r.parked);
+  ExpectSameRun(r, clean);
 }
 
 TEST(EngineParkTest, AfterAnAbruptEndTheJobResumesFromItsLastSnapshot) {
