@@ -384,7 +384,12 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
                 break
             if not pending:
                 members = set(run.members())
-                if members and not members & set(alive):
+                # A process that was a member of an earlier generation and is still
+                # running has left (a planned leave, or its job parked) and is exiting
+                # by itself: it is waited for, not killed (the timeout still holds).
+                was_member = {m for g in run.history for m in g.members}
+                leaving = [m for m in alive if m in was_member and m not in run.stopped]
+                if members and not members & set(alive) and not leaving:
                     # Every member of the job is gone: what still runs is a joiner waiting
                     # to be admitted, or a process stopped and never continued. Neither
                     # will ever finish; stop them instead of waiting for the timeout.
