@@ -471,6 +471,10 @@ std::string AllocatorService::MetricsText() const {
   m.Counter("malle_allocator_resizes_total", "Plans that grew or shrank a running job.", state_.resizes());
   m.Counter("malle_allocator_job_stops_total",
             "Running jobs stopped because the nodes left could not hold them.", state_.job_stops());
+  m.Counter("malle_allocator_lost_incarnations_total",
+            "Incarnations no rank held any more (every member died, or the bootstrap ended first): "
+            "their jobs were queued for a new one.",
+            state_.lost_incarnations());
   m.Counter("malle_allocator_parks_total",
             "Jobs that parked their state in their park store (reported by their last member).",
             state_.parks());

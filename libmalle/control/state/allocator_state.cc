@@ -268,6 +268,20 @@ bool AllocatorState::HasRankRunning(const JobRecord& job) const {
   return false;
 }
 
+bool AllocatorState::HolderAlive(const JobRecord& job) const {
+  const std::string id = job.RuntimeId();
+  for (const auto& [name, n] : nodes_) {
+    if (n.phase == NodePhase::kGone || !n.running || n.running->job != id) continue;
+    if (n.running->phase.value_or(RankPhase::kTraining) != RankPhase::kStarting) return true;
+  }
+  if (job.formed || job.bootstrap_ended) return false;
+  auto it = nodes_.find(job.bootstrap_node);
+  if (it == nodes_.end() || it->second.phase == NodePhase::kGone) return false;
+  const NodeRecord& b = it->second;
+  if (b.running && b.running->job == id) return true;   // the bootstrap rank, warming up
+  return b.planned && *b.planned == job.spec.job;        // about to start it (or waiting for a drain)
+}
+
 bool AllocatorState::Offered(const NodeRecord& n, absl::Time now) const {
   return n.phase == NodePhase::kActive && now - n.last_seen <= options_.heartbeat_timeout;
 }
@@ -433,6 +447,13 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           Accrue(*n, at);
           n->running = m.running;
           Reclassify(*n, at);
+          if (m.running && m.running->phase.value_or(RankPhase::kTraining) == RankPhase::kTraining) {
+            if (const JobRecord* cur = FindByRuntimeId(m.running->job)) {
+              JobRecord& job = jobs_.at(cur->spec.job);
+              job.formed = true;
+              job.holder_seen = std::max(job.holder_seen, now);
+            }
+          }
           if (n->held == HeldKind::kProductive) {
             // The first member of a resumed incarnation trains: the unpark is over.
             auto it = jobs_.find(n->held_job);
@@ -467,6 +488,11 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
             }
           }
           const JobRecord* found = FindByRuntimeId(m.job);
+          if (found != nullptr && !found->formed && m.node == found->bootstrap_node) {
+            // Only the first rank on the bootstrap node bootstraps; any later
+            // one there joins, and would wait for a leader that never comes.
+            jobs_.at(found->spec.job).bootstrap_ended = true;
+          }
           if (found == nullptr || m.cause != RankExitCause::kExited) return a;
           JobRecord& job = jobs_.at(found->spec.job);
           if (job.phase != JobPhase::kRunning ||
@@ -614,6 +640,23 @@ std::vector<std::string> AllocatorState::Expire(absl::Time now) {
       changed.push_back(absl::StrCat("node ", name, " withdrawn: ", n.why_gone));
     }
   }
+  for (auto& [id, job] : jobs_) {
+    if (job.phase != JobPhase::kRunning || job.nodes.empty()) continue;
+    if (HolderAlive(job)) {
+      job.holder_seen = std::max(job.holder_seen, now);
+      continue;
+    }
+    if (now - job.holder_seen <= options_.heartbeat_timeout) continue;
+    const std::string lost = job.RuntimeId();
+    const std::string why = job.formed ? "every member of it is gone"
+                                       : "its bootstrap rank ended or lost its node before a member trained";
+    ReleaseNodes(job, now);
+    ++lost_incarnations_;
+    job.message = absl::StrCat("incarnation ", lost, " lost (", why,
+                               "): the next start is a new incarnation, from the job's newest saved "
+                               "state if it has a park store, else from scratch");
+    changed.push_back(absl::StrCat("job ", id, ": ", job.message));
+  }
   return changed;
 }
 
@@ -621,6 +664,9 @@ void AllocatorState::TouchAll(absl::Time now) {
   for (auto& [name, n] : nodes_) {
     if (n.phase != NodePhase::kGone) n.last_seen = now;
   }
+  // Heartbeats are not journaled: after a replay no incarnation is known to
+  // have formed, and each gets a full heartbeat_timeout to show a holder.
+  for (auto& [id, job] : jobs_) job.holder_seen = now;
 }
 
 alloc::Curve AllocatorState::CurveOf(const JobRecord& job) const {
@@ -777,6 +823,8 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
     if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) next.clear();
     if (job.nodes.empty() && !next.empty()) {
       ++job.incarnation;
+      job.formed = job.bootstrap_ended = false;
+      job.holder_seen = now;
       // Never on a node that is still draining another job's rank: the
       // bootstrap would wait for it while the job's other nodes wait for the
       // bootstrap. The first free node, or (all draining) the first one.

@@ -31,6 +31,13 @@
 //     its park and unpark were measured to cost (the samples it would have
 //     trained meanwhile). Each start from zero nodes is a new incarnation
 //     (store job id "<job>.i<k>"), bootstrapped by one node, the others join.
+//   - An incarnation that no rank holds any more is lost: a running job none
+//     of whose nodes has run a member of its current incarnation for
+//     heartbeat_timeout (its members all died, or its bootstrap rank ended
+//     or lost its node before the first member trained) is queued again, and
+//     its next start is a new incarnation (which resumes from the job's park
+//     store, if it has one). Its remaining ranks are joiners that would wait
+//     for a leader that no longer exists; the next plan stops them.
 //   - Parking: a park of the job's current incarnation means no rank holds
 //     it: the job is queued (status phase "parked") and gives back its nodes;
 //     a rank that then exits 0 is not the job's success. A job is not started
@@ -145,6 +152,13 @@ struct JobRecord {
   absl::Time ended_at;
   int incarnation = 0;         // starts from zero nodes so far
   std::string bootstrap_node;  // of the current incarnation
+  // Whether a rank still holds (or is about to hold) the current
+  // incarnation's state (AllocatorState::HolderAlive): formed once a member
+  // of it trained; the bootstrap rank ended before that; when a holder was
+  // last seen (soft state, like heartbeats).
+  bool formed = false;
+  bool bootstrap_ended = false;
+  absl::Time holder_seen;
   int rank_failures = 0;
   std::vector<std::string> nodes;  // the current plan's nodes, sorted
   // From the latest advisor report (empty before the first one).
@@ -218,8 +232,10 @@ class AllocatorState {
   // content is malformed).
   absl::StatusOr<Applied> Apply(const Envelope& envelope, absl::Time now);
 
-  // Withdraws nodes whose agent has been silent for heartbeat_timeout and
-  // ends reclaims past their deadline. Returns what changed (empty: nothing).
+  // Withdraws nodes whose agent has been silent for heartbeat_timeout, ends
+  // reclaims past their deadline, and queues again the running jobs whose
+  // incarnation no rank has held for heartbeat_timeout (see the rules
+  // above). Returns what changed (empty: nothing).
   std::vector<std::string> Expire(absl::Time now);
 
   // Treats every live node as heard from at `now` (after a restart, the
@@ -261,6 +277,8 @@ class AllocatorState {
   // issue 22's park/unpark will count as parks).
   int64_t resizes() const { return resizes_; }
   int64_t job_stops() const { return job_stops_; }
+  // Incarnations found lost (no rank held them; Expire).
+  int64_t lost_incarnations() const { return lost_incarnations_; }
   // Parks reported (JobSaved kind park), of any incarnation.
   int64_t parks() const { return parks_; }
   int64_t next_plan_id() const { return last_plan_ ? last_plan_->plan + 1 : 1; }
@@ -287,6 +305,11 @@ class AllocatorState {
   void ReleaseNodes(JobRecord& job, absl::Time now);
   // A rank of `job` (any incarnation) still runs on a node that is not gone.
   bool HasRankRunning(const JobRecord& job) const;
+  // Some rank holds the current incarnation's state, or is about to: a
+  // member of it (training or draining) on a node that is not gone; before
+  // its first member trained, its bootstrap node (not gone, the bootstrap
+  // rank not ended) running a rank of it or planned for it.
+  bool HolderAlive(const JobRecord& job) const;
   alloc::Curve CurveOf(const JobRecord& job) const;
   // Adds spare nodes to `wanted` for granted and grantable probes; returns
   // one note per probe granted or held, for the plan's reason.
@@ -299,6 +322,7 @@ class AllocatorState {
   HeldSeconds held_total_;  // every job's, and ranks of jobs not known here
   int64_t resizes_ = 0;
   int64_t job_stops_ = 0;
+  int64_t lost_incarnations_ = 0;
   int64_t parks_ = 0;
   std::optional<AllocationPlan> last_plan_;
   struct DecisionInfo {

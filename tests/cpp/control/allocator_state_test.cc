@@ -518,6 +518,119 @@ TEST_F(AllocatorStateTest, SilentAgentsAreWithdrawn) {
   EXPECT_THAT(state_.Expire(kT0 + absl::Seconds(110)), IsEmpty());
 }
 
+// --- incarnations no rank holds (issue 26's chaos campaign, the demo under load) -----------------
+
+// The demo's case: the bootstrap node is reclaimed while its rank is still
+// warming up (stopped at once: not a member); the job's other ranks are
+// joiners that would wait for a leader that never comes, and, 60 s later,
+// exit 1 three times: the job failed. Now the incarnation is lost after
+// heartbeat_timeout (15 s), its joiners are stopped by the next plan, and a
+// new incarnation starts with a new bootstrap.
+TEST_F(AllocatorStateTest, ABootstrapThatEndsBeforeTheJobFormedLosesTheIncarnation) {
+  for (const char* n : {"n0", "n1", "n2"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("a", 1, 3).status());
+  AllocationPlan p1 = DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1", "n2"));
+  ASSERT_EQ(p1.launches[0].bootstrap_node, "n0");
+  const absl::Time t = kT0;
+  for (const char* n : {"n0", "n1", "n2"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  EXPECT_THAT(state_.Expire(t + absl::Seconds(1)), IsEmpty());
+  // n0 is reclaimed: the next plan moves a off it; its warming rank is stopped.
+  ASSERT_OK(state_.Apply(From(Agent("n0"), NodeReclaim{"n0", absl::Seconds(5), "main job"}), t + absl::Seconds(2))
+                .status());
+  DecideAndAdopt(t + absl::Seconds(2));
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n1", "n2"));
+  ASSERT_EQ(Job("a").RuntimeId(), "a.i1");
+  ASSERT_OK(state_.Apply(From(Agent("n0"), RankExit{"n0", "a.i1", "n0-m", 0, 9, RankExitCause::kStopped}),
+                         t + absl::Seconds(2))
+                .status());
+  ASSERT_OK(state_.Apply(From(Agent("n0"), NodeLeave{"n0", "reclaimed"}), t + absl::Seconds(3)).status());
+  // The joiners on n1 and n2 keep warming (waiting for the bootstrap).
+  for (int s = 5; s <= 15; s += 5) {
+    for (const char* n : {"n1", "n2"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(s), "a.i1", RankPhase::kStarting));
+    EXPECT_THAT(state_.Expire(t + absl::Seconds(s)), IsEmpty()) << s;
+  }
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  for (const char* n : {"n1", "n2"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(17), "a.i1", RankPhase::kStarting));
+  std::vector<std::string> changed = state_.Expire(t + absl::Seconds(17));
+  ASSERT_THAT(changed, SizeIs(1));
+  EXPECT_THAT(changed[0], HasSubstr("incarnation a.i1 lost (its bootstrap rank ended"));
+  EXPECT_EQ(Job("a").phase, JobPhase::kQueued);
+  EXPECT_THAT(Job("a").nodes, IsEmpty());
+  EXPECT_EQ(state_.lost_incarnations(), 1);
+  // Not restarted while its joiners still run: the plan takes their nodes away.
+  AllocationPlan p2 = DecideAndAdopt(t + absl::Seconds(17));
+  EXPECT_THAT(p2.launches, IsEmpty());
+  for (const Assignment& as : p2.assignments) EXPECT_FALSE(as.job.has_value()) << as.node;
+  for (const char* n : {"n1", "n2"}) {
+    ASSERT_OK(state_.Apply(From(Agent(n), RankExit{n, "a.i1", std::string(n) + "-m", 0, 9, RankExitCause::kStopped}),
+                           t + absl::Seconds(18))
+                  .status());
+  }
+  AllocationPlan p3 = DecideAndAdopt(t + absl::Seconds(18));
+  ASSERT_THAT(p3.launches, SizeIs(1));
+  EXPECT_EQ(p3.launches[0].runtime_id, "a.i2");
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_EQ(Job("a").rank_failures, 0);  // stopped joiners are not failures
+}
+
+// The chaos campaign's case: every member dies (their agents were killed) and
+// the nodes, still planned for the job, run joiners of the incarnation.
+TEST_F(AllocatorStateTest, AnIncarnationWhoseMembersAllDiedIsReplaced) {
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  const absl::Time t = kT0;
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(1), "a.i1", RankPhase::kTraining));
+  EXPECT_THAT(state_.Expire(t + absl::Seconds(1)), IsEmpty());
+  EXPECT_TRUE(Job("a").formed);
+  for (const char* n : {"n0", "n1"}) {
+    ASSERT_OK(state_.Apply(From(Agent(n), RankExit{n, "a.i1", std::string(n) + "-m", 0, 9, RankExitCause::kExited}),
+                           t + absl::Seconds(2))
+                  .status());
+  }
+  EXPECT_EQ(Job("a").rank_failures, 2);
+  for (int s = 3; s <= 16; ++s) {
+    for (const char* n : {"n0", "n1"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(s), "a.i1", RankPhase::kStarting));
+    EXPECT_THAT(state_.Expire(t + absl::Seconds(s)), IsEmpty()) << s;
+  }
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(17), "a.i1", RankPhase::kStarting));
+  std::vector<std::string> changed = state_.Expire(t + absl::Seconds(17));
+  ASSERT_THAT(changed, SizeIs(1));
+  EXPECT_THAT(changed[0], HasSubstr("incarnation a.i1 lost (every member of it is gone)"));
+  EXPECT_EQ(Job("a").phase, JobPhase::kQueued);
+  EXPECT_THAT(JobStatusOf(state_, "a", t + absl::Seconds(17))["message"].get<std::string>(),
+              HasSubstr("from the job's newest saved state"));
+}
+
+// What must not be taken for a lost incarnation: a bootstrap that warms up
+// for a long time, joiners warming while a member trains, and the moment of a
+// hand-over (the old member gone, the joiner not yet reported training).
+TEST_F(AllocatorStateTest, AWarmingBootstrapOrOneTrainingMemberKeepsTheIncarnation) {
+  for (const char* n : {"n0", "n1"}) ASSERT_OK(Register(n).status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  DecideAndAdopt();
+  const absl::Time t = kT0;
+  for (int s = 1; s <= 60; ++s) {  // the bootstrap warms up for a minute
+    for (const char* n : {"n0", "n1"}) ASSERT_OK(Heartbeat(n, t + absl::Seconds(s), "a.i1", RankPhase::kStarting));
+    ASSERT_THAT(state_.Expire(t + absl::Seconds(s)), IsEmpty()) << s;
+  }
+  for (int s = 61; s <= 100; ++s) {  // n0 trains, n1 still warms
+    ASSERT_OK(Heartbeat("n0", t + absl::Seconds(s), "a.i1", RankPhase::kTraining));
+    ASSERT_OK(Heartbeat("n1", t + absl::Seconds(s), "a.i1", RankPhase::kStarting));
+    ASSERT_THAT(state_.Expire(t + absl::Seconds(s)), IsEmpty()) << s;
+  }
+  // Hand-over: n0's member left; n1's joiner is reported training 5 s later.
+  for (int s = 101; s <= 130; ++s) {
+    ASSERT_OK(Heartbeat("n0", t + absl::Seconds(s)));
+    ASSERT_OK(Heartbeat("n1", t + absl::Seconds(s), "a.i1", s < 106 ? RankPhase::kStarting : RankPhase::kTraining));
+    ASSERT_THAT(state_.Expire(t + absl::Seconds(s)), IsEmpty()) << s;
+  }
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_EQ(Job("a").RuntimeId(), "a.i1");
+  EXPECT_EQ(state_.lost_incarnations(), 0);
+}
+
 TEST_F(AllocatorStateTest, ReplayingMessagesAndPlansRebuildsTheSameState) {
   std::vector<Envelope> log;
   auto apply = [&](Envelope e) {
