@@ -10,11 +10,18 @@ them, all trained on the 8x8 digits set that scikit-learn ships (real data, no d
 
 The allocator decides on every event (a node appears, a node is reclaimed, a job arrives or
 ends, a job's profiling advisor reports how it scales) which job runs on which node; jobs
-grow and shrink in place at step boundaries, without restarting their other ranks. A live
-table follows the run; at the end: each job's result, what happened, the allocation over time
-as a plot, and the digits job's scalability table learned by its advisor.
+grow and shrink in place at step boundaries, without restarting their other ranks.
+
+Once the digits job has passed step ``--outage-at`` (100), the main scheduler takes *every*
+node back for ``--outage`` seconds (10, scaled like the trace): each job that was training
+loses all its nodes, so its last rank parks the job's state in the job's park store (a
+directory under --out) and exits; when the nodes come back, each parked job starts again from
+its parked state at exactly that step. A live table follows the run; at the end: each job's
+result, what happened (nodes, parks, resumes), the allocation over time as a plot, and the
+digits job's scalability table learned by its advisor.
 
     python examples/cluster_demo.py [--out out/demo] [--policy milp] [--time-scale 1]
+                                    [--outage 10] [--outage-at 100]
 """
 
 from __future__ import annotations
@@ -112,7 +119,14 @@ def main(argv=None) -> int:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="replay the trace (and the jobs' pace) this many times faster")
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--outage", type=float, default=10.0,
+                   help="seconds every node is taken back once digits passes --outage-at "
+                        "(scaled by --time-scale); 0: no outage")
+    p.add_argument("--outage-at", type=int, default=100, help="the digits job's step that "
+                   "triggers the outage")
     args = p.parse_args(argv)
+    if args.outage < 0 or args.outage_at < 0:
+        p.error("--outage and --outage-at must be >= 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # A previous run's work directory holds the allocator's journal: starting on it would
@@ -134,10 +148,15 @@ def main(argv=None) -> int:
         for s in specs:
             cluster.submit(**s)
         last = [0.0]
+        outage = [args.outage <= 0]  # fired (or not wanted)
 
         def poll(c: LocalCluster) -> None:
             st = c.status()
             now = time.monotonic() - t_start
+            digits = next((j for j in st.get("jobs", []) if j["job"] == "digits"), {})
+            if not outage[0] and digits.get("step", 0) >= args.outage_at:
+                outage[0] = True
+                c.outage(args.outage / args.time_scale)
             samples.append((now, {j["job"]: (j.get("productive_nodes", 0), j.get("held_nodes", 0))
                                   for j in st.get("jobs", [])}))
             nodes_up.append(sum(1 for n in st.get("nodes", []) if n.get("offered")))

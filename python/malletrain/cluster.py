@@ -210,6 +210,10 @@ class LocalCluster:
         self._agents: Dict[str, Any] = {}  # node -> _C.LocalProcess
         self._lock = threading.Lock()
         self._trace_thread: Optional[threading.Thread] = None
+        self._trace_idle: Dict[str, bool] = {}  # each node's latest state in the trace
+        self._outage_thread: Optional[threading.Thread] = None
+        self._in_outage = False  # trace events are deferred while every node is taken back
+        self._seen_jobs: Dict[str, tuple] = {}  # job -> (phase, runtime_id, parks): what wait() noted
         self._stop = threading.Event()
         self.closed = False
 
@@ -359,6 +363,8 @@ class LocalCluster:
         if node not in self.nodes:
             raise MalleValueError(f"node {node!r} is not one of this cluster's {self.nodes}")
         with self._lock:
+            if self._stop.is_set():  # close() has taken its list of agents to stop
+                raise MalleValueError(f"node_up({node!r}): the cluster is closing")
             p = self._agents.get(node)
             if p is not None and p.poll() is None:
                 return p.pid
@@ -427,13 +433,61 @@ class LocalCluster:
                 delay = start + e.t - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     return
+                with self._lock:
+                    self._trace_idle[e.node] = e.idle
+                    deferred = self._in_outage
+                if deferred:  # applied when the outage ends
+                    continue
                 if e.idle:
-                    self.node_up(e.node)
+                    try:
+                        self.node_up(e.node)
+                    except MalleValueError:  # closing
+                        return
                 else:
                     self.node_down(e.node)
 
         self._trace_thread = threading.Thread(target=run, name="malle-trace", daemon=True)
         self._trace_thread.start()
+
+    def outage(self, seconds: float) -> None:
+        """The main scheduler takes every node back for ``seconds`` (a maintenance window, a
+        partition-wide preemption): every agent is reclaimed with the cluster's grace -- a job's
+        last member parks its state (its park store is ``<park_dir>/<job>``) -- and when the
+        window has passed and every agent has exited, the nodes come back: those a followed
+        trace says are idle by then, otherwise those that were up. Trace events inside the
+        window are deferred to its end. Runs in the background; returns at once."""
+        if seconds < 0:
+            raise MalleValueError(f"outage: seconds must be >= 0, got {seconds!r}")
+        with self._lock:
+            if self._in_outage:
+                raise MalleValueError("outage: an outage is already under way")
+            self._in_outage = True
+            were_up = [n for n, p in self._agents.items() if p.poll() is None]
+            procs = {n: self._agents[n] for n in were_up}
+        self._note(f"outage: every node taken back for {seconds:g} s ({', '.join(were_up) or 'none up'})")
+        end = time.monotonic() + seconds
+        for n in were_up:
+            self.node_down(n)
+
+        def run() -> None:
+            for n, p in procs.items():
+                self._wait_agent(n, p, self.grace + 10)
+            if self._stop.wait(max(0.0, end - time.monotonic())):
+                return
+            with self._lock:
+                self._in_outage = False
+                following = self._trace_thread is not None
+                back = [n for n in self.nodes
+                        if (self._trace_idle.get(n, False) if following else n in were_up)]
+            self._note(f"outage over: {', '.join(back) or 'no node'} back")
+            for n in back:
+                try:
+                    self.node_up(n)
+                except MalleValueError:  # closing
+                    return
+
+        self._outage_thread = threading.Thread(target=run, name="malle-outage", daemon=True)
+        self._outage_thread.start()
 
     # --- jobs ---------------------------------------------------------------------------
     def submit(self, job: str, command: Sequence[str], *, min_nodes: int = 1,
@@ -482,6 +536,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             js = self.jobs()
+            self._note_job_changes(js)
             names = list(jobs) if jobs is not None else list(js)
             if names and all(js.get(n, {}).get("phase") in _ENDED for n in names):
                 return {n: js[n] for n in names}
@@ -493,6 +548,31 @@ class LocalCluster:
                     + ", ".join(f"{n}={js.get(n, {}).get('phase', 'unknown')}" for n in names))
             time.sleep(poll)
 
+    def _note_job_changes(self, js: Dict[str, Dict[str, Any]]) -> None:
+        """Notes what changed in a job since the last poll: an incarnation started, the job
+        parked (the step and what it cost), resumed from its parked state, ended."""
+        for name, j in js.items():
+            now = (j.get("phase"), j.get("runtime_id"), j.get("parks", 0))
+            before = self._seen_jobs.get(name)
+            self._seen_jobs[name] = now
+            if before == now:
+                continue
+            phase, runtime, parks = now
+            park = j.get("park") or {}
+            if before is not None and parks > before[2] and park:
+                self._note(f"job {name} parked at step {park.get('step', 0)} "
+                           f"({park.get('bytes', 0) / 1e6:.2f} MB in {park.get('park_s', 0):.2f} s"
+                           f" to {self.park_dir / name})")
+            if phase == "running" and runtime and (before is None or runtime != before[1]):
+                if parks and park:
+                    self._note(f"job {name} resumed from its parked state at step "
+                               f"{park.get('step', 0)} as {runtime}")
+                elif before is not None and before[1]:
+                    self._note(f"job {name} started again as {runtime}")
+            if phase in _ENDED and (before is None or before[0] != phase):
+                self._note(f"job {name} {phase} at step {j.get('step', 0)}"
+                           + (f" ({j['message']})" if phase != "succeeded" and j.get("message") else ""))
+
     # --- end ----------------------------------------------------------------------------
     def close(self) -> None:
         """Stops the trace, every agent (SIGINT, then SIGKILL after 15 s; ranks die with their
@@ -500,11 +580,11 @@ class LocalCluster:
         if self.closed:
             return
         self.closed = True
-        self._stop.set()
+        with self._lock:  # node_up refuses from here on: no agent is started after this list
+            self._stop.set()
+            agents = dict(self._agents)
         if self._trace_thread is not None:
             self._trace_thread.join(timeout=5)
-        with self._lock:
-            agents = dict(self._agents)
         for p in agents.values():
             if p.poll() is None:
                 try:
@@ -517,6 +597,8 @@ class LocalCluster:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except MalleTimeoutError:
                 p.kill(timeout=10)
+        if self._outage_thread is not None:  # its waits end with the agents
+            self._outage_thread.join(timeout=5)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
