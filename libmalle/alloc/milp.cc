@@ -150,6 +150,26 @@ std::string IdenticalJobKey(const JobModel& job) {
   return key;
 }
 
+// Job j's pool columns x[j,p], one for every pool that some running option
+// (or piece) admits (`admitted_by[p]` > 0) or that the job holds nodes of,
+// bounded by the pool's capacity and the job's maximum (0 where no option
+// admits the pool: the job must leave it). Registers them in f.x and
+// `pool_cols` and appends them to the count row (`cols`, coefficient 1).
+void AddPoolCountColumns(const CountModel& model, int j, const std::vector<int>& admitted_by,
+                         Formulation& f, std::vector<std::vector<int>>& pool_cols,
+                         std::vector<int>& cols, std::vector<double>& vals) {
+  const JobModel& job = model.jobs[j];
+  for (size_t p = 0; p < model.pools.size(); ++p) {
+    if (admitted_by[p] == 0 && job.current_per_pool[p] == 0) continue;
+    const int ub = admitted_by[p] == 0 ? 0 : std::min(model.pools[p].capacity, job.max_nodes);
+    const int xc = f.mip.AddCol(0, ub, 0.0, /*integer=*/true);
+    f.x[j][p] = xc;
+    pool_cols[p].push_back(xc);
+    cols.push_back(xc);
+    vals.push_back(1.0);
+  }
+}
+
 // `start`: the first incumbent (nullptr: the current allocation), or no
 // start at all when `use_start` is false.
 Formulation BuildFormulation(const CountModel& model, bool use_start, const CountSolution* start) {
@@ -209,15 +229,7 @@ Formulation BuildFormulation(const CountModel& model, bool use_start, const Coun
       }
       std::vector<int> count_cols;
       std::vector<double> count_vals;
-      for (int p = 0; p < num_pools; ++p) {
-        if (admitted_by[p] == 0 && job.current_per_pool[p] == 0) continue;
-        const int ub = admitted_by[p] == 0 ? 0 : std::min(model.pools[p].capacity, job.max_nodes);
-        const int xc = mip.AddCol(0, ub, 0.0, /*integer=*/true);
-        f.x[j][p] = xc;
-        pool_cols[p].push_back(xc);
-        count_cols.push_back(xc);
-        count_vals.push_back(1.0);
-      }
+      AddPoolCountColumns(model, j, admitted_by, f, pool_cols, count_cols, count_vals);
       // (a)
       for (size_t o = 0; o < job.options.size(); ++o) {
         if (job.options[o].nodes == 0) continue;
@@ -543,15 +555,7 @@ void AddPoolRows(const CountModel& model,
     }
     std::vector<int> a_cols;
     std::vector<double> a_vals;
-    for (int p = 0; p < num_pools; ++p) {
-      if (admitted_by[p] == 0 && job.current_per_pool[p] == 0) continue;
-      const int ub = admitted_by[p] == 0 ? 0 : std::min(model.pools[p].capacity, job.max_nodes);
-      const int xc = mip.AddCol(0, ub, 0.0, /*integer=*/true);
-      f.x[j][p] = xc;
-      pool_cols[p].push_back(xc);
-      a_cols.push_back(xc);
-      a_vals.push_back(1.0);
-    }
+    AddPoolCountColumns(model, j, admitted_by, f, pool_cols, a_cols, a_vals);
     for (const auto& [col, coef] : count[j]) {
       a_cols.push_back(col);
       a_vals.push_back(-coef);
