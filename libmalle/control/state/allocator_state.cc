@@ -786,7 +786,11 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
   // ones, and releasing the node of a member while keeping one whose rank
   // still warms up would make the member drain (a leave, or for the last
   // member a whole job held by a rank that cannot leave) for nothing.
-  auto trains_for = [&](const NodeRecord& n, const JobRecord& job) {
+  // Likewise an incarnation that has not formed keeps its bootstrap node: its
+  // other ranks are joiners that wait for the bootstrap rank there.
+  auto trains_for = [&](const std::string& node, const JobRecord& job) {
+    if (!job.formed && !job.bootstrap_ended && node == job.bootstrap_node) return true;
+    const NodeRecord& n = nodes_.at(node);
     return n.running && n.running->job == job.RuntimeId() &&
            n.running->phase.value_or(RankPhase::kTraining) == RankPhase::kTraining;
   };
@@ -796,10 +800,14 @@ AllocationPlan AllocatorState::Adopt(const alloc::Decision& decision, absl::Time
     std::vector<std::string>& next = w->second;
     for (const std::string& gone : job.nodes) {
       std::sort(next.begin(), next.end());
-      if (std::binary_search(next.begin(), next.end(), gone) || !trains_for(nodes_.at(gone), job)) continue;
+      // (Only a node still offered: a reclaimed or silent one goes anyway.)
+      if (std::binary_search(next.begin(), next.end(), gone) || !trains_for(gone, job) ||
+          !Offered(nodes_.at(gone), now)) {
+        continue;
+      }
       for (std::string& kept : next) {
         const NodeRecord& k = nodes_.at(kept);
-        if (std::binary_search(job.nodes.begin(), job.nodes.end(), kept) && !trains_for(k, job) &&
+        if (std::binary_search(job.nodes.begin(), job.nodes.end(), kept) && !trains_for(kept, job) &&
             k.node_class == nodes_.at(gone).node_class) {
           // The member stays, the warming (or empty) node goes; a job the
           // policy gave the member's node gets the other one (same class).

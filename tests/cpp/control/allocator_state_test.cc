@@ -206,6 +206,25 @@ TEST_F(AllocatorStateTest, AShrinkingJobGivesBackItsWarmingNodeNotItsMember) {
   EXPECT_THAT(Job("b").nodes, ElementsAre("n1"));
 }
 
+// Before its first member trains, an incarnation's bootstrap node is what
+// its other ranks wait for: a shrink gives back a joiner's node instead.
+TEST_F(AllocatorStateTest, AShrinkKeepsTheBootstrapNodeOfAnIncarnationThatHasNotFormed) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Register("n1").status());
+  ASSERT_OK(Submit("a", 1, 2).status());
+  AllocationPlan p1 = DecideAndAdopt();
+  ASSERT_THAT(Job("a").nodes, ElementsAre("n0", "n1"));
+  ASSERT_EQ(p1.launches[0].bootstrap_node, "n0");
+  // Both ranks still warm up when b comes; left to itself the policy releases n0.
+  ASSERT_OK(Heartbeat("n0", kT0 + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  ASSERT_OK(Heartbeat("n1", kT0 + absl::Seconds(1), "a.i1", RankPhase::kStarting));
+  ASSERT_OK(Submit("b", 1, 1, kT0 + absl::Seconds(2)).status());
+  DecideAndAdopt(kT0 + absl::Seconds(2));
+  EXPECT_THAT(Job("a").nodes, ElementsAre("n0"));
+  EXPECT_THAT(Job("b").nodes, ElementsAre("n1"));
+  EXPECT_EQ(Job("a").RuntimeId(), "a.i1");
+}
+
 TEST_F(AllocatorStateTest, ARunningJobIsNotStoppedForAnotherButWaitersAre) {
   ASSERT_OK(Register("n0").status());
   ASSERT_OK(Submit("first", 1, 1).status());
