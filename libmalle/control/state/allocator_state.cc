@@ -503,14 +503,24 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
             EndJob(job, JobPhase::kSucceeded, now,
                    absl::StrCat("a rank on ", m.node, " exited 0: the program ended"));
             a.what += "; job succeeded";
-          } else if (++job.rank_failures >= options_.max_rank_failures) {
-            EndJob(job, JobPhase::kFailed, now,
-                   absl::StrCat(job.rank_failures, " rank failures, the last on ", m.node, " (",
-                                how, ")"));
-            a.what += "; job failed";
           } else {
-            a.what += absl::StrCat("; failure ", job.rank_failures, " of ",
-                                   options_.max_rank_failures, " allowed");
+            // A job that committed steps since its last rank failure starts a
+            // new streak: a node that dies now and then does not fail a job
+            // that recovers; a program that crashes again before any step does.
+            ++job.rank_failures;
+            if (job.step > job.failure_step) job.failures_in_a_row = 0;
+            job.failure_step = job.step;
+            if (++job.failures_in_a_row >= options_.max_rank_failures) {
+              EndJob(job, JobPhase::kFailed, now,
+                     absl::StrCat(job.failures_in_a_row,
+                                  " rank failures with no step committed between them (at step ",
+                                  job.step, "), the last on ", m.node, " (", how, ")"));
+              a.what += "; job failed";
+            } else {
+              a.what += absl::StrCat("; failure ", job.failures_in_a_row, " of ",
+                                     options_.max_rank_failures, " allowed in a row (at step ",
+                                     job.step, ")");
+            }
           }
           a.needs_decision = a.journal = true;
         } else if constexpr (std::is_same_v<T, JobSubmit>) {
@@ -1046,6 +1056,7 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
     j["step"] = job.step;
     j["has_report"] = !job.report_json.empty();
     j["rank_failures"] = job.rank_failures;
+    j["failures_in_a_row"] = job.failures_in_a_row;
     j["submitted_at"] = Unix(job.submitted_at);
     if (job.phase != JobPhase::kQueued && job.phase != JobPhase::kRunning) {
       j["ended_at"] = Unix(job.ended_at);

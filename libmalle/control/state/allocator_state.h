@@ -23,7 +23,8 @@
 //   - A job is queued until a plan gives it nodes, running while it holds
 //     nodes, and ends succeeded (a JobComplete, or one of its ranks exiting 0
 //     on a node the plan still gives it), failed (max_rank_failures rank
-//     crashes) or cancelled. Ended jobs hold no node.
+//     crashes in a row: with no step committed between them, as the job's
+//     reports and saves tell its step) or cancelled. Ended jobs hold no node.
 //   - A running job whose state lives only in its ranks is never stopped to
 //     make room for others (it pays a prohibitive alloc::JobSpec::stop_penalty);
 //     it stops only when the nodes left cannot hold every running job. A job
@@ -91,7 +92,8 @@ struct AllocatorStateOptions {
   // Resize pauses assumed until the advisor has measured them.
   absl::Duration default_grow_pause = absl::Seconds(1);
   absl::Duration default_shrink_pause = absl::Milliseconds(200);
-  // Rank crashes (non-zero exit not caused by the agent) after which a job is failed.
+  // Rank crashes (non-zero exit not caused by the agent) in a row, with no
+  // step committed between them, after which a job is failed.
   int max_rank_failures = 3;
   // Probes (see the rules above): granted from spare nodes when true.
   bool honour_probes = true;
@@ -159,7 +161,9 @@ struct JobRecord {
   bool formed = false;
   bool bootstrap_ended = false;
   absl::Time holder_seen;
-  int rank_failures = 0;
+  int rank_failures = 0;      // all of them
+  int failures_in_a_row = 0;  // since the job last committed a step (`step` grew)
+  int64_t failure_step = -1;  // `step` at the last rank failure
   std::vector<std::string> nodes;  // the current plan's nodes, sorted
   // From the latest advisor report (empty before the first one).
   std::string report_json;

@@ -521,6 +521,39 @@ TEST_F(AllocatorStateTest, JobsEndByCompletionByAnExitZeroOrByRepeatedCrashes) {
   for (const Assignment& as : p.assignments) EXPECT_FALSE(as.job.has_value()) << as.node;
 }
 
+// The chaos campaign's case: kill -9 of a rank now and then, the job
+// recovering and training on in between, must not fail the job; a program
+// that crashes again before committing any step still fails after three.
+TEST_F(AllocatorStateTest, OnlyRankFailuresInARowWithoutProgressFailAJob) {
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("a", 1, 1).status());
+  DecideAndAdopt();
+  auto crash = [&](int i) {
+    RankExit c{"n0", "a.i1", absl::StrCat("m", i), 0, 9, RankExitCause::kExited};
+    return state_.Apply(From(Agent("n0"), c), kT0 + absl::Seconds(i)).status();
+  };
+  auto progress = [&](int64_t step, int i) {
+    return state_.Apply(From("a.m", Saved("a", "a.i1", step, 0.1, SaveKind::kSnapshot)),
+                        kT0 + absl::Seconds(i)).status();
+  };
+  ASSERT_OK(crash(1));
+  ASSERT_OK(progress(10, 2));
+  ASSERT_OK(crash(3));
+  ASSERT_OK(progress(20, 4));
+  ASSERT_OK(crash(5));
+  ASSERT_OK(progress(30, 6));
+  ASSERT_OK(crash(7));
+  EXPECT_EQ(Job("a").phase, JobPhase::kRunning);
+  EXPECT_EQ(Job("a").rank_failures, 4);
+  EXPECT_EQ(Job("a").failures_in_a_row, 1);
+  ASSERT_OK(crash(8));
+  ASSERT_OK(progress(30, 9));  // no new step
+  ASSERT_OK(crash(10));
+  EXPECT_EQ(Job("a").phase, JobPhase::kFailed);
+  EXPECT_EQ(Job("a").rank_failures, 6);
+  EXPECT_THAT(Job("a").message, HasSubstr("3 rank failures with no step committed between them (at step 30)"));
+}
+
 TEST_F(AllocatorStateTest, SilentAgentsAreWithdrawn) {
   ASSERT_OK(Register("n0").status());
   ASSERT_OK(Register("n1").status());
