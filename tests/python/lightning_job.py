@@ -9,9 +9,9 @@ ExponentialLR), gradient clipping by the Trainer, a validation loop each epoch, 
 
 ``--die RANK@STEP:PHASE`` as in exact_job.py (``forward``: after the first micro-batch's
 training_step; ``backward``: after the last micro-batch's backward). ``--join-at STEP``: the
-members wait after step STEP-1 until the joiner (a process that is not one of the job's first
-members) has started its fit loop, so that it joins at step STEP or the next one, however
-long it took to start. ``--out DIR``: every member still in the job writes ``final-<member>.pt``
+joiner (a process that is not one of the job's first members) calls ``fit`` once the job has
+committed STEP steps, and the members wait after step STEP-1 until its fit loop has started,
+so that it joins at step STEP or the next one, however long it took to start. ``--out DIR``: every member still in the job writes ``final-<member>.pt``
 (module state_dict, optimizer, schedulers, global step, epoch) when training ends; every
 member ``trace-<member>.jsonl`` (one line per micro-batch) and ``result-<member>.json``.
 """
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import lightning.pytorch as pl
 
 import malletrain
+import malletrain.elastic
 from malletrain.lightning import ElasticCallback, ElasticStrategy
 from exact_job import Digits, build_model
 
@@ -155,6 +156,21 @@ def is_joiner() -> bool:
     return member.startswith("node") and int(member[4:]) >= first
 
 
+def wait_for_progress(step: int, timeout: float = 180.0) -> None:
+    """Until the job has committed ``step`` steps (rank 0 publishes the count)."""
+    host, _, port = os.environ["MALLE_STORE"].rpartition(":")
+    store = malletrain._C.ControlStore.connect(host, int(port))
+    key = malletrain.elastic.progress_key(os.environ["MALLE_JOB_ID"])
+    deadline = time.monotonic() + timeout
+    while True:
+        v = store.try_get(key)
+        if v is not None and int(v) >= step:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the job did not reach step {step} in {timeout:g} s")
+        time.sleep(0.05)
+
+
 def wait_for(path: str, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -183,6 +199,8 @@ def main(argv=None) -> int:
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
                          callbacks=[record])
+    if args.join_at >= 0 and is_joiner():
+        wait_for_progress(args.join_at)  # started with the others: everything is built
     trainer.fit(module)
     job = strategy.job
     if record.file is not None:

@@ -45,7 +45,8 @@ def finals(out: pathlib.Path):
 
 
 def test_lightning_elastic_fit_ends_with_the_fixed_runs_state(tmp_path):
-    """Fixed: 2 ranks. Elastic: 3 ranks, 1 leaves at step 5, one joins at step 12 or 13
+    """Fixed: 2 ranks. Elastic: 3 ranks, 1 leaves at step 5, one (started with the others)
+    joins at step 12 or 13
     (second epoch: its loop starts mid-epoch), rank 1 is killed after its backward at step
     22 (the step is redone inside the same Lightning batch). Bitwise the same module state
     (BatchNorm statistics, the module's own buffers), AdamW state, per-step and per-epoch
@@ -55,7 +56,7 @@ def test_lightning_elastic_fit_ends_with_the_fixed_runs_state(tmp_path):
     ref, res = run(tmp_path, "fixed", 2, "", "--deterministic")
     assert res.ok, logs(tmp_path, "fixed")
     assert check_redone_counts(ref) == 0
-    out, res = run(tmp_path, "elastic", 3, "step=5 leave 1, t=0 join 1", "--deterministic",
+    out, res = run(tmp_path, "elastic", 3, "t=0 join 1, step=5 leave 1", "--deterministic",
                    "--join-at", "12", "--die", "1@22:backward", "--step-sleep", "0.1")
     check_run(tmp_path, "elastic", out, res, deaths=1)
 
