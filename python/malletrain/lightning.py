@@ -162,6 +162,7 @@ class ElasticStrategy(Strategy):
         self._init_args: Dict[str, Any] = dict(logical_workers=logical_workers, seed=seed,
                                                deterministic=deterministic, **init_kwargs)
         self.job: Any = job
+        self._owns_job = job is None  # made here: closed here too
         self._trainer: Optional[pl.Trainer] = None
         self._loader: Any = None      # the job's ElasticLoader
         self._it: Any = None          # its iterator (micro-batches)
@@ -487,8 +488,9 @@ class ElasticStrategy(Strategy):
             for name in self._module_hooks:
                 module.__dict__.pop(name, None)
         self._module_hooks = {}
-        if self.job is not None and self._fitted:
-            self.job.close()
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        if self.job is not None and (self._fitted or (self._owns_job and fitting)):
+            self.job.close()  # also a job made here for a fit that failed before training
         super().teardown()
 
 

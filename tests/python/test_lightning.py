@@ -180,3 +180,17 @@ def test_the_loop_sees_one_batch_per_step_and_each_logical_worker_trains():
     assert module.steps == [(s, s % 8, s + 1) for s in range(16)]
     assert module.calls == 32
     assert job.step == 16 and job.closed
+
+
+def test_a_grad_scaler_acts_once_per_step_and_is_job_state():
+    """precision="16-mixed" with a CPU GradScaler (the CUDA path has no GPU here): the
+    scaler's unscale/step/update run once per step on the synchronised gradient (its growth
+    tracker counts 16 steps, not the 32 micro-batches of 2 logical workers), and the strategy
+    made the scaler job state."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    store, job = _job("scaler", logical_workers=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=1000)
+    _fit(job, _Tiny(), plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    assert job.step == 16
+    assert scaler.state_dict()["_growth_tracker"] == 16 and scaler.get_scale() == 16.0
+    assert "grad_scaler" in job._tracked
