@@ -35,8 +35,8 @@ How it maps Lightning's loop onto the engine's steps:
   needs: ``strategy.job.track(name, obj)`` in ``setup()`` or ``configure_optimizers``. A
   joiner's loop counters (epoch, batch index, ``global_step``) are set to the job's step at
   its first step.
-- Rank and size are the job's: ``trainer.global_rank``, ``trainer.world_size`` and
-  ``is_global_zero`` change with the membership.
+- Rank and size are the job's: ``trainer.global_rank``, ``trainer.world_size``,
+  ``is_global_zero`` and Lightning's ``rank_zero_only`` change with the membership.
 
 Refused with :class:`malletrain.errors.MalleValueError` (a message naming the setting):
 manual optimization, several optimizers, ``accumulate_grad_batches`` > 1 (the logical
@@ -53,13 +53,15 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only as _utils_rank_zero_only
 
 import malletrain
 from malletrain.errors import MalleValueError
@@ -400,6 +402,8 @@ class ElasticStrategy(Strategy):
                 self._stop()
                 raise
             self._align()
+            # Lightning's rank_zero_* helpers print and warn from the job's rank 0 of now.
+            rank_zero_only.rank = _utils_rank_zero_only.rank = self.global_rank
             loss = None
             n = len(job.workers)
             for i in range(n):

@@ -45,7 +45,8 @@ def finals(out: pathlib.Path):
 
 
 def test_lightning_elastic_fit_ends_with_the_fixed_runs_state(tmp_path):
-    """Fixed: 2 ranks. Elastic: 3 ranks, 1 leaves at step 5, one (started with the others)
+    """Fixed: 1 rank running the 4 logical workers (one process to start: the test's cost is
+    mostly starting processes that import Lightning). Elastic: 3 ranks, 1 leaves at step 5, one (started with the others)
     joins at step 12 or 13
     (second epoch: its loop starts mid-epoch), rank 1 is killed after its backward at step
     22 (the step is redone inside the same Lightning batch). Bitwise the same module state
@@ -53,7 +54,7 @@ def test_lightning_elastic_fit_ends_with_the_fixed_runs_state(tmp_path):
     schedulers, global step and epoch; every step trained the fixed run's samples; each
     member's loop saw each committed step once, with the batch index and epoch of the job's
     step; the resize callback saw the membership changes."""
-    ref, res = run(tmp_path, "fixed", 2, "", "--deterministic")
+    ref, res = run(tmp_path, "fixed", 1, "", "--deterministic")
     assert res.ok, logs(tmp_path, "fixed")
     assert check_redone_counts(ref) == 0
     out, res = run(tmp_path, "elastic", 3, "t=0 join 1, step=5 leave 1", "--deterministic",
@@ -61,7 +62,7 @@ def test_lightning_elastic_fit_ends_with_the_fixed_runs_state(tmp_path):
     check_run(tmp_path, "elastic", out, res, deaths=1)
 
     want = finals(ref)
-    assert len(want) == 2
+    assert len(want) == 1
     want = next(iter(want.values()))
     assert want["global_step"] == STEPS and want["epoch"] == 3
     got = finals(out)
