@@ -19,6 +19,12 @@ if(MALLE_WITH_TORCH)
   # LibTorch comes from the torch that is installed in the interpreter we build
   # for (the project's .venv): the extension must match it exactly.
   find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
+endif()
+# NCCL on by default where a CUDA torch, the CUDA toolkit and NCCL's header are installed:
+# MALLE_WITH_NCCL becomes ON or OFF here (cmake/MalleNccl.cmake).
+include(MalleNccl)
+malle_nccl_configure()
+if(MALLE_WITH_TORCH)
   include(malleTorch)  # shared with the installed package's malleConfig.cmake
   malle_find_torch("${Python_EXECUTABLE}" ${MALLE_WITH_NCCL})
   if(NOT Torch_FOUND)

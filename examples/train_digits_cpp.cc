@@ -6,7 +6,7 @@
 // launcher sets (MALLE_STORE, MALLE_JOB_ID, MALLE_MEMBER_ID,
 // MALLE_BOOTSTRAP_SIZE; libmalle/cluster/rank_env.h), so it runs under
 // `malletrain local` and under the allocator's node agents exactly like the
-// Python example:
+// Python example, and as a fixed-size job under `torchrun --no-python` and srun:
 //
 //   malletrain local --nodes 2 --schedule "step=20 join 2, step=40 leave 1" -- \
 //       build/ci/examples/train_digits_cpp --data $(python -c "import sklearn, os; \
@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -162,10 +163,36 @@ absl::Status Run() {
                             torch::nn::Linear(hidden, kClasses));
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(absl::GetFlag(FLAGS_lr)));
 
-  // The elastic part: identity from the launcher, then the trainer.
-  MALLE_ASSIGN_OR_RETURN(malle::cluster::RankEnv env, malle::cluster::ReadRankEnv());
+  // The elastic part: identity from the launcher (malletrain's, or torchrun / srun as a
+  // fixed-size job: cluster::ReadLaunchEnv), then the trainer.
+  MALLE_ASSIGN_OR_RETURN(malle::cluster::LaunchEnv launch, malle::cluster::ReadLaunchEnv());
+  const malle::cluster::RankEnv& env = launch.rank;
+  std::shared_ptr<malle::comm::ControlStore> hosted;  // srun: task 0 hosts the job's store
+  if (launch.host_store) {
+    MALLE_ASSIGN_OR_RETURN(hosted, malle::comm::ControlStore::Host(launch.store_bind, env.store_port(),
+                                                                   absl::Seconds(60)));
+  }
   MALLE_ASSIGN_OR_RETURN(auto store,
                          malle::comm::ControlStore::Connect(env.store_host(), env.store_port(), absl::Seconds(60)));
+  // Under torchrun or srun each member says it is done once its trainer is gone (this is
+  // destroyed after it); the host of the store waits for the last generation's members
+  // (60 s at most), so that the store outlives their last step (docs/elastic.md).
+  struct CloseCount {
+    const malle::cluster::LaunchEnv& launch;
+    std::shared_ptr<malle::comm::ControlStore> store;
+    bool hosting;
+    int size = 0;  // the last generation's, once the loop ended
+    ~CloseCount() {
+      if (launch.launcher == malle::cluster::Launcher::kMalle) return;
+      const std::string key = absl::StrCat("malle/job/", launch.rank.job_id, "/closed");
+      absl::StatusOr<int64_t> closed = store->Add(key, 1);
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      while (hosting && closed.ok() && *closed < size && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(50));
+        closed = store->Add(key, 0);
+      }
+    }
+  } closing{launch, store, hosted != nullptr};
   elastic::ElasticTrainerOptions o;
   o.logical_workers = absl::GetFlag(FLAGS_logical_workers);
   o.seed = absl::GetFlag(FLAGS_seed);
@@ -214,6 +241,7 @@ absl::Status Run() {
     }
   }
 
+  closing.size = trainer->size();
   if (trainer->left()) {
     std::cout << absl::StrFormat("[%s] left at step %d", trainer->member_id(), trainer->step()) << std::endl;
     return absl::OkStatus();

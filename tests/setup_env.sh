@@ -15,8 +15,8 @@
 # (ccache and ninja), so both scripts may run one after the other on the same checkout.
 # Variables it sets: MALLE_ROOT (repo root), MALLE_VENV, MALLE_PY, MALLE_BUILD_DIR,
 # MALLE_DIST_DIR; MALLE_WHEEL (the wheel's path) after malle_build_wheel/malle_build_install.
-# Honoured from the environment: MALLE_WITH_NCCL (default: ON when the CUDA toolkit is
-# installed, as on this project's machines, so the NCCL backend is compiled and linked).
+# Honoured from the environment: MALLE_WITH_NCCL (AUTO, ON or OFF; default AUTO, which CMake
+# decides from what is installed (cmake/MalleNccl.cmake): ON on this project's machines).
 
 MALLE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MALLE_VENV="${MALLE_ROOT}/.venv"
@@ -117,10 +117,6 @@ malle_setup_env() {
   malle_setup_venv
 }
 
-malle_default_nccl() {
-  if [[ -f /usr/local/cuda/include/cuda_runtime.h ]]; then echo ON; else echo OFF; fi
-}
-
 # Libraries the wheel must NOT bundle: torch's own (and libcudart, which torch's
 # nvidia-cuda-runtime dependency provides). The extension and the daemons find them through
 # their RPATH $ORIGIN/../torch/lib (cmake/MalleInstall.cmake); a second copy would be a
@@ -161,7 +157,7 @@ malle_build_wheel() {
       -C cmake.define.MALLE_BUILD_TESTS="${cpp_tests}" \
       -C cmake.define.MALLE_BUILD_BENCH="${cpp_tests}" \
       -C cmake.define.MALLE_BUILD_EXAMPLES="${cpp_tests}" \
-      -C cmake.define.MALLE_WITH_NCCL="${MALLE_WITH_NCCL:-$(malle_default_nccl)}" \
+      -C cmake.define.MALLE_WITH_NCCL="${MALLE_WITH_NCCL:-AUTO}" \
       . &&
     PATH="${MALLE_VENV}/bin:${PATH}" "${MALLE_VENV}/bin/auditwheel" repair "${excludes[@]}" \
       -w "${MALLE_DIST_DIR}" "${MALLE_DIST_DIR}"/raw/malletrain-*.whl

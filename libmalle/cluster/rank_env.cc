@@ -1,13 +1,17 @@
 #include "libmalle/cluster/rank_env.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <map>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "libmalle/base/status_macros.h"
 
@@ -141,6 +145,220 @@ std::string GeneratedMemberId() {
   if (clean.empty()) clean = "host";
   std::random_device rd;
   return absl::StrFormat("%s-%d-%08x", clean, ::getpid(), rd());
+}
+
+namespace {
+
+// An integer variable that must be set, in [lo, hi]. `why` says who needs it.
+absl::Status ReadRequiredInt(const EnvLookup& lookup, const char* var, int64_t lo, int64_t hi,
+                             const std::string& why, int64_t* out) {
+  std::optional<std::string> v = lookup(var);
+  if (!v) return absl::InvalidArgumentError(absl::StrCat(var, " is not set (", why, ")"));
+  if (!absl::SimpleAtoi(*v, out) || *out < lo || *out > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(var, ": must be an integer in [", lo, ", ", hi, "], got '", *v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// A launcher's run id as a job id: characters outside [A-Za-z0-9._-] become '_'.
+std::string CleanId(const std::string& id) {
+  std::string out;
+  for (char c : id.substr(0, 100)) {
+    out.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ? c : '_');
+  }
+  return out;
+}
+
+// Where the store's host listens: the address itself when it is an IPv4
+// literal (or localhost), every interface when it is a name (which the other
+// ranks resolve to one of this host's addresses).
+std::string BindAddress(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  in_addr addr{};
+  if (::inet_pton(AF_INET, host.c_str(), &addr) == 1) return host;
+  return "0.0.0.0";
+}
+
+}  // namespace
+
+const char* LauncherName(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kMalle: return "malletrain";
+    case Launcher::kTorchrun: return "torchrun";
+    case Launcher::kSlurm: return "srun";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::string> FirstSlurmHost(const std::string& hostlist) {
+  std::string host;
+  for (size_t i = 0; i < hostlist.size() && hostlist[i] != ','; ++i) {
+    const char c = hostlist[i];
+    if (c == ']') {
+      return absl::InvalidArgumentError(absl::StrCat("hostlist '", hostlist, "': ']' without '['"));
+    }
+    if (c != '[') {
+      host.push_back(c);
+      continue;
+    }
+    const size_t close = hostlist.find(']', i);
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("hostlist '", hostlist, "': '[' without ']'"));
+    }
+    // The first number of the first range: "[0100-0103,0200]" -> "0100" (padding kept).
+    const std::string ranges = hostlist.substr(i + 1, close - i - 1);
+    const std::string first = ranges.substr(0, ranges.find_first_of(",-"));
+    if (first.empty() || !std::all_of(first.begin(), first.end(), [](char d) { return std::isdigit(d); })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hostlist '", hostlist, "': expected a number range inside [...], got '", ranges, "'"));
+    }
+    host += first;
+    i = close;
+  }
+  if (host.empty() || host.find_first_of(" \t") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("hostlist '", hostlist, "': no host name at its start"));
+  }
+  return host;
+}
+
+int SlurmStorePort(int64_t job_id, int64_t step_id) {
+  return 10000 + static_cast<int>(((job_id % 20000) * 8 + step_id % 8) % 20000);
+}
+
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
+  LaunchEnv out;
+  // 1. malletrain's own launchers and agents.
+  if (lookup(kEnvStore)) {
+    MALLE_ASSIGN_OR_RETURN(out.rank, ReadRankEnv(lookup));
+    return out;
+  }
+  std::map<std::string, std::string> translated;  // MALLE_* values the launcher implies
+  std::string host;
+  int64_t port = 0;
+  if (lookup(kTorchRank) || lookup(kTorchWorldSize)) {
+    // 2. torchrun, or anything that follows torch's env:// convention.
+    out.launcher = Launcher::kTorchrun;
+    const std::string why = absl::StrCat("torchrun's variables: ", kTorchRank, ", ", kTorchWorldSize, ", ",
+                                         kTorchMasterAddr, ", ", kTorchMasterPort, " go together");
+    int64_t world = 0, rank = 0;
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kTorchWorldSize, 1, 1 << 20, why, &world));
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kTorchRank, 0, 1 << 20, why, &rank));
+    if (rank >= world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kTorchRank, "=", rank, " is not below ", kTorchWorldSize, "=", world));
+    }
+    std::optional<std::string> addr = lookup(kTorchMasterAddr);
+    if (!addr) {
+      return absl::InvalidArgumentError(absl::StrCat(kTorchWorldSize, "=", world, " is set but ", kTorchMasterAddr,
+                                                     " is not (", why, ")"));
+    }
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kTorchMasterPort, 1, 65535,
+                                          absl::StrCat(why, "; torchrun --master-port 0 passes 0: give a port or "
+                                                            "use --standalone"),
+                                          &port));
+    host = *addr;
+    out.global_rank = static_cast<int>(rank);
+    out.world_size = static_cast<int>(world);
+    // torchrun's agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT for its
+    // workers and says so; without it (a hand-made env:// launch) rank 0 hosts.
+    std::optional<std::string> agent = lookup(kTorchUseAgentStore);
+    const bool agent_store = agent && (absl::AsciiStrToLower(*agent) == "true" || *agent == "1");
+    out.host_store = !agent_store && rank == 0;
+    out.store_from = absl::StrCat(kTorchMasterAddr, ":", kTorchMasterPort,
+                                  agent_store ? " (torchrun's store)" : " (hosted by rank 0)");
+    if (std::optional<std::string> run_id = lookup(kTorchRunId)) {
+      // A restarted worker group is a new job: it must not meet the old one's records.
+      std::optional<std::string> restart = lookup(kTorchRestartCount);
+      translated[kEnvJobId] = absl::StrCat("torchrun-", CleanId(*run_id), "-r", restart ? CleanId(*restart) : "0");
+    } else {
+      translated[kEnvJobId] = "torch-env";
+    }
+    translated[kEnvMemberId] = absl::StrCat("rank", rank);
+    if (std::optional<std::string> local = lookup(kTorchLocalRank)) {
+      int local_rank = 0;
+      if (!absl::SimpleAtoi(*local, &local_rank) || local_rank < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kTorchLocalRank, ": must be a non-negative integer, got '", *local, "'"));
+      }
+      out.local_rank = local_rank;
+    }
+  } else if (lookup(kSlurmProcId) && lookup(kSlurmStepId)) {
+    // 3. srun (a job step; the batch script itself is not one).
+    out.launcher = Launcher::kSlurm;
+    const std::string why = "an srun step sets it";
+    int64_t procid = 0, ntasks = 0, job = 0, step = 0;
+    const char* ntasks_var = lookup(kSlurmStepNumTasks) ? kSlurmStepNumTasks : kSlurmNtasks;
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, ntasks_var, 1, 1 << 20, why, &ntasks));
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmProcId, 0, 1 << 20, why, &procid));
+    if (procid >= ntasks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kSlurmProcId, "=", procid, " is not below ", ntasks_var, "=", ntasks));
+    }
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmJobId, 0, int64_t{1} << 40, why, &job));
+    MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmStepId, 0, int64_t{1} << 40, why, &step));
+    out.global_rank = static_cast<int>(procid);
+    out.world_size = static_cast<int>(ntasks);
+    int64_t local = -1, node = -1;
+    if (lookup(kSlurmLocalId)) MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmLocalId, 0, 1 << 20, why, &local));
+    if (lookup(kSlurmNodeId)) MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmNodeId, 0, 1 << 20, why, &node));
+    out.local_rank = static_cast<int>(local);
+    if (std::optional<std::string> addr = lookup(kTorchMasterAddr)) {
+      host = *addr;
+      out.store_from = kTorchMasterAddr;
+    } else {
+      const char* list_var = lookup(kSlurmStepNodeList) ? kSlurmStepNodeList : kSlurmJobNodeList;
+      std::optional<std::string> list = lookup(list_var);
+      if (!list) {
+        return absl::InvalidArgumentError(absl::StrCat("srun step without ", kTorchMasterAddr, ", ",
+                                                       kSlurmStepNodeList, " or ", kSlurmJobNodeList,
+                                                       ": no host for the control store"));
+      }
+      absl::StatusOr<std::string> first = FirstSlurmHost(*list);
+      if (!first.ok()) return absl::InvalidArgumentError(absl::StrCat(list_var, ": ", first.status().message()));
+      host = *first;
+      out.store_from = absl::StrCat("the first host of ", list_var);
+      // Task 0 hosts the store; the others look for it on the first node.
+      if (procid == 0 && node > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kSlurmProcId, "=0 runs on ", kSlurmNodeId, "=", node, ", not on the first node of ", list_var,
+            " (", host, "), where the other tasks look for the control store it hosts: set ", kTorchMasterAddr,
+            " to its host"));
+      }
+    }
+    if (lookup(kTorchMasterPort)) {
+      MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kTorchMasterPort, 1, 65535, "the store's port", &port));
+      absl::StrAppend(&out.store_from, ", ", kTorchMasterPort);
+    } else {
+      port = SlurmStorePort(job, step);
+      absl::StrAppend(&out.store_from, ", port from ", kSlurmJobId, "/", kSlurmStepId);
+    }
+    out.host_store = procid == 0;
+    translated[kEnvJobId] = absl::StrCat("slurm-", job, ".", step);
+    translated[kEnvMemberId] = absl::StrCat("task", procid);
+  } else {
+    // No launcher: ReadRankEnv's error (MALLE_STORE missing), which names them all.
+    absl::StatusOr<RankEnv> env = ReadRankEnv(lookup);
+    if (env.ok()) return absl::InternalError("ReadRankEnv accepted an environment without MALLE_STORE");
+    return absl::InvalidArgumentError(absl::StrCat(
+        env.status().message(), "; or start it with torchrun (", kTorchRank, ", ", kTorchWorldSize, ", ",
+        kTorchMasterAddr, ", ", kTorchMasterPort, ") or srun (", kSlurmProcId, ", ", kSlurmNtasks, ", ...)"));
+  }
+  out.store_bind = BindAddress(host);
+  translated[kEnvStore] = absl::StrCat(host, ":", port);
+  translated[kEnvBootstrapSize] = absl::StrCat(out.world_size);
+  if (std::optional<std::string> given = lookup(kEnvBootstrapSize); given && *given != translated[kEnvBootstrapSize]) {
+    return absl::InvalidArgumentError(absl::StrCat(kEnvBootstrapSize, "=", *given, " contradicts the ",
+                                                   LauncherName(out.launcher), " job's world size ", out.world_size));
+  }
+  // MALLE_* variables the user set win over what the launcher implies (job id, member id).
+  MALLE_ASSIGN_OR_RETURN(out.rank, ReadRankEnv([&](const char* name) -> std::optional<std::string> {
+    if (std::optional<std::string> v = lookup(name)) return v;
+    auto it = translated.find(name);
+    if (it != translated.end()) return it->second;
+    return std::nullopt;
+  }));
+  return out;
 }
 
 }  // namespace malle::cluster

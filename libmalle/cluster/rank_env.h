@@ -18,6 +18,7 @@
 #ifndef MALLE_CLUSTER_RANK_ENV_H_
 #define MALLE_CLUSTER_RANK_ENV_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -88,6 +89,70 @@ std::vector<std::pair<std::string, std::string>> RankEnvVars(const RankEnv& env)
 
 // "<host>-<pid>-<8 hex>": a member id for a rank started without one.
 std::string GeneratedMemberId();
+
+// --- Ranks started by the launchers users already have (docs/elastic.md) -------
+//
+// A script that calls malletrain.init() (or ReadLaunchEnv() in C++) also runs
+// unchanged under torchrun and under srun: their variables are translated into
+// the contract above, as a fixed-size job of WORLD_SIZE (SLURM_NTASKS) ranks.
+// Precedence: MALLE_STORE set -> malletrain's own launchers and agents (the
+// variables below are ignored); else RANK or WORLD_SIZE set -> torchrun (or any
+// launcher that follows torch's env:// convention); else SLURM_PROCID set inside
+// a step (SLURM_STEP_ID) -> srun. The other MALLE_* variables (job id, member id,
+// backend, park dir, ...) apply under every launcher.
+inline constexpr char kTorchRank[] = "RANK";
+inline constexpr char kTorchWorldSize[] = "WORLD_SIZE";
+inline constexpr char kTorchMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kTorchMasterPort[] = "MASTER_PORT";
+inline constexpr char kTorchLocalRank[] = "LOCAL_RANK";
+inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";                  // torchrun only
+inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";    // torchrun only
+inline constexpr char kTorchUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";  // "True": torchrun hosts a store
+inline constexpr char kSlurmProcId[] = "SLURM_PROCID";
+inline constexpr char kSlurmNtasks[] = "SLURM_NTASKS";
+inline constexpr char kSlurmStepNumTasks[] = "SLURM_STEP_NUM_TASKS";
+inline constexpr char kSlurmLocalId[] = "SLURM_LOCALID";
+inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";
+inline constexpr char kSlurmStepNodeList[] = "SLURM_STEP_NODELIST";
+inline constexpr char kSlurmJobNodeList[] = "SLURM_JOB_NODELIST";
+inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
+inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
+
+// Which launcher started this rank.
+enum class Launcher { kMalle, kTorchrun, kSlurm };
+const char* LauncherName(Launcher launcher);  // "malletrain", "torchrun", "srun"
+
+struct LaunchEnv {
+  Launcher launcher = Launcher::kMalle;
+  // The contract, translated: store, job id, member id, bootstrap size (the
+  // world size: a fixed-size job) and whatever MALLE_* variables were also set.
+  RankEnv rank;
+  int global_rank = -1;  // RANK / SLURM_PROCID; -1 under malletrain's launchers
+  int world_size = 0;    // WORLD_SIZE / SLURM_NTASKS; 0 under malletrain's launchers
+  int local_rank = -1;   // LOCAL_RANK / SLURM_LOCALID; -1 when not given
+  // This process must host the control store (a TCPStore server listening on
+  // store_bind:rank.store_port()) before it connects: global rank 0, unless
+  // torchrun's agent already hosts one at MASTER_ADDR:MASTER_PORT.
+  bool host_store = false;
+  std::string store_bind;  // an IPv4 address; "0.0.0.0" when the store host is a name
+  std::string store_from;  // where the address came from, for messages
+};
+
+// Reads whichever launcher's variables are present (the precedence above) and
+// validates them. Errors: kInvalidArgument naming the variable, e.g. RANK >=
+// WORLD_SIZE, WORLD_SIZE without MASTER_ADDR, MASTER_PORT=0, a malformed
+// SLURM_STEP_NODELIST, MALLE_BOOTSTRAP_SIZE differing from the world size, and
+// ReadRankEnv's errors (no launcher at all: MALLE_STORE missing).
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup = ProcessEnv);
+
+// The first host of a Slurm hostlist ("nid00[0100-0103,0200],login" ->
+// "nid000100"). kInvalidArgument on a malformed or empty list.
+absl::StatusOr<std::string> FirstSlurmHost(const std::string& hostlist);
+
+// The store port of an srun step without MASTER_PORT:
+// 10000 + (job_id * 8 + step_id % 8) % 20000, in [10000, 29999] (below Linux's
+// ephemeral range): distinct for 8 steps of a job and for nearby job ids.
+int SlurmStorePort(int64_t job_id, int64_t step_id);
 
 }  // namespace malle::cluster
 

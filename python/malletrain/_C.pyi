@@ -554,6 +554,30 @@ def read_rank_env(environ: dict[str, str]) -> RankEnv:
     Raises MalleValueError naming the variable."""
 def rank_env_names() -> list[str]: ...
 
+class LaunchEnv:
+    """Who started this rank (libmalle/cluster/rank_env.h ReadLaunchEnv): malletrain's
+    launchers, torchrun or srun, translated into the contract (``rank``)."""
+    @property
+    def launcher(self) -> str: ...  # "malletrain", "torchrun", "srun"
+    @property
+    def rank(self) -> RankEnv: ...
+    @property
+    def global_rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def host_store(self) -> bool: ...
+    @property
+    def store_bind(self) -> str: ...
+    @property
+    def store_from(self) -> str: ...
+
+def read_launch_env(environ: dict[str, str]) -> LaunchEnv:
+    """MALLE_* first, then torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, then srun's
+    SLURM_*; raises MalleValueError naming the variable."""
+
 def open_store(address: str, timeout: float = 30.0) -> ControlStore:
     """'host:port' (a TCPStore server) or 'etcd://h1:p1,h2:p2,...[/ns]' (an etcd cluster)."""
 def store_address(store: ControlStore) -> str: ...

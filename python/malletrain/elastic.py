@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -40,7 +41,7 @@ import torch
 
 from malletrain import _C
 from malletrain import state as _state
-from malletrain.errors import MalleValueError
+from malletrain.errors import MalleError, MalleValueError, StoreError
 
 __all__ = ["ElasticJob", "ElasticLoader", "ElasticModel", "ElasticOptimizer", "ResizeEvent",
            "init", "progress_key"]
@@ -241,14 +242,35 @@ class ElasticJob:
                                             logical_workers < 1):
             raise MalleValueError(
                 f"logical_workers: must be a positive integer or None, got {logical_workers!r}")
-        environ = {k: v for k, v in os.environ.items() if k.startswith("MALLE_")}
-        for key, value in (("MALLE_STORE", store), ("MALLE_JOB_ID", job_id),
-                           ("MALLE_MEMBER_ID", member_id)):
+        # Who started this process (libmalle/cluster/rank_env.h, docs/elastic.md): explicit
+        # arguments, then MALLE_* (malletrain's launchers and agents), then torchrun's
+        # variables, then srun's. Under torchrun and srun the job has a fixed size.
+        environ = dict(os.environ)
+        for key, value in ((_C.ENV_STORE, store), (_C.ENV_JOB_ID, job_id),
+                           (_C.ENV_MEMBER_ID, member_id)):
             if value is not None:
                 environ[key] = value
         if bootstrap_size is not None:
-            environ["MALLE_BOOTSTRAP_SIZE"] = str(bootstrap_size)
-        env = _C.read_rank_env(environ)  # MalleValueError naming the variable
+            environ[_C.ENV_BOOTSTRAP_SIZE] = str(bootstrap_size)
+        launch = _C.read_launch_env(environ)  # MalleValueError naming the variable
+        env = launch.rank
+        self.launcher = launch.launcher
+        self.local_rank = launch.local_rank if launch.local_rank >= 0 else None
+        self._store_server: Any = None
+        if launch.host_store:
+            # No process outlives the ranks here (srun, a hand-made env:// launch): task 0
+            # hosts the control store for the job's life, and close() keeps it up until
+            # every member has closed.
+            try:
+                self._store_server = _C.ControlStore.serve(launch.store_bind, env.store_port,
+                                                           timeout=rendezvous_timeout)
+            except MalleError as e:
+                raise StoreError(f"{e} (rank 0 of this {launch.launcher} job hosts the control "
+                              f"store at {env.store}, from {launch.store_from}; set "
+                              f"MASTER_PORT to choose another port)") from e
+        self._closed_key = (f"malle/job/{env.job_id}/closed"
+                            if launch.launcher != "malletrain" else "")
+        self._op_timeout = float(op_timeout)
         self.logical_workers = logical_workers
         self.seed = int(seed)
         self.deterministic = bool(deterministic)
@@ -275,6 +297,7 @@ class ElasticJob:
             park_dir=park_dir if park_dir is not None else env.park_dir,
             snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""))
         self.backend = backend if backend is not None else env.backend or "gloo"
+        self._engine_store = env.store
         self._member_id = member
         self.control_job = env.control_job or None
         self.print_scaling = bool(print_scaling) or _env("MALLE_PRINT_SCALING") == "1"
@@ -516,11 +539,37 @@ class ElasticJob:
     def close(self) -> None:
         """Releases the group (a member still in it makes the others recover at once)."""
         if not self.closed:
+            size = self._engine.size
             self._engine.close()
             if self._old_sigterm is not None and \
                     threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, self._old_sigterm)
+            if self._closed_key:
+                self._count_closed(size)
         self.closed = True
+
+    def _count_closed(self, size: int) -> None:
+        """Under torchrun and srun: says this member is done; the member that hosts the
+        store waits (op_timeout at most) for the last generation's ``size`` members."""
+        try:
+            if self._store_server is None:
+                _C.open_store(self._engine_store, timeout=self._op_timeout).add(
+                    self._closed_key, 1)
+                return
+            closed = self._store_server.add(self._closed_key, 1)
+            deadline = time.monotonic() + self._op_timeout
+            while closed < size and time.monotonic() < deadline:
+                time.sleep(0.05)
+                closed = self._store_server.add(self._closed_key, 0)
+            if closed < size:
+                warnings.warn(f"malletrain: closing the control store this process hosts "
+                              f"with {size - closed} of {size} members not closed after "
+                              f"{self._op_timeout:g} s", RuntimeWarning, stacklevel=3)
+        except MalleError as e:  # the store is gone: nothing left to wait for
+            warnings.warn(f"malletrain: could not count this member as closed: {e}",
+                          RuntimeWarning, stacklevel=3)
+        finally:
+            self._store_server = None
 
 
 class _Boundary:

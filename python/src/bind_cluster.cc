@@ -54,6 +54,24 @@ void BindCluster(py::module_& m) {
     }));
   });
   m.def("rank_env_names", &cluster::RankEnvNames);
+  // The launchers users already have (torchrun, srun) translated into the contract.
+  using cluster::LaunchEnv;
+  py::class_<LaunchEnv>(m, "LaunchEnv")
+      .def_property_readonly("launcher", [](const LaunchEnv& e) { return cluster::LauncherName(e.launcher); })
+      .def_readonly("rank", &LaunchEnv::rank)
+      .def_readonly("global_rank", &LaunchEnv::global_rank)
+      .def_readonly("world_size", &LaunchEnv::world_size)
+      .def_readonly("local_rank", &LaunchEnv::local_rank)
+      .def_readonly("host_store", &LaunchEnv::host_store)
+      .def_readonly("store_bind", &LaunchEnv::store_bind)
+      .def_readonly("store_from", &LaunchEnv::store_from);
+  m.def("read_launch_env", [](const std::map<std::string, std::string>& environ) {
+    return ValueOrThrow(cluster::ReadLaunchEnv([&](const char* name) -> std::optional<std::string> {
+      auto it = environ.find(name);
+      if (it == environ.end() || it->second.empty()) return std::nullopt;
+      return it->second;
+    }));
+  });
   // The names themselves, so that no Python starter spells them.
   for (auto [attr, name] : {std::pair{"ENV_STORE", cluster::kEnvStore},
                             std::pair{"ENV_JOB_ID", cluster::kEnvJobId},

@@ -62,7 +62,7 @@ def _configure_and_build(source: pathlib.Path, build: pathlib.Path, prefix: path
 
 def _source_public_headers() -> set[str]:
     """Every header of libmalle outside internal/ and testing/ folders, as installed paths."""
-    nccl = _cache("MALLE_WITH_NCCL").upper() in ("ON", "TRUE", "1")
+    nccl = _cache("MALLE_NCCL_ENABLED").upper() in ("ON", "TRUE", "1")
     out = set()
     for h in (ROOT / "libmalle").rglob("*.h"):
         rel = h.relative_to(ROOT)
@@ -140,7 +140,7 @@ def test_every_installed_header_compiles_in_a_consumer(prefix, tmp_path, tmp_pat
     src.mkdir()
     (src / "all_headers.cc").write_text(
         "".join(f'#include "{h}"\n' for h in headers) + "int main() { return 0; }\n")
-    nccl = "malle::comm_nccl" if _cache("MALLE_WITH_NCCL").upper() in ("ON", "TRUE", "1") else ""
+    nccl = "malle::comm_nccl" if _cache("MALLE_NCCL_ENABLED").upper() in ("ON", "TRUE", "1") else ""
     (src / "CMakeLists.txt").write_text(f"""
 cmake_minimum_required(VERSION 3.22)
 project(all_headers LANGUAGES CXX)

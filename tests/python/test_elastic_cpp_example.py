@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -86,3 +87,77 @@ def test_bad_data_names_the_file_and_line(tmp_path):
     assert f"{bad} line 2: 3 values, expected 65" in r.stderr
     r = subprocess.run([str(BINARY)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--data is required" in r.stderr
+
+
+# --- the same binary under torchrun and srun (issue 23; docs/elastic.md) ------------------------
+
+FOREIGN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def _foreign_free_env() -> dict:
+    return {k: v for k, v in os.environ.items()
+            if k not in FOREIGN and not k.startswith(("MALLE_", "SLURM_", "TORCHELASTIC_"))}
+
+
+def _wait(procs, log_paths, timeout=240):
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("timed out\n" + "\n".join(p.read_text()[-3000:] for p in log_paths))
+    finally:
+        for p in procs:  # torchrun stops its workers on SIGTERM
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("how", ["torchrun", "srun"])
+def test_the_cpp_example_runs_unchanged_under_torchrun_and_srun(tmp_path, monkeypatch, how):
+    """cluster::ReadLaunchEnv in C++: `torchrun --no-python` (its agent's store) and two tasks
+    with srun's variables (task 0 hosts the store on loopback) end with the 2-rank malletrain
+    run's state, bit for bit (deterministic mode)."""
+    # Deterministic mode needs the same thread count everywhere; torchrun sets
+    # OMP_NUM_THREADS=1 for its workers unless it is set.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    fixed, p_fixed, _, _ = run(tmp_path / "fixed", 2, "", "--deterministic")
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [str(BINARY), f"--data={DATA}", f"--out={out}", "--deterministic"]
+    procs, logs = [], []
+    if how == "torchrun":
+        logs.append(tmp_path / "torchrun.log")
+        with open(logs[0], "wb") as f:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", "--no-python", *cmd],
+                env=_foreign_free_env(), stdout=f, stderr=subprocess.STDOUT))
+    else:
+        from malletrain import _C
+        job, port = 4242 + os.getpid() % 1000, _free_port()
+        for procid in range(2):
+            logs.append(tmp_path / f"task{procid}.log")
+            env = {**_foreign_free_env(), "SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0",
+                   "SLURM_PROCID": str(procid), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(procid),
+                   "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "localhost",
+                   "MASTER_PORT": str(port)}
+            assert _C.read_launch_env(env).launcher == "srun"
+            with open(logs[-1], "wb") as f:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
+    codes = _wait(procs, logs)
+    assert codes == [0] * len(procs), "\n".join(p.read_text()[-3000:] for p in logs)
+    got = json.loads((out / "result.json").read_text())
+    assert got["steps"] == fixed["steps"] == 60 and got["redone"] == 0
+    assert [h["kind"] for h in got["history"]] == ["bootstrap"] and got["size"] == 2
+    assert got["digest"] == fixed["digest"]
+    assert np.array_equal(np.fromfile(out / "params.bin", dtype=np.float32), p_fixed)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

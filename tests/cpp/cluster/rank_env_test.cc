@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include <string>
 
 #include "gmock/gmock.h"
@@ -14,6 +17,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::malle::testing::StatusIs;
 
 EnvLookup From(std::map<std::string, std::string> vars) {
   return [vars](const char* name) -> std::optional<std::string> {
@@ -133,6 +137,179 @@ TEST(RankEnvTest, GeneratedMemberIdIsAValidId) {
   env.store = "h:1";
   env.member_id = id;
   EXPECT_TRUE(env.Validate().ok());
+}
+
+// --- the launchers users already have (ReadLaunchEnv) -----------------------
+
+TEST(LaunchEnvTest, TorchrunWithItsAgentStore) {
+  ASSERT_OK_AND_ASSIGN(LaunchEnv env, ReadLaunchEnv(From({{"RANK", "1"},
+                                                           {"WORLD_SIZE", "2"},
+                                                           {"LOCAL_RANK", "1"},
+                                                           {"MASTER_ADDR", "localhost"},
+                                                           {"MASTER_PORT", "43367"},
+                                                           {"TORCHELASTIC_RUN_ID", "2c2c-3c8a"},
+                                                           {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                                           {"TORCHELASTIC_USE_AGENT_STORE", "True"}})));
+  EXPECT_EQ(env.launcher, Launcher::kTorchrun);
+  EXPECT_EQ(env.global_rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.rank.store, "localhost:43367");
+  EXPECT_EQ(env.rank.bootstrap_size, 2);  // a fixed-size job
+  EXPECT_EQ(env.rank.job_id, "torchrun-2c2c-3c8a-r0");
+  EXPECT_EQ(env.rank.member_id, "rank1");
+  EXPECT_FALSE(env.host_store);  // torchrun's agent hosts it
+}
+
+TEST(LaunchEnvTest, EnvConventionWithoutAgentStoreRankZeroHosts) {
+  auto vars = std::map<std::string, std::string>{
+      {"RANK", "0"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}};
+  ASSERT_OK_AND_ASSIGN(LaunchEnv env, ReadLaunchEnv(From(vars)));
+  EXPECT_TRUE(env.host_store);
+  EXPECT_EQ(env.store_bind, "10.1.2.3");
+  EXPECT_EQ(env.rank.job_id, "torch-env");
+  vars["RANK"] = "2";
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
+  EXPECT_FALSE(env.host_store);
+  vars["RANK"] = "0";
+  vars["MASTER_ADDR"] = "node07";  // a name: the host listens on every interface
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
+  EXPECT_EQ(env.store_bind, "0.0.0.0");
+}
+
+TEST(LaunchEnvTest, MalleVariablesComeFirst) {
+  // malletrain local inside a Slurm allocation, or started by torchrun: its own contract wins.
+  ASSERT_OK_AND_ASSIGN(LaunchEnv env, ReadLaunchEnv(From({{"MALLE_STORE", "127.0.0.1:5"},
+                                                           {"MALLE_MEMBER_ID", "node3"},
+                                                           {"RANK", "1"},
+                                                           {"WORLD_SIZE", "2"},
+                                                           {"SLURM_PROCID", "0"},
+                                                           {"SLURM_STEP_ID", "0"}})));
+  EXPECT_EQ(env.launcher, Launcher::kMalle);
+  EXPECT_EQ(env.rank.store, "127.0.0.1:5");
+  EXPECT_EQ(env.rank.member_id, "node3");
+  EXPECT_EQ(env.global_rank, -1);
+  EXPECT_FALSE(env.host_store);
+  // Without MALLE_STORE, the other MALLE_* variables still apply on top of torchrun's.
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From({{"RANK", "0"},
+                                                 {"WORLD_SIZE", "2"},
+                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", "29500"},
+                                                 {"MALLE_JOB_ID", "mine"},
+                                                 {"MALLE_BACKEND", "nccl"},
+                                                 {"SLURM_PROCID", "1"},
+                                                 {"SLURM_STEP_ID", "0"}})));
+  EXPECT_EQ(env.launcher, Launcher::kTorchrun);  // torchrun before srun (srun starting torchrun)
+  EXPECT_EQ(env.global_rank, 0);
+  EXPECT_EQ(env.rank.job_id, "mine");
+  EXPECT_EQ(env.rank.backend, "nccl");
+}
+
+TEST(LaunchEnvTest, SrunDerivesTheStoreFromTheStep) {
+  auto vars = std::map<std::string, std::string>{
+      {"SLURM_PROCID", "0"},       {"SLURM_NTASKS", "8"},      {"SLURM_STEP_NUM_TASKS", "4"},
+      {"SLURM_LOCALID", "0"},      {"SLURM_NODEID", "0"},      {"SLURM_JOB_ID", "123456"},
+      {"SLURM_STEP_ID", "2"},      {"SLURM_STEP_NODELIST", "nid00[0100-0101],login1"},
+      {"SLURM_JOB_NODELIST", "x"}};
+  ASSERT_OK_AND_ASSIGN(LaunchEnv env, ReadLaunchEnv(From(vars)));
+  EXPECT_EQ(env.launcher, Launcher::kSlurm);
+  EXPECT_EQ(env.world_size, 4);  // the step's tasks, not the allocation's
+  EXPECT_EQ(env.global_rank, 0);
+  EXPECT_EQ(env.local_rank, 0);
+  EXPECT_EQ(env.rank.store, absl::StrCat("nid000100:", SlurmStorePort(123456, 2)));
+  EXPECT_EQ(SlurmStorePort(123456, 2), 10000 + (123456 * 8 + 2) % 20000);
+  EXPECT_EQ(env.rank.job_id, "slurm-123456.2");
+  EXPECT_EQ(env.rank.member_id, "task0");
+  EXPECT_EQ(env.rank.bootstrap_size, 4);
+  EXPECT_TRUE(env.host_store);
+  EXPECT_EQ(env.store_bind, "0.0.0.0");
+  vars["SLURM_PROCID"] = "3";
+  vars["SLURM_NODEID"] = "1";
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
+  EXPECT_FALSE(env.host_store);
+  EXPECT_EQ(env.rank.member_id, "task3");
+  // MASTER_ADDR / MASTER_PORT (set by the batch script) win over the derivation.
+  vars["MASTER_ADDR"] = "127.0.0.1";
+  vars["MASTER_PORT"] = "29555";
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
+  EXPECT_EQ(env.rank.store, "127.0.0.1:29555");
+}
+
+TEST(LaunchEnvTest, SlurmPortsStayBelowTheEphemeralRange) {
+  std::set<int> ports;
+  for (int64_t job : std::vector<int64_t>{0, 1, 2, 2499, 99999, int64_t{1} << 39}) {
+    for (int64_t step = 0; step < 8; ++step) {
+      const int p = SlurmStorePort(job, step);
+      EXPECT_GE(p, 10000);
+      EXPECT_LE(p, 29999);
+      ports.insert(p);
+    }
+  }
+  EXPECT_EQ(ports.size(), 6u * 8 - 8);  // 2499 and 99999 differ by a multiple of 2500: alike
+}
+
+TEST(LaunchEnvTest, FirstSlurmHost) {
+  EXPECT_EQ(*FirstSlurmHost("vm"), "vm");
+  EXPECT_EQ(*FirstSlurmHost("n[01-04,07],gpu3"), "n01");
+  EXPECT_EQ(*FirstSlurmHost("r[2-3]-n[5,9]"), "r2-n5");
+  EXPECT_EQ(*FirstSlurmHost("nid00[0100]"), "nid000100");
+  for (const char* bad : {"", "n[", "n]1", "n[a-b]", "[]", ",n1", "bad host"}) {
+    EXPECT_THAT(FirstSlurmHost(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hostlist")))
+        << bad;
+  }
+}
+
+TEST(LaunchEnvTest, InconsistentInputGetsAnErrorNamingTheVariable) {
+  struct Case {
+    std::map<std::string, std::string> vars;
+    std::string error;
+  };
+  const std::map<std::string, std::string> torch = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto with = [&](std::map<std::string, std::string> base, std::map<std::string, std::string> change) {
+    for (auto& [k, v] : change) {
+      if (v.empty()) {
+        base.erase(k);
+      } else {
+        base[k] = v;
+      }
+    }
+    return base;
+  };
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "0"},   {"SLURM_NTASKS", "2"},
+                                                    {"SLURM_JOB_ID", "77"},  {"SLURM_STEP_ID", "0"},
+                                                    {"SLURM_NODEID", "0"},   {"SLURM_STEP_NODELIST", "n[1-2]"}};
+  const std::vector<Case> cases = {
+      {with(torch, {{"RANK", "2"}}), "RANK=2 is not below WORLD_SIZE=2"},
+      {with(torch, {{"RANK", "-1"}}), "RANK: must be an integer in [0,"},
+      {with(torch, {{"WORLD_SIZE", "0"}}), "WORLD_SIZE: must be an integer in [1,"},
+      {with(torch, {{"WORLD_SIZE", "two"}}), "WORLD_SIZE: must be an integer"},
+      {with(torch, {{"MASTER_ADDR", ""}}), "WORLD_SIZE=2 is set but MASTER_ADDR is not"},
+      {with(torch, {{"MASTER_PORT", ""}}), "MASTER_PORT is not set"},
+      {with(torch, {{"MASTER_PORT", "0"}}), "MASTER_PORT: must be an integer in [1, 65535], got '0'"},
+      {with(torch, {{"RANK", ""}}), "RANK is not set"},
+      {with(torch, {{"WORLD_SIZE", ""}}), "WORLD_SIZE is not set"},
+      {with(torch, {{"LOCAL_RANK", "x"}}), "LOCAL_RANK: must be a non-negative integer"},
+      {with(torch, {{"MALLE_BOOTSTRAP_SIZE", "3"}}), "MALLE_BOOTSTRAP_SIZE=3 contradicts the torchrun job's world size 2"},
+      {with(torch, {{"MALLE_JOB_ID", "a b"}}), "MALLE_JOB_ID"},
+      {with(slurm, {{"SLURM_PROCID", "2"}}), "SLURM_PROCID=2 is not below SLURM_NTASKS=2"},
+      {with(slurm, {{"SLURM_NTASKS", ""}}), "SLURM_NTASKS is not set"},
+      {with(slurm, {{"SLURM_JOB_ID", ""}}), "SLURM_JOB_ID is not set"},
+      {with(slurm, {{"SLURM_STEP_NODELIST", "n[1-"}}), "SLURM_STEP_NODELIST: hostlist 'n[1-'"},
+      {with(slurm, {{"SLURM_STEP_NODELIST", ""}}), "no host for the control store"},
+      {with(slurm, {{"SLURM_NODEID", "1"}}), "SLURM_PROCID=0 runs on SLURM_NODEID=1, not on the first node"},
+      {with(slurm, {{"MASTER_PORT", "70000"}}), "MASTER_PORT: must be an integer in [1, 65535]"},
+      {{}, "MALLE_STORE: no control store given"},
+  };
+  for (const Case& c : cases) {
+    auto env = ReadLaunchEnv(From(c.vars));
+    EXPECT_THAT(env.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.error))) << c.error;
+  }
+  // Nothing at all names every launcher it looked for.
+  EXPECT_THAT(ReadLaunchEnv(From({})).status().message(), HasSubstr("torchrun (RANK, WORLD_SIZE"));
+  // A batch script (SLURM_PROCID but no step) is not an srun step.
+  EXPECT_THAT(ReadLaunchEnv(From(with(slurm, {{"SLURM_STEP_ID", ""}}))).status().message(),
+              HasSubstr("no control store given"));
 }
 
 }  // namespace
