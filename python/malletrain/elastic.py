@@ -241,7 +241,8 @@ class ElasticJob:
                                             logical_workers < 1):
             raise MalleValueError(
                 f"logical_workers: must be a positive integer or None, got {logical_workers!r}")
-        environ = {k: v for k, v in os.environ.items() if k.startswith("MALLE_")}
+        environ = {k: v for k, v in os.environ.items()
+                   if k.startswith("MALLE_") or k in (_C.ENV_LOCAL_RANK, _C.ENV_LOCAL_WORLD_SIZE)}
         for key, value in (("MALLE_STORE", store), ("MALLE_JOB_ID", job_id),
                            ("MALLE_MEMBER_ID", member_id)):
             if value is not None:
@@ -254,6 +255,16 @@ class ElasticJob:
         self.deterministic = bool(deterministic)
         self.job_id = env.job_id
         member = env.member_id or _C.generated_member_id()
+        self.local_rank = env.local_rank
+        self.local_world_size = max(1, env.local_world_size)
+        self.device: Optional[torch.device] = None
+        if (backend if backend is not None else env.backend or "gloo") == "nccl":
+            # One GPU per rank: a node with N slots runs LOCAL_RANK 0..N-1 on devices 0..N-1
+            # of those it sees (MalleValueError naming the problem when there is none).
+            env.member_id = member
+            index = _C.rank_cuda_device(env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
         # Joining is deferred to the first step: a joiner builds its model, optimizer and
         # data first, so the running members' pause covers only agreement, group build and
         # state transfer. The engine checks its options before it dials the store.
@@ -273,7 +284,8 @@ class ElasticJob:
             fault_exit_in_state_sync=_env("MALLE_FAULT_EXIT_IN_STATE_SYNC"),
             backend=backend if backend is not None else env.backend or "gloo",
             park_dir=park_dir if park_dir is not None else env.park_dir,
-            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""))
+            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""),
+            ranks_per_node=self.local_world_size)
         self.backend = backend if backend is not None else env.backend or "gloo"
         self._member_id = member
         self.control_job = env.control_job or None
@@ -732,6 +744,9 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             ``MALLE_PRINT_SCALING=1``), ``max_recoveries_without_commit`` (default 16) and
             ``backend`` (default ``MALLE_BACKEND`` or ``"gloo"``): what reduces a CUDA model's
             gradients, ``"nccl"`` (one GPU per rank) or ``"gloo"`` (through host memory).
+            On NCCL the rank uses CUDA device ``LOCAL_RANK`` (``torch.cuda.set_device``; a
+            node agent with ``--slots N`` starts ``LOCAL_RANK`` 0..N-1; the device is
+            :attr:`ElasticJob.device`); a rank with no device for it raises MalleValueError.
             Parking (docs/elastic.md): ``park_dir`` (default ``MALLE_PARK_DIR``), the job's
             park store, where its last member parks the state and snapshots go, and what a
             new incarnation resumes from; ``snapshot_every`` (0: adaptive, under 1 % of the
