@@ -32,6 +32,7 @@
 // (kInvalidArgument, e.g. a model that does not match the running job's).
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -200,6 +201,7 @@ absl::Status Run() {
   o.num_samples = data.y_train.size(0);
   o.batch_size = absl::GetFlag(FLAGS_batch);
   o.steps = absl::GetFlag(FLAGS_steps);
+  o.ranks_per_node = std::max(1, env.local_world_size);  // the advisor counts nodes
   MALLE_ASSIGN_OR_RETURN(auto trainer,
                          elastic::ElasticTrainer::Create(store, elastic::GroupOptionsFor(env), o,
                                                          elastic::ModelState::FromModule(*net), adam));

@@ -47,7 +47,7 @@ absl::Status ReadInt(const EnvLookup& lookup, const char* var, int* out) {
 std::vector<std::string> RankEnvNames() {
   return {kEnvStore,         kEnvJobId, kEnvMemberId, kEnvBootstrapSize, kEnvControlJob,
           kEnvControlSecret, kEnvNode,  kEnvMinNodes, kEnvMaxNodes,      kEnvBackend,
-          kEnvParkDir};
+          kEnvParkDir,       kEnvLocalRank, kEnvLocalWorldSize};
 }
 
 std::string RankEnv::store_host() const { return store.substr(0, store.rfind(':')); }
@@ -84,6 +84,11 @@ absl::Status RankEnv::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(kEnvMinNodes, "=", min_nodes, " is larger than ", kEnvMaxNodes,
                                                    "=", max_nodes));
   }
+  if (local_rank < 0 || local_world_size < 0 || (local_world_size > 0 && local_rank >= local_world_size) ||
+      (local_world_size == 0 && local_rank > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(kEnvLocalRank, "=", local_rank, ": must be in [0, ",
+                                                   kEnvLocalWorldSize, "=", local_world_size, ")"));
+  }
   if (!backend.empty() && backend != "gloo" && backend != "nccl") {
     return absl::InvalidArgumentError(
         absl::StrCat(kEnvBackend, ": must be 'gloo' or 'nccl', got '", backend, "'"));
@@ -114,6 +119,8 @@ absl::StatusOr<RankEnv> ReadRankEnv(const EnvLookup& lookup) {
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvBootstrapSize, &env.bootstrap_size));
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvMinNodes, &env.min_nodes));
   MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvMaxNodes, &env.max_nodes));
+  MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvLocalRank, &env.local_rank));
+  MALLE_RETURN_IF_ERROR(ReadInt(lookup, kEnvLocalWorldSize, &env.local_world_size));
   MALLE_RETURN_IF_ERROR(env.Validate());
   return env;
 }
@@ -132,6 +139,10 @@ std::vector<std::pair<std::string, std::string>> RankEnvVars(const RankEnv& env)
   if (env.max_nodes > 0) out.emplace_back(kEnvMaxNodes, absl::StrCat(env.max_nodes));
   if (!env.backend.empty()) out.emplace_back(kEnvBackend, env.backend);
   if (!env.park_dir.empty()) out.emplace_back(kEnvParkDir, env.park_dir);
+  if (env.local_world_size > 0) {
+    out.emplace_back(kEnvLocalRank, absl::StrCat(env.local_rank));
+    out.emplace_back(kEnvLocalWorldSize, absl::StrCat(env.local_world_size));
+  }
   return out;
 }
 

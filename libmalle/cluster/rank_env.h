@@ -41,6 +41,11 @@ inline constexpr char kEnvMinNodes[] = "MALLE_MIN_NODES";           // the job's
 inline constexpr char kEnvMaxNodes[] = "MALLE_MAX_NODES";
 inline constexpr char kEnvBackend[] = "MALLE_BACKEND";              // "gloo" or "nccl" (CUDA tensors)
 inline constexpr char kEnvParkDir[] = "MALLE_PARK_DIR";             // the job's park store (a directory)
+// The rank's place on its node (torchrun's names, which scripts already read):
+// a node with N slots runs N ranks, LOCAL_RANK 0..N-1, LOCAL_WORLD_SIZE N. On
+// NCCL the rank uses CUDA device LOCAL_RANK (of the devices it sees).
+inline constexpr char kEnvLocalRank[] = "LOCAL_RANK";
+inline constexpr char kEnvLocalWorldSize[] = "LOCAL_WORLD_SIZE";
 
 // Every variable above, in that order (for docs and for clearing an environment).
 std::vector<std::string> RankEnvNames();
@@ -63,6 +68,8 @@ struct RankEnv {
   int max_nodes = 0;              // 0: not given
   std::string backend;            // empty: the rank's default
   std::string park_dir;           // the job's own park-store directory; empty: none
+  int local_rank = 0;             // in [0, local_world_size) when that is given
+  int local_world_size = 0;       // ranks on this node (its slots); 0: not given (one)
 
   // `store` split; only valid after ReadRankEnv or Validate() succeeded.
   std::string store_host() const;
@@ -70,7 +77,8 @@ struct RankEnv {
 
   // kInvalidArgument naming the variable: store not "host:port" (port 1..65535),
   // a negative bootstrap size or node count, min_nodes > max_nodes, a backend
-  // other than "", "gloo", "nccl", an id with characters outside [A-Za-z0-9._:-].
+  // other than "", "gloo", "nccl", an id with characters outside [A-Za-z0-9._:-],
+  // a local rank outside [0, local_world_size).
   absl::Status Validate() const;
 };
 

@@ -478,6 +478,26 @@ absl::Status ElasticGroup::ReportDead(ControlStore& store, absl::string_view job
   return job->Add(internal::kDeadCount, 1).status();
 }
 
+absl::Status ElasticGroup::RequestLeave(ControlStore& store, absl::string_view job_id,
+                                        absl::Span<const std::string> member_ids) {
+  MALLE_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  if (member_ids.empty()) return absl::OkStatus();
+  for (const std::string& m : member_ids) MALLE_RETURN_IF_ERROR(ValidateId("member_id", m));
+  auto job = store.WithPrefix(JobPrefix(job_id));
+  MALLE_ASSIGN_OR_RETURN(int64_t ticket, job->Add(internal::kRequestTicket, 1));
+  return job->Set(RequestKey(ticket - 1), EncodeLeaves(member_ids));
+}
+
+absl::Status ElasticGroup::ReportDead(ControlStore& store, absl::string_view job_id,
+                                      absl::Span<const std::string> member_ids) {
+  MALLE_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  if (member_ids.empty()) return absl::OkStatus();
+  for (const std::string& m : member_ids) MALLE_RETURN_IF_ERROR(ValidateId("member_id", m));
+  auto job = store.WithPrefix(JobPrefix(job_id));
+  for (const std::string& m : member_ids) MALLE_RETURN_IF_ERROR(job->Set(internal::DeadKey(m), "1"));
+  return job->Add(internal::kDeadCount, static_cast<int64_t>(member_ids.size())).status();
+}
+
 absl::StatusOr<GenerationRecord> ElasticGroup::LatestGeneration(ControlStore& store,
                                                                 absl::string_view job_id) {
   MALLE_RETURN_IF_ERROR(ValidateId("job_id", job_id));
@@ -545,12 +565,13 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   for (; next < tickets; ++next) {
     MALLE_ASSIGN_OR_RETURN(std::optional<std::string> text, job_->TryGet(RequestKey(next)));
     if (!text.has_value()) break;  // its writer is between Add and Set: next boundary
-    absl::StatusOr<ChangeRequest> request = DecodeRequest(*text);
-    if (!request.ok()) {
-      MALLE_LOG(ERROR) << "change request #" << next << " rejected: " << request.status();
+    // One entry may hold a node's leaves: taken whole, they make one change.
+    absl::StatusOr<std::vector<ChangeRequest>> decoded = DecodeRequests(*text);
+    if (!decoded.ok()) {
+      MALLE_LOG(ERROR) << "change request #" << next << " rejected: " << decoded.status();
       continue;
     }
-    requests.push_back(*std::move(request));
+    for (ChangeRequest& r : *decoded) requests.push_back(std::move(r));
   }
   PlannedChange change = PlanNextMembers(pending_, requests, options_.max_size);
   change.requests_consumed = next;

@@ -216,12 +216,20 @@ class ElasticGroup {
   // step boundary. `store` is the deployment's (unprefixed) store.
   static absl::Status RequestLeave(ControlStore& store, absl::string_view job_id,
                                    absl::string_view member_id);
+  // Queues the leaves of several members as one request (a node agent's
+  // ranks): the leader reads it whole, so they leave in one generation change.
+  static absl::Status RequestLeave(ControlStore& store, absl::string_view job_id,
+                                   absl::Span<const std::string> member_ids);
   // Reports that the process of `member_id` has exited (its launcher or node
   // agent saw it): a recovery then stops waiting for its check-in instead of
   // waiting out recovery_grace. Reporting a live member makes it be left out
   // of the next recovery (it finds itself excluded).
   static absl::Status ReportDead(ControlStore& store, absl::string_view job_id,
                                  absl::string_view member_id);
+  // Reports several members dead together (a node's ranks): every one is
+  // marked before the count that recoveries look at moves.
+  static absl::Status ReportDead(ControlStore& store, absl::string_view job_id,
+                                 absl::Span<const std::string> member_ids);
   // The newest generation record of a job (kNotFound if it has none).
   static absl::StatusOr<GenerationRecord> LatestGeneration(ControlStore& store,
                                                            absl::string_view job_id);

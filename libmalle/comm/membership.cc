@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -170,6 +171,24 @@ absl::StatusOr<ChangeRequest> DecodeRequest(absl::string_view text) {
   if (!valid.ok()) return valid;
   request.member = std::string(parts.second);
   return request;
+}
+
+std::string EncodeLeaves(absl::Span<const std::string> members) {
+  return absl::StrCat("leave ", absl::StrJoin(members, ","));
+}
+
+absl::StatusOr<std::vector<ChangeRequest>> DecodeRequests(absl::string_view text) {
+  std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(text, absl::MaxSplits(' ', 1));
+  if (parts.first != "leave" || !absl::StrContains(parts.second, ',')) {
+    MALLE_ASSIGN_OR_RETURN(ChangeRequest one, DecodeRequest(text));
+    return std::vector<ChangeRequest>{std::move(one)};
+  }
+  std::vector<ChangeRequest> requests;
+  for (absl::string_view member : absl::StrSplit(parts.second, ',')) {
+    MALLE_RETURN_IF_ERROR(ValidateId("change request: member", member));
+    requests.push_back({ChangeRequest::Kind::kLeave, std::string(member)});
+  }
+  return requests;
 }
 
 PlannedChange PlanNextMembers(const GenerationRecord& current,

@@ -70,6 +70,12 @@ struct ChangeRequest {
 };
 std::string EncodeRequest(const ChangeRequest& request);
 absl::StatusOr<ChangeRequest> DecodeRequest(absl::string_view text);
+// Several leaves in one queue entry ("leave a,b,c"): a node's ranks leave
+// together, and a leader reads one entry whole, so they go in one generation
+// change (never split over two boundaries). `members` must not be empty.
+std::string EncodeLeaves(absl::Span<const std::string> members);
+// One queue entry: a join, a leave, or several leaves (EncodeLeaves), in order.
+absl::StatusOr<std::vector<ChangeRequest>> DecodeRequests(absl::string_view text);
 
 // The leader's decision for the next step boundary.
 struct PlannedChange {

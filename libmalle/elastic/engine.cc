@@ -139,6 +139,10 @@ absl::Status EngineOptions::Validate() const {
         absl::StrCat("min_nodes/max_nodes: need 1 <= min_nodes <= max_nodes (0: default), got ", min_nodes, "/",
                      max_nodes));
   }
+  if (ranks_per_node < 1 || ranks_per_node > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ranks_per_node: must be in [1, 1024] (the node's slots), got ", ranks_per_node));
+  }
   if (backend != "gloo" && backend != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("backend: must be 'gloo' or 'nccl', got '", backend, "'"));
   }
@@ -1018,14 +1022,17 @@ void Engine::RecordStep() {
     prof.after_resize = prof.after_failure = false;
     return;
   }
-  const int n = size();
-  const int workers = options_.logical_workers > 0 ? options_.logical_workers : n;
+  // The advisor counts nodes, as the allocator does: a job on k nodes of N
+  // slots runs k x N ranks (a node that lost a rank still counts as a node).
+  const int rpn = std::max(1, options_.ranks_per_node);
+  const int n = (size() + rpn - 1) / rpn;
+  const int workers = options_.logical_workers > 0 ? options_.logical_workers : size();
   if (advisor_ == nullptr) {
     advisor::AdvisorOptions o;
     o.job_id = options_.advisor_job.empty() ? job_id() : options_.advisor_job;
-    int hi = options_.max_nodes > 0 ? options_.max_nodes
-                                    : (options_.logical_workers > 0 ? options_.logical_workers : std::max(8, n));
-    if (options_.logical_workers > 0) hi = std::min(hi, options_.logical_workers);
+    const int lw_nodes = options_.logical_workers > 0 ? std::max(1, options_.logical_workers / rpn) : 0;
+    int hi = options_.max_nodes > 0 ? options_.max_nodes : (lw_nodes > 0 ? lw_nodes : std::max(8, n));
+    if (lw_nodes > 0) hi = std::min(hi, lw_nodes);
     o.max_nodes = std::max(hi, 1);
     o.min_nodes = std::min(options_.min_nodes, o.max_nodes);
     absl::StatusOr<std::unique_ptr<advisor::Advisor>> a = advisor::Advisor::Create(o);

@@ -107,6 +107,10 @@ struct EngineOptions {
   std::string advisor_job;
   int min_nodes = 1;
   int max_nodes = 0;
+  // Ranks each node runs (its agent's slots, LOCAL_WORLD_SIZE), [1, 1024]: the
+  // advisor learns in nodes (ceil(world size / ranks_per_node)), the unit the
+  // allocator allocates, so that its curves and probes stay in nodes.
+  int ranks_per_node = 1;
   // Rank 0 sends the advisor's report there every `report_interval` (on a
   // thread of its own) and the job's completion at the end.
   std::shared_ptr<advisor::ReportSink> report_sink;

@@ -2,10 +2,13 @@
 //
 //   malle-agent --store=127.0.0.1:29400 --secret=/etc/malle/secret --node=n3 \
 //       [--group=rack1] [--speed=1] [--idle_until=UNIX_SECONDS] [--grace=30s] \
-//       [--log_dir=DIR] [--leave_timeout=60s] [--park_dir=DIR]
+//       [--log_dir=DIR] [--leave_timeout=60s] [--park_dir=DIR] [--slots=N] [--gpus=auto|LIST]
 //
-// SIGTERM: the node is reclaimed (the main scheduler wants it back): the rank
-// leaves at its next step boundary within --grace, then the agent exits.
+// --slots N: the node runs N ranks of the job it is assigned (LOCAL_RANK
+// 0..N-1); --gpus auto: one slot per GPU of the node or of its Slurm
+// allocation (cluster/node_slots.h says where it looks); --gpus 0,1: those.
+// SIGTERM: the node is reclaimed (the main scheduler wants it back): its ranks
+// leave at their next step boundary within --grace, then the agent exits.
 // SIGINT: the same without a reclaim notice (the agent stops offering it).
 // A control store outage does not stop it (the rank keeps running).
 // Exit codes: 0 after a completed reclaim or stop, 1 an error (the store
@@ -14,16 +17,20 @@
 
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "libmalle/cluster/node_slots.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/control/service/metrics.h"
 #include "libmalle/control/service/agent.h"
@@ -42,6 +49,12 @@ ABSL_FLAG(absl::Duration, leave_timeout, absl::Seconds(60), "planned leave not d
 ABSL_FLAG(std::string, park_dir, "",
           "jobs park here, in <dir>/<job> (a shared filesystem on a cluster); empty: no parking");
 ABSL_FLAG(std::string, log_dir, "", "ranks' stdout/stderr files go here (default: inherited)");
+ABSL_FLAG(int, slots, -1,
+          "ranks per job on this node, [1, 1024] (LOCAL_RANK 0..N-1); default: one per GPU with --gpus, else 1");
+ABSL_FLAG(std::string, gpus, "",
+          "'auto': the GPUs of this node or its Slurm allocation (CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, "
+          "SLURM_JOB_GPUS, SLURM_GPUS_ON_NODE, then the driver's devices); a list such as 0,1: those "
+          "(the ranks' CUDA_VISIBLE_DEVICES); empty: CPU ranks");
 
 namespace {
 
@@ -54,6 +67,10 @@ int Usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("the malletrain node agent (see docs/operations.md)");
+  // --help lists this file's flags (absl matches the program's name otherwise: none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) { return absl::StrContains(path, "agent_main"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   // Signals are taken by one thread with sigwait; every other thread (and,
   // through LocalProcess, no child) has them blocked.
@@ -79,6 +96,22 @@ int main(int argc, char** argv) {
   o.leave_timeout = absl::GetFlag(FLAGS_leave_timeout);
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
   o.park_root = absl::GetFlag(FLAGS_park_dir);
+  std::optional<malle::cluster::NodeGpus> gpus;
+  if (const std::string g = absl::GetFlag(FLAGS_gpus); !g.empty()) {
+    // No /dev/nvidia<N> (a container may map devices elsewhere): unknown, not zero.
+    const int counted = malle::cluster::CountDriverDevices();
+    const int devices = counted > 0 ? counted : -1;
+    absl::StatusOr<malle::cluster::NodeGpus> found =
+        g == "auto" ? malle::cluster::DetectGpus(malle::cluster::ProcessEnvRaw, devices)
+                    : malle::cluster::ParseGpuList(g, devices);
+    if (!found.ok()) return Usage(absl::StrCat("--gpus ", g, ": ", found.status().message()));
+    gpus = *found;
+    o.visible_devices = gpus->visible_devices;
+  }
+  absl::StatusOr<int> slots = malle::cluster::ResolveSlots(absl::GetFlag(FLAGS_slots), gpus);
+  if (!slots.ok()) return Usage(std::string(slots.status().message()));
+  o.slots = *slots;
+  if (gpus) std::cerr << "malle-agent: " << o.slots << " slot(s) on " << gpus->count << " GPU(s) from " << gpus->source << std::endl;
   const absl::Duration grace = absl::GetFlag(FLAGS_grace);
   if (grace < absl::ZeroDuration() || grace > absl::Hours(1)) return Usage("--grace must be in [0, 1h]");
 

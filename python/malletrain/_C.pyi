@@ -539,6 +539,8 @@ class RankEnv:
     max_nodes: int
     backend: str
     park_dir: str
+    local_rank: int
+    local_world_size: int
     def __init__(self) -> None: ...
     @property
     def store_host(self) -> str: ...
@@ -553,6 +555,9 @@ def read_rank_env(environ: dict[str, str]) -> RankEnv:
     """Reads and validates the contract from a mapping (e.g. ``dict(os.environ)``).
     Raises MalleValueError naming the variable."""
 def rank_env_names() -> list[str]: ...
+def rank_cuda_device(env: RankEnv, visible_devices: int) -> int:
+    """The CUDA device of a rank on NCCL: its LOCAL_RANK of the devices it sees. Raises
+    MalleValueError naming the problem when there is none for it."""
 
 class LaunchEnv:
     """Who started this rank (libmalle/cluster/rank_env.h ReadLaunchEnv): malletrain's
@@ -613,6 +618,8 @@ ENV_NODE: str
 ENV_MIN_NODES: str
 ENV_MAX_NODES: str
 ENV_BACKEND: str
+ENV_LOCAL_RANK: str
+ENV_LOCAL_WORLD_SIZE: str
 ENV_SECRET: str
 ENV_LOG_LEVEL: str
 ENV_BIN_DIR: str

@@ -439,6 +439,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
         from malletrain import cluster
 
         return cluster.run_local_cli(args)
+    if args.slots is not None:
+        print("malletrain local: --slots needs --idle-trace (node agents run the slots; without "
+              "a trace --nodes counts ranks)", file=sys.stderr)
+        return 2
     from malletrain import launcher
 
     return launcher.main(args)
@@ -485,6 +489,9 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
                    help="with --idle-trace: the job's logical workers (caps its size)")
     p.add_argument("--grace", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="with --idle-trace: time a reclaimed node gives its rank to leave")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="with --idle-trace: ranks per node (each agent's --slots); the job runs "
+                   "N ranks on every node it gets")
     p.add_argument("--park-dir", default=None, metavar="DIR",
                    help="the job's park store: where its last rank parks the state when every "
                    "node goes, and snapshots are kept; a later run with the same DIR resumes "
@@ -619,6 +626,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         argv.append(f"--idle_until={args.idle_until}")
     if args.log_dir:
         argv.append(f"--log_dir={args.log_dir}")
+    if args.slots is not None:
+        argv.append(f"--slots={args.slots}")
+    if args.gpus:
+        argv.append(f"--gpus={args.gpus}")
     return _exec_daemon("malle-agent", argv)
 
 
@@ -731,6 +742,13 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                    help="forecast end of this node's idle window")
     p.add_argument("--grace", type=_positive_seconds, default=30.0, metavar="SECONDS")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="ranks' stdout/stderr files")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="ranks per job on this node, LOCAL_RANK 0..N-1 (default: one per GPU "
+                   "with --gpus, else 1)")
+    p.add_argument("--gpus", default=None, metavar="auto|LIST",
+                   help="'auto': the GPUs of this node or its Slurm allocation "
+                   "(CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS/SLURM_JOB_GPUS, SLURM_GPUS_ON_NODE, the "
+                   "driver); a list such as 0,1: those")
     p.set_defaults(func=_cmd_agent)
 
     p = commands.add_parser("submit", help="submit an elastic job to the allocator",

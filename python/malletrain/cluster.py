@@ -48,6 +48,11 @@ __all__ = ["LocalCluster", "TraceEvent", "load_idle_trace", "agent_binary", "for
 _ENDED = ("succeeded", "failed", "cancelled")
 
 
+def _check_slots(slots: Any) -> None:
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1024:
+        raise MalleValueError(f"slots: ranks per node, an integer in [1, 1024], got {slots!r}")
+
+
 def _free_port() -> int:
     """An ephemeral loopback port that is free now (the store process binds it next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -146,6 +151,9 @@ class LocalCluster:
         metrics: export Prometheus metrics on loopback, ephemeral ports: the allocator's at
             :attr:`metrics_url` (through ``prometheus-client`` for the embedded one), each
             agent's at :meth:`agent_metrics_url`.
+        slots: ranks per node (every agent's ``--slots``; :meth:`node_up` may give a node
+            another count): a job on k nodes runs k x slots ranks, ``LOCAL_RANK`` 0..slots-1
+            on each; a node that leaves takes its ranks out in one generation change.
     """
 
     def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
@@ -154,9 +162,12 @@ class LocalCluster:
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
                  objective: str = "throughput", keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
-                 metrics: bool = False, park_dir: Optional[str | os.PathLike] = None) -> None:
+                 metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
+                 slots: int = 1) -> None:
         if allocator not in ("thread", "process"):
             raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
+        _check_slots(slots)
+        self.slots = slots
         names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         if not names or len(set(names)) != len(names):
             raise MalleValueError(f"nodes: give a positive count or distinct names, got {nodes!r}")
@@ -358,10 +369,13 @@ class LocalCluster:
 
     # --- nodes --------------------------------------------------------------------------
     def node_up(self, node: str, *, idle_until: Optional[float] = None, group: str = "default",
-                speed: float = 1.0) -> int:
-        """Starts the agent of ``node`` (it registers and offers the node). Returns its pid."""
+                speed: float = 1.0, slots: Optional[int] = None) -> int:
+        """Starts the agent of ``node`` (it registers and offers the node) with ``slots`` ranks
+        per job (default: the cluster's). Returns its pid."""
         if node not in self.nodes:
             raise MalleValueError(f"node {node!r} is not one of this cluster's {self.nodes}")
+        slots = self.slots if slots is None else slots
+        _check_slots(slots)
         with self._lock:
             if self._stop.is_set():  # close() has taken its list of agents to stop
                 raise MalleValueError(f"node_up({node!r}): the cluster is closing")
@@ -371,7 +385,7 @@ class LocalCluster:
             args = [self._agent, f"--store={self.address}", f"--secret={self.secret_path}",
                     f"--node={node}", f"--group={group}", f"--speed={speed}",
                     f"--grace={self.grace}s", f"--log_dir={self.log_dir}",
-                    f"--park_dir={self.park_dir}"]
+                    f"--park_dir={self.park_dir}", f"--slots={slots}"]
             if idle_until is not None:
                 args.append(f"--idle_until={idle_until}")
             if self._metrics:
@@ -494,8 +508,9 @@ class LocalCluster:
                max_nodes: Optional[int] = None, logical_workers: Optional[int] = None,
                env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                weight: float = 1.0, priority: int = 0) -> None:
-        """Submits a job: ``command`` runs on every node the allocator gives it (one rank per
-        node; ranks join at their first step). Invalid specs raise ValueError naming the
+        """Submits a job: ``command`` runs on every node the allocator gives it (the node's
+        slots ranks on each; ranks join at their first step). ``min_nodes``/``max_nodes`` count
+        nodes; ``logical_workers`` caps the ranks (nodes x slots). Invalid specs raise ValueError naming the
         field."""
         if max_nodes is None:
             max_nodes = logical_workers if logical_workers is not None else len(self.nodes)
@@ -715,13 +730,14 @@ def run_local_cli(args: Any) -> int:
     try:
         events = load_idle_trace(args.idle_trace, time_scale=args.time_scale)
         nodes = [f"n{i}" for i in range(args.nodes)]
+        slots = 1 if getattr(args, "slots", None) is None else args.slots
         with LocalCluster(nodes, policy=args.policy, grace=args.grace,
                           workdir=args.log_dir, keep_logs=args.log_dir is not None,
-                          park_dir=args.park_dir) as cluster:
+                          park_dir=args.park_dir, slots=slots) as cluster:
             cluster.follow_trace(events)
             lw = args.logical_workers
             cluster.submit(args.job_id, command, min_nodes=1,
-                           max_nodes=min(args.nodes, lw) if lw else args.nodes,
+                           max_nodes=min(args.nodes, max(1, lw // slots)) if lw else args.nodes,
                            logical_workers=lw)
             last = [0.0]
 

@@ -255,7 +255,6 @@ class ElasticJob:
         launch = _C.read_launch_env(environ)  # MalleValueError naming the variable
         env = launch.rank
         self.launcher = launch.launcher
-        self.local_rank = launch.local_rank if launch.local_rank >= 0 else None
         self._store_server: Any = None
         if launch.host_store:
             # No process outlives the ranks here (srun, a hand-made env:// launch): task 0
@@ -276,6 +275,16 @@ class ElasticJob:
         self.deterministic = bool(deterministic)
         self.job_id = env.job_id
         member = env.member_id or _C.generated_member_id()
+        self.local_rank = env.local_rank
+        self.local_world_size = max(1, env.local_world_size)
+        self.device: Optional[torch.device] = None
+        if (backend if backend is not None else env.backend or "gloo") == "nccl":
+            # One GPU per rank: a node with N slots runs LOCAL_RANK 0..N-1 on devices 0..N-1
+            # of those it sees (MalleValueError naming the problem when there is none).
+            env.member_id = member
+            index = _C.rank_cuda_device(env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
         # Joining is deferred to the first step: a joiner builds its model, optimizer and
         # data first, so the running members' pause covers only agreement, group build and
         # state transfer. The engine checks its options before it dials the store.
@@ -295,7 +304,8 @@ class ElasticJob:
             fault_exit_in_state_sync=_env("MALLE_FAULT_EXIT_IN_STATE_SYNC"),
             backend=backend if backend is not None else env.backend or "gloo",
             park_dir=park_dir if park_dir is not None else env.park_dir,
-            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""))
+            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""),
+            ranks_per_node=self.local_world_size)
         self.backend = backend if backend is not None else env.backend or "gloo"
         self._engine_store = env.store
         self._member_id = member
@@ -781,6 +791,9 @@ def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic:
             ``MALLE_PRINT_SCALING=1``), ``max_recoveries_without_commit`` (default 16) and
             ``backend`` (default ``MALLE_BACKEND`` or ``"gloo"``): what reduces a CUDA model's
             gradients, ``"nccl"`` (one GPU per rank) or ``"gloo"`` (through host memory).
+            On NCCL the rank uses CUDA device ``LOCAL_RANK`` (``torch.cuda.set_device``; a
+            node agent with ``--slots N`` starts ``LOCAL_RANK`` 0..N-1; the device is
+            :attr:`ElasticJob.device`); a rank with no device for it raises MalleValueError.
             Parking (docs/elastic.md): ``park_dir`` (default ``MALLE_PARK_DIR``), the job's
             park store, where its last member parks the state and snapshots go, and what a
             new incarnation resumes from; ``snapshot_every`` (0: adaptive, under 1 % of the

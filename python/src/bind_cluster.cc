@@ -15,6 +15,7 @@
 
 #include "absl/time/time.h"
 #include "libmalle/cluster/local_process.h"
+#include "libmalle/cluster/node_slots.h"
 #include "libmalle/cluster/rank_env.h"
 #include "python/src/bind_common.h"
 
@@ -37,6 +38,8 @@ void BindCluster(py::module_& m) {
       .def_readwrite("max_nodes", &RankEnv::max_nodes)
       .def_readwrite("backend", &RankEnv::backend)
       .def_readwrite("park_dir", &RankEnv::park_dir)
+      .def_readwrite("local_rank", &RankEnv::local_rank)
+      .def_readwrite("local_world_size", &RankEnv::local_world_size)
       .def_property_readonly("store_host", &RankEnv::store_host)
       .def_property_readonly("store_port", &RankEnv::store_port)
       .def("validate", [](const RankEnv& e) { ThrowIfError(e.Validate()); })
@@ -72,6 +75,12 @@ void BindCluster(py::module_& m) {
       return it->second;
     }));
   });
+  m.def(
+      "rank_cuda_device",
+      [](const RankEnv& env, int visible_devices) {
+        return ValueOrThrow(cluster::RankCudaDevice(env, visible_devices));
+      },
+      py::arg("env"), py::arg("visible_devices"));
   // The names themselves, so that no Python starter spells them.
   for (auto [attr, name] : {std::pair{"ENV_STORE", cluster::kEnvStore},
                             std::pair{"ENV_JOB_ID", cluster::kEnvJobId},
@@ -83,6 +92,8 @@ void BindCluster(py::module_& m) {
                             std::pair{"ENV_MIN_NODES", cluster::kEnvMinNodes},
                             std::pair{"ENV_MAX_NODES", cluster::kEnvMaxNodes},
                             std::pair{"ENV_BACKEND", cluster::kEnvBackend},
+                            std::pair{"ENV_LOCAL_RANK", cluster::kEnvLocalRank},
+                            std::pair{"ENV_LOCAL_WORLD_SIZE", cluster::kEnvLocalWorldSize},
                             std::pair{"ENV_SECRET", cluster::kEnvSecret},
                             std::pair{"ENV_LOG_LEVEL", cluster::kEnvLogLevel},
                             std::pair{"ENV_BIN_DIR", cluster::kEnvBinDir}}) {

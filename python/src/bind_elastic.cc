@@ -180,7 +180,7 @@ void BindElastic(py::module_& m) {
                        int64_t state_direct_min_bytes, const std::string& control_job,
                        const std::string& secret_path, int min_nodes, int max_nodes, double report_interval,
                        const std::string& fault_exit_in_state_sync, const std::string& park_dir,
-                       int snapshot_every, const std::string& resume_from) {
+                       int snapshot_every, const std::string& resume_from, int ranks_per_node) {
              comm::ElasticGroupOptions g;
              g.job_id = job_id;
              g.member_id = member_id;
@@ -203,6 +203,7 @@ void BindElastic(py::module_& m) {
              o.advisor_job = control_job;
              o.min_nodes = min_nodes;
              o.max_nodes = max_nodes;
+             o.ranks_per_node = ranks_per_node;
              o.report_interval = Seconds(report_interval, "report_interval");
              o.fault_exit_in_state_sync = fault_exit_in_state_sync;
              o.snapshot_every = snapshot_every;
@@ -249,7 +250,7 @@ void BindElastic(py::module_& m) {
            py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("state_direct_min_bytes"),
            py::arg("control_job"), py::arg("secret_path"), py::arg("min_nodes"), py::arg("max_nodes"),
            py::arg("report_interval"), py::arg("fault_exit_in_state_sync"), py::arg("park_dir") = "",
-           py::arg("snapshot_every") = 0, py::arg("resume_from") = "")
+           py::arg("snapshot_every") = 0, py::arg("resume_from") = "", py::arg("ranks_per_node") = 1)
       .def(
           "set_model",
           [](PyEngine& e, const std::vector<std::pair<std::string, at::Tensor>>& params,

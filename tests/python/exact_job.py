@@ -123,6 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--resume-from", default=None)
     p.add_argument("--model", choices=["main", "other"], default="main")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--slow-while", default="",
+                   help="--step-sleep only while this file exists (a test paces the job)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
             if job.step == args.save_at and job.rank == 0:
                 job.save(os.path.join(args.out, "ckpt.mstate"))
                 job.export(os.path.join(args.out, "export.pt"))
-            if args.step_sleep:
+            if args.step_sleep and (not args.slow_while or os.path.exists(args.slow_while)):
                 import time
                 time.sleep(args.step_sleep)
     trace.close()

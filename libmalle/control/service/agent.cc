@@ -11,8 +11,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/cluster/node_slots.h"
 #include "libmalle/cluster/rank_env.h"
 #include "libmalle/comm/elastic_group.h"
 #include "libmalle/control/service/client.h"
@@ -52,6 +54,10 @@ absl::Status AgentOptions::Validate() const {
                                                      absl::FormatDuration(d)));
     }
   }
+  if (slots < 1 || slots > kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AgentOptions.slots must be in [1, ", kMaxSlots, "] (ranks per node), got ", slots));
+  }
   if (!(node_class.speed > 0 && node_class.speed <= kMaxSpeed)) {
     return absl::InvalidArgumentError(
         absl::StrCat("AgentOptions.node_class.speed must be in (0, 100], got ", node_class.speed));
@@ -74,8 +80,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(std::shared_ptr<comm::Contr
 }
 
 Agent::~Agent() {
-  if (rank_ && rank_->process) (void)rank_->process->Kill(absl::Seconds(10));
+  KillAll();
   for (Rank& r : finishing_) (void)r.process->Kill(absl::Seconds(10));
+}
+
+void Agent::KillAll() {
+  for (Rank& r : ranks_) {
+    if (r.process && !r.exit) (void)r.process->Kill(absl::Seconds(10));
+  }
+}
+
+bool Agent::AnyRankNotEnding() const {
+  for (const Rank& r : ranks_) {
+    if (r.process && !r.exit && r.ending == Rank::Ending::kNone) return true;
+  }
+  return false;
 }
 
 void Agent::Reclaim(absl::Duration grace, std::string reason) {
@@ -96,12 +115,33 @@ std::optional<RunningRank> Agent::running() const {
   return running_;
 }
 
+int Agent::running_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return counters_.ranks;
+}
+
 void Agent::SetRunning() {
   absl::MutexLock lock(&mu_);
   counters_.finishing = static_cast<int>(finishing_.size());
-  if (rank_ && rank_->process) {
-    running_ = RunningRank{rank_->runtime_id, rank_->member, static_cast<int>(rank_->process->pid()),
-                           rank_->phase, absl::FromUnixMicros(absl::ToUnixMicros(rank_->phase_since))};
+  counters_.ranks = static_cast<int>(ranks_.size());
+  // The wire says one rank per node: the node's first rank stands for all, in
+  // the phase of the least advanced one (the node trains when all of it does).
+  const Rank* first = nullptr;
+  RankPhase phase = RankPhase::kDraining;
+  absl::Time since = absl::InfinitePast();
+  for (const Rank& r : ranks_) {
+    if (!r.process) continue;
+    if (first == nullptr) first = &r;
+    if (static_cast<int>(r.phase) < static_cast<int>(phase)) {
+      phase = r.phase;
+      since = r.phase_since;
+    } else if (r.phase == phase) {
+      since = std::max(since, r.phase_since);
+    }
+  }
+  if (first != nullptr) {
+    running_ = RunningRank{first->runtime_id, first->member, static_cast<int>(first->process->pid()), phase,
+                           absl::FromUnixMicros(absl::ToUnixMicros(since))};
   } else {
     running_.reset();
   }
@@ -113,6 +153,7 @@ absl::Status Agent::Register() {
   r.agent = options_.agent_id;
   r.node_class = options_.node_class;
   r.idle_until = options_.idle_until;
+  r.slots = options_.slots;
   last_register_ = absl::Now();
   return outbox_.Send(r);
 }
@@ -122,20 +163,24 @@ void Agent::SetPhase(Rank& r, RankPhase phase, absl::Time now) {
   r.phase = phase;
   r.phase_since = now;
   heartbeat_due_ = true;
-  if (rank_ && &r == &*rank_) SetRunning();
+  SetRunning();
 }
 
 absl::Status Agent::CheckMembership(absl::Time now) {
-  if (!rank_ || rank_->phase != RankPhase::kStarting || rank_->ending != Rank::Ending::kNone) {
-    return absl::OkStatus();
-  }
-  if (now - rank_->member_checked < options_.member_poll) return absl::OkStatus();
-  rank_->member_checked = now;
+  bool starting = false;
+  for (const Rank& r : ranks_) starting |= r.phase == RankPhase::kStarting && r.ending == Rank::Ending::kNone;
+  if (!starting || ranks_.empty()) return absl::OkStatus();
+  if (now - ranks_.front().member_checked < options_.member_poll) return absl::OkStatus();
+  ranks_.front().member_checked = now;
   absl::StatusOr<comm::GenerationRecord> latest =
-      comm::ElasticGroup::LatestGeneration(*store_, rank_->runtime_id);
+      comm::ElasticGroup::LatestGeneration(*store_, ranks_.front().runtime_id);
   if (absl::IsNotFound(latest.status())) return absl::OkStatus();  // not bootstrapped yet
   MALLE_RETURN_IF_ERROR(latest.status());
-  if (latest->RankOf(rank_->member) >= 0) SetPhase(*rank_, RankPhase::kTraining, now);
+  for (Rank& r : ranks_) {
+    if (r.phase == RankPhase::kStarting && r.ending == Rank::Ending::kNone && latest->RankOf(r.member) >= 0) {
+      SetPhase(r, RankPhase::kTraining, now);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -190,32 +235,39 @@ absl::Status Agent::PollPlan(absl::Time now) {
       wanted_ = std::move(w);
     }
   }
-  // Jobs the plan still runs somewhere: a rank of one of them leaves, of any
-  // other job it is stopped.
-  if (rank_ && rank_->ending == Rank::Ending::kNone &&
-      (!wanted_ || wanted_->runtime_id != rank_->runtime_id)) {
+  // Jobs the plan still runs somewhere: the ranks of one of them leave, of any
+  // other job they are stopped.
+  if (AnyRankNotEnding() && (!wanted_ || wanted_->runtime_id != ranks_.front().runtime_id)) {
+    const std::string runtime_id = ranks_.front().runtime_id;
     bool job_still_runs = false;
-    for (const JobLaunch& l : plan->launches) job_still_runs |= l.runtime_id == rank_->runtime_id;
-    MALLE_LOG(INFO) << "plan " << plan_id_ << ": the rank " << rank_->member << " of " << rank_->runtime_id
-                    << " is no longer wanted here";
-    if (rank_->phase == RankPhase::kStarting) {
-      // Not a member yet (imports, model build, waiting for admission or the
-      // bootstrap): it cannot be asked to leave at a step boundary, and it
-      // has no state to lose. Stopped now, so the node goes back at once.
-      MALLE_RETURN_IF_ERROR(StopStartingRank(now));
-    } else if (job_still_runs) {
-      MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kLeaving, now + options_.leave_timeout));
-    } else if (JobPhase(rank_->job, now) == "succeeded") {
+    for (const JobLaunch& l : plan->launches) job_still_runs |= l.runtime_id == runtime_id;
+    MALLE_LOG(INFO) << "plan " << plan_id_ << ": the " << ranks_.size() << " rank(s) of " << runtime_id
+                    << " are no longer wanted here";
+    // Ranks not members yet (imports, model build, waiting for admission or
+    // the bootstrap) cannot be asked to leave at a step boundary, and have no
+    // state to lose: stopped now, so the node goes back at once.
+    MALLE_RETURN_IF_ERROR(StopStartingRanks(now));
+    if (!AnyRankNotEnding()) return absl::OkStatus();
+    if (job_still_runs) {
+      MALLE_RETURN_IF_ERROR(EndRanks(Rank::Ending::kLeaving, now + options_.leave_timeout));
+    } else if (JobPhase(ranks_.front().job, now) == "succeeded") {
       // Its program is ending by itself (the job reported completion): it
       // may write its results, in the background; the node is free now.
-      MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kFinishing, now + options_.finish_timeout));
-      SetPhase(*rank_, RankPhase::kDraining, now);
-      finishing_.push_back(*std::move(rank_));
-      rank_.reset();
+      MALLE_RETURN_IF_ERROR(EndRanks(Rank::Ending::kFinishing, now + options_.finish_timeout));
+      std::vector<Rank> keep;
+      for (Rank& r : ranks_) {
+        if (r.ending == Rank::Ending::kFinishing) {
+          SetPhase(r, RankPhase::kDraining, now);
+          finishing_.push_back(std::move(r));
+        } else {
+          keep.push_back(std::move(r));
+        }
+      }
+      ranks_ = std::move(keep);
       SetRunning();
       heartbeat_due_ = true;
     } else {
-      MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kStopping, now + options_.stop_timeout));
+      MALLE_RETURN_IF_ERROR(EndRanks(Rank::Ending::kStopping, now + options_.stop_timeout));
     }
   }
   return absl::OkStatus();
@@ -234,57 +286,98 @@ std::string Agent::JobPhase(absl::string_view job, absl::Time now) {
   return "";
 }
 
-absl::Status Agent::StopStartingRank(absl::Time now) {
-  MALLE_LOG(INFO) << "rank " << rank_->member << " of " << rank_->runtime_id
-                  << " is not a member yet: stopped at once";
-  SetPhase(*rank_, RankPhase::kDraining, now);
-  rank_->ending = Rank::Ending::kStopping;
-  (void)rank_->process->Kill(absl::Seconds(10));
-  // A join request it may have queued is withdrawn (a leave of a member that
-  // is not admitted cancels its join), so a leader never admits a process
-  // that is gone; the dead report covers a join already being admitted.
-  MALLE_RETURN_IF_ERROR(comm::ElasticGroup::RequestLeave(*store_, rank_->runtime_id, rank_->member));
-  return comm::ElasticGroup::ReportDead(*store_, rank_->runtime_id, rank_->member);
-}
-
-absl::Status Agent::EndRank(Rank::Ending how, absl::Time deadline) {
-  if (!rank_ || !rank_->process) return absl::OkStatus();
-  rank_->ending = how;
-  rank_->deadline = deadline;
-  if (how != Rank::Ending::kFinishing) SetPhase(*rank_, RankPhase::kDraining, absl::Now());
-  if (how == Rank::Ending::kLeaving) {
-    absl::Status s = comm::ElasticGroup::RequestLeave(*store_, rank_->runtime_id, rank_->member);
-    if (!s.ok()) return s;
-  } else if (how == Rank::Ending::kStopping) {
-    (void)rank_->process->Signal(SIGTERM);
+absl::Status Agent::StopStartingRanks(absl::Time now) {
+  std::vector<std::string> stopped;
+  for (Rank& r : ranks_) {
+    if (!r.process || r.exit || r.ending != Rank::Ending::kNone || r.phase != RankPhase::kStarting) continue;
+    MALLE_LOG(INFO) << "rank " << r.member << " of " << r.runtime_id << " is not a member yet: stopped at once";
+    SetPhase(r, RankPhase::kDraining, now);
+    r.ending = Rank::Ending::kStopping;
+    (void)r.process->Kill(absl::Seconds(10));
+    stopped.push_back(r.member);
   }
-  return absl::OkStatus();
+  if (stopped.empty()) return absl::OkStatus();
+  // A join request they may have queued is withdrawn (a leave of a member
+  // that is not admitted cancels its join), so a leader never admits a
+  // process that is gone; the dead report covers a join already being admitted.
+  const std::string job = ranks_.front().runtime_id;
+  MALLE_RETURN_IF_ERROR(comm::ElasticGroup::RequestLeave(*store_, job, absl::MakeConstSpan(stopped)));
+  return comm::ElasticGroup::ReportDead(*store_, job, absl::MakeConstSpan(stopped));
 }
 
-absl::Status Agent::KillAndReportDead() {
-  if (!rank_ || !rank_->process) return absl::OkStatus();
-  MALLE_LOG(WARNING) << "rank " << rank_->member << " of " << rank_->runtime_id
-                     << " did not end in time: killed";
-  rank_->ending = Rank::Ending::kKilled;
-  (void)rank_->process->Kill(absl::Seconds(10));
-  return comm::ElasticGroup::ReportDead(*store_, rank_->runtime_id, rank_->member);
+absl::Status Agent::EndRanks(Rank::Ending how, absl::Time deadline) {
+  std::vector<std::string> leaving;
+  for (Rank& r : ranks_) {
+    if (!r.process || r.exit || r.ending != Rank::Ending::kNone) continue;
+    r.ending = how;
+    r.deadline = deadline;
+    if (how != Rank::Ending::kFinishing) SetPhase(r, RankPhase::kDraining, absl::Now());
+    if (how == Rank::Ending::kLeaving) {
+      leaving.push_back(r.member);
+    } else if (how == Rank::Ending::kStopping) {
+      (void)r.process->Signal(SIGTERM);
+    }
+  }
+  if (leaving.empty()) return absl::OkStatus();
+  // One request for the node's ranks: they leave in one generation change.
+  return comm::ElasticGroup::RequestLeave(*store_, ranks_.front().runtime_id, absl::MakeConstSpan(leaving));
+}
+
+absl::Status Agent::KillAndReportDead(std::vector<std::string> also) {
+  std::vector<std::string> dead = std::move(also);
+  for (Rank& r : ranks_) {
+    if (!r.process || r.exit) continue;
+    MALLE_LOG(WARNING) << "rank " << r.member << " of " << r.runtime_id << " killed ("
+                       << (r.ending == Rank::Ending::kNone ? "a rank of its node crashed" : "it did not end in time")
+                       << ")";
+    if (r.ending == Rank::Ending::kNone || r.ending == Rank::Ending::kLeaving) r.ending = Rank::Ending::kKilled;
+    (void)r.process->Kill(absl::Seconds(10));
+    r.exit = r.process->PollStatus();
+    dead.push_back(r.member);
+  }
+  if (dead.empty() || ranks_.empty()) return absl::OkStatus();
+  // Together: a recovery that sees one of them dead sees all of them.
+  return comm::ElasticGroup::ReportDead(*store_, ranks_.front().runtime_id, absl::MakeConstSpan(dead));
 }
 
 absl::Status Agent::Reap(absl::Time now) {
-  if (!rank_ || !rank_->process) return absl::OkStatus();
-  std::optional<cluster::ExitStatus> status = rank_->process->PollStatus();
-  if (!status) {
-    if (rank_->ending != Rank::Ending::kNone && now >= rank_->deadline) {
-      MALLE_RETURN_IF_ERROR(KillAndReportDead());
-      status = rank_->process->PollStatus();
+  if (ranks_.empty()) return absl::OkStatus();
+  bool overdue = false, crashed = false;
+  std::vector<std::string> crashed_members;
+  for (Rank& r : ranks_) {
+    if (!r.process) continue;
+    if (!r.exit) r.exit = r.process->PollStatus();
+    if (!r.exit) {
+      overdue |= r.ending != Rank::Ending::kNone && now >= r.deadline;
+      continue;
     }
-    if (!status) return absl::OkStatus();
+    const bool clean = r.exit->code == 0 && r.exit->signal == 0;
+    if (r.ending == Rank::Ending::kNone && !clean) {
+      crashed = true;
+      crashed_members.push_back(r.member);
+    }
   }
-  Rank r = *std::move(rank_);
-  rank_.reset();
+  if (crashed) {
+    // The node's ranks are one unit: the others are stopped and all are
+    // reported dead at once, so the job recovers once, without this node
+    // (during a store outage they cannot recover anyway; the exits are kept).
+    absl::Status reported = KillAndReportDead(std::move(crashed_members));
+    if (!reported.ok() && !IsStoreError(reported)) return reported;
+    ++crashes_;
+    next_spawn_ = now + std::min(options_.respawn_backoff * crashes_, absl::Seconds(30));
+  } else if (overdue) {
+    MALLE_RETURN_IF_ERROR(KillAndReportDead());
+  }
+  if (std::none_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.exit.has_value(); })) {
+    return absl::OkStatus();
+  }
+  std::vector<Rank> keep, done;
+  for (Rank& r : ranks_) (r.exit ? done : keep).push_back(std::move(r));
+  ranks_ = std::move(keep);
   SetRunning();
   heartbeat_due_ = true;
-  return Report(r, *status, now);
+  for (Rank& r : done) MALLE_RETURN_IF_ERROR(Report(r, *r.exit, now));
+  return absl::OkStatus();
 }
 
 absl::Status Agent::ReapFinishing(absl::Time now) {
@@ -338,7 +431,10 @@ absl::Status Agent::Report(Rank& r, const cluster::ExitStatus& status, absl::Tim
   if (e.cause == RankExitCause::kExited && clean) finished_[e.job] = true;
   MALLE_LOG(INFO) << "rank " << e.member << " of " << e.job << " ended with status "
                   << status.ShellCode() << " (" << RankExitCauseName(e.cause) << ")";
-  if (crashed) {
+  // A crash of a rank of the node's current set was handled by Reap (its
+  // node-mates stopped, all reported dead together); one finishing in the
+  // background is reported here.
+  if (crashed && r.ending == Rank::Ending::kFinishing) {
     ++crashes_;
     next_spawn_ = now + std::min(options_.respawn_backoff * crashes_, absl::Seconds(30));
     // The others are waiting in a collective or a boundary: tell them now
@@ -360,9 +456,11 @@ std::string Agent::MetricsText() const {
   }
   for (RankPhase p : {RankPhase::kStarting, RankPhase::kTraining, RankPhase::kDraining}) {
     const bool now = running_ && running_->phase == p;
-    m.Gauge("malle_agent_rank_phase", "1 for the phase of the rank running here (none: all 0).", now ? 1 : 0,
+    m.Gauge("malle_agent_rank_phase", "1 for the phase of the ranks running here, the least advanced one (none: all 0).", now ? 1 : 0,
             {{"phase", std::string(RankPhaseName(p))}});
   }
+  m.Gauge("malle_agent_slots", "Ranks per job this node runs (--slots).", options_.slots);
+  m.Gauge("malle_agent_ranks", "Ranks of the node's current job running here.", counters_.ranks);
   m.Gauge("malle_agent_finishing_ranks", "Ranks of succeeded jobs writing their results.", counters_.finishing);
   m.Counter("malle_agent_store_errors_total", "Loop iterations the control store did not answer.",
             counters_.store_errors);
@@ -415,65 +513,88 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
     spec_it = specs_.emplace(w.job, *submit).first;
   }
   const JobSubmit& spec = spec_it->second;
+  // On the incarnation's bootstrap node the node's ranks form the job's first
+  // generation together (bootstrap size = slots); elsewhere they join.
   const bool bootstrap = w.bootstrap_node == options_.node && !bootstrapped_[w.runtime_id];
-  Rank r;
-  r.job = w.job;
-  r.runtime_id = w.runtime_id;
-  r.member = absl::StrCat(options_.node, "-", ::getpid(), "-r", ++spawned_);
-  cluster::ProcessSpec p;
-  p.argv = spec.command;
-  p.cwd = spec.cwd;
-  if (!options_.log_dir.empty()) {
-    p.stdout_path = absl::StrCat(options_.log_dir, "/", r.member, ".out");
-    p.stderr_path = absl::StrCat(options_.log_dir, "/", r.member, ".err");
-  }
-  for (const auto& [k, v] : spec.env) p.env.emplace_back(k, v);
-  for (const auto& kv : options_.extra_env) p.env.push_back(kv);
-  // The rank environment contract (cluster/rank_env.h); LocalProcess adds it
-  // last, so it wins over the job's own env.
-  cluster::RankEnv& env = p.rank_env.emplace();
-  env.store = options_.store_address;
-  env.job_id = w.runtime_id;
-  env.member_id = r.member;
-  env.bootstrap_size = bootstrap ? 1 : 0;
-  env.control_job = w.job;
-  env.control_secret = options_.secret_path;
-  env.node = options_.node;
-  env.min_nodes = spec.min_nodes;
-  env.max_nodes = spec.EffectiveMaxNodes();
-  if (!options_.park_root.empty()) {
-    // Ids are [A-Za-z0-9._-]: one path component, except these two.
-    if (w.job == "." || w.job == "..") {
-      MALLE_LOG(WARNING) << "job '" << w.job << "' has no park store: its id is not a directory name";
-    } else {
-      env.park_dir = absl::StrCat(options_.park_root, "/", w.job);
+  const int slots = options_.slots;
+  std::vector<Rank> started;
+  for (int local = 0; local < slots; ++local) {
+    Rank r;
+    r.job = w.job;
+    r.runtime_id = w.runtime_id;
+    r.member = absl::StrCat(options_.node, "-", ::getpid(), "-r", ++spawned_);
+    cluster::ProcessSpec p;
+    p.argv = spec.command;
+    p.cwd = spec.cwd;
+    if (!options_.log_dir.empty()) {
+      p.stdout_path = absl::StrCat(options_.log_dir, "/", r.member, ".out");
+      p.stderr_path = absl::StrCat(options_.log_dir, "/", r.member, ".err");
     }
-  }
-  // Its own process group: stopping the rank stops what it started too.
-  p.new_process_group = true;
-  absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
-  if (!process.ok()) {
-    MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();
-    ++crashes_;
-    next_spawn_ = now + std::min(options_.respawn_backoff * crashes_, absl::Seconds(30));
-    RankExit e;
-    e.node = options_.node;
-    e.job = w.runtime_id;
-    e.member = r.member;
-    e.exit_code = 127;
-    e.cause = RankExitCause::kExited;
-    return SendReliably(e);
+    for (const auto& [k, v] : spec.env) p.env.emplace_back(k, v);
+    for (const auto& kv : options_.extra_env) p.env.push_back(kv);
+    if (!options_.visible_devices.empty()) p.env.emplace_back(cluster::kEnvCudaVisibleDevices, options_.visible_devices);
+    // The rank environment contract (cluster/rank_env.h); LocalProcess adds it
+    // last, so it wins over the job's own env.
+    cluster::RankEnv& env = p.rank_env.emplace();
+    env.store = options_.store_address;
+    env.job_id = w.runtime_id;
+    env.member_id = r.member;
+    env.bootstrap_size = bootstrap ? slots : 0;
+    env.control_job = w.job;
+    env.control_secret = options_.secret_path;
+    env.node = options_.node;
+    env.min_nodes = spec.min_nodes;
+    env.max_nodes = spec.EffectiveMaxNodes();
+    env.local_rank = local;
+    env.local_world_size = slots;
+    if (!options_.park_root.empty()) {
+      // Ids are [A-Za-z0-9._-]: one path component, except these two.
+      if (w.job == "." || w.job == "..") {
+        MALLE_LOG(WARNING) << "job '" << w.job << "' has no park store: its id is not a directory name";
+      } else {
+        env.park_dir = absl::StrCat(options_.park_root, "/", w.job);
+      }
+    }
+    // Its own process group: stopping the rank stops what it started too.
+    p.new_process_group = true;
+    absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
+    if (!process.ok()) {
+      MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();
+      // The node's ranks are one unit: the ones already started go too (they
+      // are not members yet: a bootstrap or a join would wait for the missing one).
+      std::vector<std::string> gone;
+      for (Rank& s : started) {
+        (void)s.process->Kill(absl::Seconds(10));
+        gone.push_back(s.member);
+      }
+      if (!gone.empty()) {
+        absl::Status st = comm::ElasticGroup::RequestLeave(*store_, w.runtime_id, absl::MakeConstSpan(gone));
+        if (st.ok()) st = comm::ElasticGroup::ReportDead(*store_, w.runtime_id, absl::MakeConstSpan(gone));
+        if (!st.ok() && !IsStoreError(st)) return st;
+      }
+      ++crashes_;
+      next_spawn_ = now + std::min(options_.respawn_backoff * crashes_, absl::Seconds(30));
+      RankExit e;
+      e.node = options_.node;
+      e.job = w.runtime_id;
+      e.member = r.member;
+      e.exit_code = 127;
+      e.cause = RankExitCause::kExited;
+      return SendReliably(e);
+    }
+    r.process = *std::move(process);
+    MALLE_LOG(INFO) << "started rank " << r.member << " (local rank " << local << " of " << slots << ") of "
+                    << w.runtime_id << " (pid " << r.process->pid()
+                    << (bootstrap ? ", bootstraps the job)" : ", joins)");
+    r.phase_since = now;
+    started.push_back(std::move(r));
   }
   if (bootstrap) bootstrapped_[w.runtime_id] = true;
-  r.process = *std::move(process);
-  MALLE_LOG(INFO) << "started rank " << r.member << " of " << w.runtime_id << " (pid " << r.process->pid()
-                  << (bootstrap ? ", bootstraps the job)" : ", joins)");
-  r.phase_since = now;
   {
     absl::MutexLock lock(&mu_);
-    ++counters_.rank_starts;
+    counters_.rank_starts += slots;
   }
-  rank_ = std::move(r);
+  ranks_ = std::move(started);
   SetRunning();
   heartbeat_due_ = true;
   return absl::OkStatus();
@@ -483,7 +604,7 @@ absl::Status Agent::Reconcile(absl::Time now) {
   MALLE_RETURN_IF_ERROR(Reap(now));
   MALLE_RETURN_IF_ERROR(ReapFinishing(now));
   MALLE_RETURN_IF_ERROR(CheckMembership(now));
-  if (!rank_ && wanted_ && now >= next_spawn_ && !finished_[wanted_->runtime_id]) {
+  if (ranks_.empty() && wanted_ && now >= next_spawn_ && !finished_[wanted_->runtime_id]) {
     MALLE_RETURN_IF_ERROR(Spawn(*wanted_, now));
   }
   return absl::OkStatus();
@@ -505,16 +626,13 @@ absl::Status Agent::Vacate(absl::Time deadline, bool reclaim) {
     MALLE_RETURN_IF_ERROR(SendReliably(r));
   }
   wanted_.reset();
-  if (rank_ && rank_->process && rank_->ending == Rank::Ending::kNone &&
-      rank_->phase == RankPhase::kStarting) {
-    MALLE_RETURN_IF_ERROR(StopStartingRank(absl::Now()));
-  } else if (rank_ && rank_->process && rank_->ending == Rank::Ending::kNone) {
-    MALLE_RETURN_IF_ERROR(EndRank(Rank::Ending::kLeaving, deadline));
-  } else if (rank_) {
-    rank_->deadline = std::min(rank_->deadline, deadline);
-  }
+  // Ranks not members yet stop at once; the others leave at their next step
+  // boundary, all in one generation change.
+  MALLE_RETURN_IF_ERROR(StopStartingRanks(absl::Now()));
+  MALLE_RETURN_IF_ERROR(EndRanks(Rank::Ending::kLeaving, deadline));
+  for (Rank& r : ranks_) r.deadline = std::min(r.deadline, deadline);
   for (Rank& r : finishing_) r.deadline = std::min(r.deadline, deadline);
-  while (rank_ || !finishing_.empty()) {
+  while (!ranks_.empty() || !finishing_.empty()) {
     const absl::Time now = absl::Now();
     absl::Status s = [&]() -> absl::Status {
       MALLE_RETURN_IF_ERROR(Reap(now));
@@ -522,10 +640,14 @@ absl::Status Agent::Vacate(absl::Time deadline, bool reclaim) {
       if (now - last_heartbeat_ >= options_.heartbeat_interval) MALLE_RETURN_IF_ERROR(Heartbeat());
       return FlushUnsent();
     }();
-    // A store outage does not stop the vacating: the rank still goes by its
+    // A store outage does not stop the vacating: the ranks still go by their
     // deadline; what could not be said is said when the store is back.
     if (!s.ok() && !IsStoreError(s)) return s;
-    if (!s.ok() && rank_ && rank_->process && now >= rank_->deadline) (void)rank_->process->Kill(absl::Seconds(10));
+    if (!s.ok()) {
+      for (Rank& r : ranks_) {
+        if (r.process && !r.exit && now >= r.deadline) (void)r.process->Kill(absl::Seconds(10));
+      }
+    }
     absl::SleepFor(options_.poll_interval);
   }
   NodeLeave leave;
@@ -545,7 +667,8 @@ absl::Status Agent::Vacate(absl::Time deadline, bool reclaim) {
 
 absl::Status Agent::Run() {
   MALLE_RETURN_IF_ERROR(Register());
-  MALLE_LOG(INFO) << "agent " << options_.agent_id << " offers node " << options_.node;
+  MALLE_LOG(INFO) << "agent " << options_.agent_id << " offers node " << options_.node << " (" << options_.slots
+                  << " slot(s))";
   for (;;) {
     const absl::Time now = absl::Now();
     bool stop, reclaim;
@@ -561,7 +684,7 @@ absl::Status Agent::Run() {
       const absl::Duration margin = std::min(absl::Seconds(1), grace / 4);
       const absl::Time deadline = reclaim ? now + grace - margin : now + options_.leave_timeout;
       absl::Status s = Vacate(deadline, reclaim);
-      if (!s.ok() && rank_ && rank_->process) (void)rank_->process->Kill(absl::Seconds(10));
+      if (!s.ok()) KillAll();
       return s;
     }
     absl::Status s = [&]() -> absl::Status {
@@ -587,8 +710,8 @@ absl::Status Agent::Run() {
       absl::MutexLock lock(&mu_);
       ++counters_.store_errors;
     } else if (!s.ok()) {
-      MALLE_LOG(ERROR) << "agent " << options_.agent_id << ": " << s << "; stopping its rank";
-      if (rank_ && rank_->process) (void)rank_->process->Kill(absl::Seconds(10));
+      MALLE_LOG(ERROR) << "agent " << options_.agent_id << ": " << s << "; stopping its ranks";
+      KillAll();
       return s;
     } else if (store_down_) {
       store_down_ = false;

@@ -1,13 +1,22 @@
 // Agent: the node agent. One per node; it offers the node to the allocator
-// and runs, on it, the rank of whichever job the allocator's plan assigns.
+// and runs, on it, the ranks of whichever job the allocator's plan assigns:
+// `slots` ranks (one per GPU on a GPU node), LOCAL_RANK 0..slots-1.
 //
 //   AgentOptions o;
 //   o.node = "n3";
 //   o.store_address = "127.0.0.1:29400";
 //   o.secret_path = "/etc/malle/secret";
+//   o.slots = 4;                            // a node with 4 GPUs: 4 ranks per job
 //   MALLE_ASSIGN_OR_RETURN(auto agent, Agent::Create(store, secret, o));
 //   // SIGTERM handler thread: agent->Reclaim(absl::Seconds(30), "slurm preemption");
 //   MALLE_RETURN_IF_ERROR(agent->Run());   // until Stop() or the reclaim is done
+//
+// The node's ranks are one unit: they start together (on the job's bootstrap
+// node they form its first generation together), are asked to leave together
+// (one change request: one generation change, not `slots`), and when one of
+// them crashes the agent stops the others and reports them all dead at once,
+// so that the job recovers once, without the node. Below, "the rank" is the
+// node's set of ranks.
 //
 // What it does, each poll_interval:
 //   - registers the node (again, if a plan that does not list it is older
@@ -75,6 +84,12 @@ struct AgentOptions {
   std::string store_address;  // host:port the ranks connect to (MALLE_STORE), required
   std::string secret_path;    // passed to ranks (MALLE_CONTROL_SECRET), may be empty
   std::string log_dir;        // ranks' stdout/stderr as <log_dir>/<member>.{out,err}; empty: inherit
+  // Ranks per job on this node, [1, 1024] (cluster/node_slots.h resolves
+  // `--slots` / `--gpus`); the allocator still allocates whole nodes.
+  int slots = 1;
+  // CUDA_VISIBLE_DEVICES of the ranks (from --gpus or the Slurm allocation);
+  // empty: they inherit the agent's environment.
+  std::string visible_devices;
   std::vector<std::pair<std::string, std::string>> extra_env;  // added to every rank
   // Park stores: a job's ranks get <park_root>/<job> (MALLE_PARK_DIR), where its
   // last member parks the state and snapshots go (a shared filesystem on a
@@ -110,8 +125,11 @@ class Agent {
   // NodeLeave) and return. Thread-safe, does not block.
   void Stop(std::string reason);
 
-  // What runs now (job runtime id, member, pid). Thread-safe.
+  // What runs now (job runtime id; the member, pid of the node's first rank;
+  // the phase of the least advanced one). Thread-safe.
   std::optional<RunningRank> running() const;
+  // How many of the node's ranks run now. Thread-safe.
+  int running_ranks() const;
   int64_t plan_seen() const { return plan_seen_.load(); }
   // The Prometheus text exposition of this agent (docs/operations.md, "Metrics"). Thread-safe.
   std::string MetricsText() const;
@@ -130,6 +148,7 @@ class Agent {
     RankPhase phase = RankPhase::kStarting;
     absl::Time phase_since;
     absl::Time member_checked = absl::InfinitePast();
+    std::optional<cluster::ExitStatus> exit;  // once it has exited
   };
   struct Wanted {
     std::string job, runtime_id, bootstrap_node;
@@ -142,7 +161,7 @@ class Agent {
   absl::Status PollPlan(absl::Time now);
   absl::Status Reconcile(absl::Time now);
   absl::Status Spawn(const Wanted& w, absl::Time now);
-  absl::Status Reap(absl::Time now);   // a rank that exited: report it
+  absl::Status Reap(absl::Time now);   // ranks that exited: report them
   absl::Status ReapFinishing(absl::Time now);  // ranks finishing in the background
   absl::Status Report(Rank& r, const cluster::ExitStatus& status, absl::Time now);
   // Sends `m`, or keeps it for later if the store is down (rank exits, reclaims).
@@ -151,10 +170,14 @@ class Agent {
   // A starting rank whose job's latest generation now lists it is training.
   absl::Status CheckMembership(absl::Time now);
   void SetPhase(Rank& r, RankPhase phase, absl::Time now);
-  absl::Status EndRank(Rank::Ending how, absl::Time deadline);
-  absl::Status StopStartingRank(absl::Time now);  // a rank that is not a member yet
+  // Ends every rank of the node not ending yet; kLeaving: one leave request for all.
+  absl::Status EndRanks(Rank::Ending how, absl::Time deadline);
+  absl::Status StopStartingRanks(absl::Time now);  // ranks that are not members yet
   absl::Status Vacate(absl::Time deadline, bool reclaim);
-  absl::Status KillAndReportDead();
+  // Kills every rank still running and reports them (and `also`) dead together.
+  absl::Status KillAndReportDead(std::vector<std::string> also = {});
+  bool AnyRankNotEnding() const;
+  void KillAll();
   // The job's phase in the allocator's status document ("" if unknown).
   std::string JobPhase(absl::string_view job, absl::Time now);
   void SetRunning();
@@ -164,7 +187,7 @@ class Agent {
   AgentOptions options_;
   Outbox outbox_;
 
-  std::optional<Rank> rank_;
+  std::vector<Rank> ranks_;      // the node's ranks, all of one job (empty: none)
   std::vector<Rank> finishing_;  // members of succeeded jobs writing their results
   bool heartbeat_due_ = false;   // a phase changed: tell the allocator now
   std::deque<Message> unsent_;   // kept while the store is down, oldest first
@@ -194,6 +217,7 @@ class Agent {
     int64_t store_errors = 0;
     int64_t unsent = 0;
     int finishing = 0;
+    int ranks = 0;
   } counters_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool reclaim_ ABSL_GUARDED_BY(mu_) = false;

@@ -38,7 +38,9 @@ TEST(RankEnvTest, ReadsEveryVariable) {
                                {"MALLE_MIN_NODES", "1"},
                                {"MALLE_MAX_NODES", "4"},
                                {"MALLE_BACKEND", "nccl"},
-                               {"MALLE_PARK_DIR", "/shared/park/digits"}}));
+                               {"MALLE_PARK_DIR", "/shared/park/digits"},
+                               {"LOCAL_RANK", "2"},
+                               {"LOCAL_WORLD_SIZE", "4"}}));
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->store_host(), "10.0.0.2");
   EXPECT_EQ(env->store_port(), 29400);
@@ -52,6 +54,8 @@ TEST(RankEnvTest, ReadsEveryVariable) {
   EXPECT_EQ(env->max_nodes, 4);
   EXPECT_EQ(env->backend, "nccl");
   EXPECT_EQ(env->park_dir, "/shared/park/digits");
+  EXPECT_EQ(env->local_rank, 2);
+  EXPECT_EQ(env->local_world_size, 4);
 }
 
 TEST(RankEnvTest, DefaultsWhenOnlyTheStoreIsGiven) {
@@ -62,6 +66,24 @@ TEST(RankEnvTest, DefaultsWhenOnlyTheStoreIsGiven) {
   EXPECT_EQ(env->bootstrap_size, 0);
   EXPECT_EQ(env->control_job, "");
   EXPECT_EQ(env->max_nodes, 0);
+  EXPECT_EQ(env->local_rank, 0);
+  EXPECT_EQ(env->local_world_size, 0);
+}
+
+TEST(RankEnvTest, LocalRankAndSizeRoundTrip) {
+  // A node agent with 3 slots starts its third rank.
+  RankEnv env;
+  env.store = "127.0.0.1:4000";
+  env.local_rank = 2;
+  env.local_world_size = 3;
+  const auto vars = RankEnvVars(env);
+  std::map<std::string, std::string> m(vars.begin(), vars.end());
+  EXPECT_EQ(m.at("LOCAL_RANK"), "2");
+  EXPECT_EQ(m.at("LOCAL_WORLD_SIZE"), "3");
+  auto back = ReadRankEnv(From(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->local_rank, 2);
+  EXPECT_EQ(back->local_world_size, 3);
 }
 
 TEST(RankEnvTest, WritesWhatItReads) {
@@ -105,6 +127,11 @@ TEST(RankEnvTest, BadInputNamesTheVariable) {
       {{{"MALLE_STORE", "h:1"}, {"MALLE_BACKEND", "mpi"}}, "MALLE_BACKEND: must be 'gloo' or 'nccl'"},
       {{{"MALLE_STORE", "h:1"}, {"MALLE_JOB_ID", "a/b"}}, "MALLE_JOB_ID: 'a/b' has a character outside"},
       {{{"MALLE_STORE", "h:1"}, {"MALLE_MEMBER_ID", std::string(129, 'x')}}, "MALLE_MEMBER_ID: must be 1..128"},
+      {{{"MALLE_STORE", "h:1"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
+       "LOCAL_RANK=2: must be in [0, LOCAL_WORLD_SIZE=2)"},
+      {{{"MALLE_STORE", "h:1"}, {"LOCAL_RANK", "1"}}, "LOCAL_RANK=1: must be in [0, LOCAL_WORLD_SIZE=0)"},
+      {{{"MALLE_STORE", "h:1"}, {"LOCAL_RANK", "-1"}}, "LOCAL_RANK: must be a non-negative"},
+      {{{"MALLE_STORE", "h:1"}, {"LOCAL_WORLD_SIZE", "x"}}, "LOCAL_WORLD_SIZE: must be a non-negative"},
   };
   for (const Case& c : cases) {
     auto env = ReadRankEnv(From(c.vars));
@@ -116,7 +143,7 @@ TEST(RankEnvTest, BadInputNamesTheVariable) {
 
 TEST(RankEnvTest, NamesListEveryVariableOnce) {
   const auto names = RankEnvNames();
-  EXPECT_EQ(names.size(), 11u);
+  EXPECT_EQ(names.size(), 13u);
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
 }
 

@@ -277,6 +277,36 @@ std::vector<AfterBoundary> RecoverThreads(std::vector<std::unique_ptr<ElasticGro
   return out;
 }
 
+// A node agent's ranks leave with one request: one generation change takes
+// both out, whatever the boundary timing.
+TEST(ElasticGroupTest, ANodesRanksLeaveInOneGenerationChange) {
+  auto store = ControlStore::InMemory();
+  auto groups = BootstrapThreads(store, GroupOptions("node-leave", "", 4), 4);
+  ASSERT_EQ(groups.size(), 4u);
+  std::vector<std::string> node;  // the two non-leaders play one node's ranks
+  for (auto& g : groups) {
+    if (g->rank() >= 2) node.push_back(g->member_id());
+  }
+  ASSERT_EQ(node.size(), 2u);
+  ASSERT_OK(ElasticGroup::RequestLeave(*store, "node-leave", absl::MakeConstSpan(node)));
+  std::vector<AfterBoundary> after = RecoverThreads(groups);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Transition& t = after[i].transition;
+    EXPECT_EQ(t.generation, 1) << i;
+    if (groups[i]->rank() < 0 || !t.active()) {
+      EXPECT_EQ(t.kind, Transition::Kind::kLeft) << i;
+    } else {
+      EXPECT_EQ(t.kind, Transition::Kind::kPlanned) << i;
+      EXPECT_EQ(t.size, 2);
+      EXPECT_THAT(t.removed, ::testing::UnorderedElementsAreArray(node));
+      EXPECT_EQ(after[i].sum, 3.0f);  // 1 + 2: the two survivors allreduce in generation 1
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(GenerationRecord latest, ElasticGroup::LatestGeneration(*store, "node-leave"));
+  EXPECT_EQ(latest.generation, 1);
+  EXPECT_EQ(latest.members.size(), 2u);
+}
+
 // BeginStepBoundary(): the vote goes before the optimizer step; a boundary
 // that changes nothing then needs no collective of its own, and one with a
 // queued request agrees on it as usual.

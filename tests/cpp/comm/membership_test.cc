@@ -137,6 +137,26 @@ TEST(RequestTest, RoundTripsAndRejectsGarbage) {
   EXPECT_THAT(DecodeRequest("join a/b"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(RequestTest, ANodesLeavesAreOneEntryAndOneChange) {
+  // A node agent with 2 slots asks its two ranks to leave: one queue entry,
+  // which a leader reads whole, so both go in the same generation change.
+  const std::string entry = EncodeLeaves({"n1-5-r3", "n1-5-r4"});
+  EXPECT_EQ(entry, "leave n1-5-r3,n1-5-r4");
+  ASSERT_OK_AND_ASSIGN(std::vector<ChangeRequest> rs, DecodeRequests(entry));
+  EXPECT_THAT(rs, ElementsAre(ChangeRequest{Kind::kLeave, "n1-5-r3"}, ChangeRequest{Kind::kLeave, "n1-5-r4"}));
+  PlannedChange change = PlanNextMembers(Gen({"n0-1-r1", "n0-1-r2", "n1-5-r3", "n1-5-r4"}), rs, 8);
+  EXPECT_TRUE(change.changed);
+  EXPECT_THAT(change.next, ElementsAre("n0-1-r1", "n0-1-r2"));
+  EXPECT_THAT(change.removed, ElementsAre("n1-5-r3", "n1-5-r4"));
+  // A single request decodes as before.
+  ASSERT_OK_AND_ASSIGN(std::vector<ChangeRequest> one, DecodeRequests("join x"));
+  EXPECT_THAT(one, ElementsAre(ChangeRequest{Kind::kJoin, "x"}));
+  // Only leaves come in groups; a malformed list names the field.
+  EXPECT_THAT(DecodeRequests("join a,b"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("member")));
+  EXPECT_THAT(DecodeRequests("leave a,,b"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("member")));
+  EXPECT_THAT(DecodeRequests("leave a,b/c"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("member")));
+}
+
 TEST(ValidateIdTest, NamesTheFieldAndTheProblem) {
   EXPECT_THAT(ValidateId("job_id", "mnist-1.v2_a"), IsOk());
   EXPECT_THAT(ValidateId("job_id", ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));

@@ -58,8 +58,11 @@ struct Rank {
 // Member r starts from parameters drawn with seed `init_seed + r`; the state
 // sync at bootstrap makes everyone start from rank 0's, and rank 0 is the
 // member that arrived first, so `*rank0_member` says which one that was.
+// `ranks_per_node`: the ranks' node slots (the advisor counts nodes); rank 0's
+// advisor report goes to `*report0`.
 std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic, int init_seed = 100,
-                              int* rank0_member = nullptr, bool use_reducer = true) {
+                              int* rank0_member = nullptr, bool use_reducer = true, int ranks_per_node = 1,
+                              std::string* report0 = nullptr) {
   at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const at::Tensor x = at::randn({40, 5}, data_gen, at::TensorOptions());
   const at::Tensor y = at::matmul(x, at::randn({5, 2}, data_gen, at::TensorOptions()));
@@ -74,7 +77,9 @@ std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic,
       me.b = at::randn({2}, init, at::TensorOptions()).set_requires_grad(true);
       me.adam = std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{me.w, me.b},
                                                      torch::optim::AdamOptions(0.05));
-      auto trainer = ElasticTrainer::Create(store, GroupOptions(job, "m" + std::to_string(r), n), Options(deterministic, use_reducer),
+      ElasticTrainerOptions o = Options(deterministic, use_reducer);
+      o.ranks_per_node = ranks_per_node;
+      auto trainer = ElasticTrainer::Create(store, GroupOptions(job, "m" + std::to_string(r), n), o,
                                             ModelState::FromTensors({me.w, me.b}), *me.adam);
       if (!trainer.ok()) {
         me.status = trainer.status();
@@ -102,6 +107,7 @@ std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic,
         }
       }
       if ((*trainer)->step() != 12) me.status = absl::InternalError("did not train 12 steps");
+      if (report0 != nullptr && (*trainer)->rank() == 0) *report0 = (*trainer)->ReportJson();
     });
   }
   for (auto& t : threads) t.join();
@@ -347,6 +353,16 @@ TEST(ElasticTrainerTest, ACppJobTakesAdvisorSamplesAndReportsToItsSink) {
   EXPECT_GE(sink->reports().size(), 2u);  // at least one while training, one at the end
   // 40 steps of L = 2 workers x 4 samples.
   EXPECT_THAT(sink->completions(), ElementsAre(std::make_pair(int64_t{40}, int64_t{40 * 2 * 4})));
+}
+
+TEST(ElasticTrainerTest, TheAdvisorCountsNodesNotRanks) {
+  // Two ranks on one node of 2 slots: the allocator gave the job one node, and
+  // the advisor's report (its size, its curve) must say 1, not 2.
+  std::string one_node, two_nodes;
+  Train("rpn2", 2, false, 100, nullptr, true, /*ranks_per_node=*/2, &one_node);
+  Train("rpn1", 2, false, 100, nullptr, true, /*ranks_per_node=*/1, &two_nodes);
+  EXPECT_THAT(one_node, HasSubstr("\"current_nodes\":1"));
+  EXPECT_THAT(two_nodes, HasSubstr("\"current_nodes\":2"));
 }
 
 TEST(ElasticTrainerTest, PlanAndMisuse) {

@@ -86,6 +86,7 @@ TEST(EngineOptionsTest, BadOptionsAreNamed) {
       {[](EngineOptions& o) { o.bucket_bytes = 0; }, "bucket_bytes: must be positive"},
       {[](EngineOptions& o) { o.backend = "mpi"; }, "backend: must be 'gloo' or 'nccl', got 'mpi'"},
       {[](EngineOptions& o) { o.min_nodes = 3, o.max_nodes = 2; }, "min_nodes/max_nodes"},
+      {[](EngineOptions& o) { o.ranks_per_node = 0; }, "ranks_per_node: must be in [1, 1024]"},
   };
   for (const Case& c : cases) {
     EngineOptions o;
