@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "libmalle/base/status_macros.h"
@@ -202,6 +203,30 @@ const char* LauncherName(Launcher launcher) {
   return "?";
 }
 
+absl::StatusOr<int> SlurmTasksOnNode(const std::string& tasks_per_node, int node) {
+  const auto malformed = [&](absl::string_view entry) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed entry '", entry, "' in '", tasks_per_node,
+                                                   "' (expected N or N(xM), comma-separated)"));
+  };
+  int first = 0;  // the first node the current entry covers
+  for (absl::string_view entry : absl::StrSplit(tasks_per_node, ',')) {
+    absl::string_view count = entry, times = "1";
+    if (size_t open = entry.find("(x"); open != absl::string_view::npos) {
+      if (entry.back() != ')') return malformed(entry);
+      count = entry.substr(0, open);
+      times = entry.substr(open + 2, entry.size() - open - 3);
+    }
+    int tasks = 0, repeat = 0;
+    if (!absl::SimpleAtoi(count, &tasks) || !absl::SimpleAtoi(times, &repeat) || tasks < 1 || repeat < 1) {
+      return malformed(entry);
+    }
+    if (node < first + repeat) return tasks;
+    first += repeat;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("node ", node, " is beyond '", tasks_per_node, "', which covers ", first, " nodes"));
+}
+
 absl::StatusOr<std::string> FirstSlurmHost(const std::string& hostlist) {
   std::string host;
   for (size_t i = 0; i < hostlist.size() && hostlist[i] != ','; ++i) {
@@ -286,11 +311,11 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
       translated[kEnvJobId] = "torch-env";
     }
     translated[kEnvMemberId] = absl::StrCat("rank", rank);
-    if (std::optional<std::string> local = lookup(kTorchLocalRank)) {
+    if (std::optional<std::string> local = lookup(kEnvLocalRank)) {
       int local_rank = 0;
       if (!absl::SimpleAtoi(*local, &local_rank) || local_rank < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(kTorchLocalRank, ": must be a non-negative integer, got '", *local, "'"));
+            absl::StrCat(kEnvLocalRank, ": must be a non-negative integer, got '", *local, "'"));
       }
       out.local_rank = local_rank;
     }
@@ -314,6 +339,14 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
     if (lookup(kSlurmLocalId)) MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmLocalId, 0, 1 << 20, why, &local));
     if (lookup(kSlurmNodeId)) MALLE_RETURN_IF_ERROR(ReadRequiredInt(lookup, kSlurmNodeId, 0, 1 << 20, why, &node));
     out.local_rank = static_cast<int>(local);
+    // A node's tasks get LOCAL_RANK / LOCAL_WORLD_SIZE as malletrain's agents
+    // and torchrun give them (one GPU per task on NCCL), when srun says both.
+    if (std::optional<std::string> per_node = lookup(kSlurmStepTasksPerNode); per_node && local >= 0 && node >= 0) {
+      absl::StatusOr<int> here = SlurmTasksOnNode(*per_node, static_cast<int>(node));
+      if (!here.ok()) return absl::InvalidArgumentError(absl::StrCat(kSlurmStepTasksPerNode, ": ", here.status().message()));
+      translated[kEnvLocalRank] = absl::StrCat(local);
+      translated[kEnvLocalWorldSize] = absl::StrCat(*here);
+    }
     if (std::optional<std::string> addr = lookup(kTorchMasterAddr)) {
       host = *addr;
       out.store_from = kTorchMasterAddr;

@@ -112,7 +112,6 @@ inline constexpr char kTorchRank[] = "RANK";
 inline constexpr char kTorchWorldSize[] = "WORLD_SIZE";
 inline constexpr char kTorchMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kTorchMasterPort[] = "MASTER_PORT";
-inline constexpr char kTorchLocalRank[] = "LOCAL_RANK";
 inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";                  // torchrun only
 inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";    // torchrun only
 inline constexpr char kTorchUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";  // "True": torchrun hosts a store
@@ -121,6 +120,7 @@ inline constexpr char kSlurmNtasks[] = "SLURM_NTASKS";
 inline constexpr char kSlurmStepNumTasks[] = "SLURM_STEP_NUM_TASKS";
 inline constexpr char kSlurmLocalId[] = "SLURM_LOCALID";
 inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";
+inline constexpr char kSlurmStepTasksPerNode[] = "SLURM_STEP_TASKS_PER_NODE";
 inline constexpr char kSlurmStepNodeList[] = "SLURM_STEP_NODELIST";
 inline constexpr char kSlurmJobNodeList[] = "SLURM_JOB_NODELIST";
 inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
@@ -156,6 +156,11 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup = ProcessEnv);
 // The first host of a Slurm hostlist ("nid00[0100-0103,0200],login" ->
 // "nid000100"). kInvalidArgument on a malformed or empty list.
 absl::StatusOr<std::string> FirstSlurmHost(const std::string& hostlist);
+
+// The number of tasks on node `node` (SLURM_NODEID) of a Slurm tasks-per-node
+// list ("2(x3),1": 2 tasks on nodes 0-2, 1 on node 3). kInvalidArgument on a
+// malformed list or a node beyond it.
+absl::StatusOr<int> SlurmTasksOnNode(const std::string& tasks_per_node, int node);
 
 // The store port of an srun step without MASTER_PORT:
 // 10000 + (job_id * 8 + step_id % 8) % 20000, in [10000, 29999] (below Linux's

@@ -172,6 +172,7 @@ TEST(LaunchEnvTest, TorchrunWithItsAgentStore) {
   ASSERT_OK_AND_ASSIGN(LaunchEnv env, ReadLaunchEnv(From({{"RANK", "1"},
                                                            {"WORLD_SIZE", "2"},
                                                            {"LOCAL_RANK", "1"},
+                                                           {"LOCAL_WORLD_SIZE", "2"},
                                                            {"MASTER_ADDR", "localhost"},
                                                            {"MASTER_PORT", "43367"},
                                                            {"TORCHELASTIC_RUN_ID", "2c2c-3c8a"},
@@ -185,6 +186,8 @@ TEST(LaunchEnvTest, TorchrunWithItsAgentStore) {
   EXPECT_EQ(env.rank.bootstrap_size, 2);  // a fixed-size job
   EXPECT_EQ(env.rank.job_id, "torchrun-2c2c-3c8a-r0");
   EXPECT_EQ(env.rank.member_id, "rank1");
+  EXPECT_EQ(env.rank.local_rank, 1);  // torchrun's own LOCAL_RANK / LOCAL_WORLD_SIZE
+  EXPECT_EQ(env.rank.local_world_size, 2);
   EXPECT_FALSE(env.host_store);  // torchrun's agent hosts it
 }
 
@@ -260,6 +263,17 @@ TEST(LaunchEnvTest, SrunDerivesTheStoreFromTheStep) {
   vars["MASTER_PORT"] = "29555";
   ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
   EXPECT_EQ(env.rank.store, "127.0.0.1:29555");
+  // A node's tasks get LOCAL_RANK / LOCAL_WORLD_SIZE (a GPU each on NCCL) from
+  // SLURM_LOCALID and the step's tasks on this node; without the list, none.
+  EXPECT_EQ(env.rank.local_world_size, 0);
+  vars["SLURM_LOCALID"] = "1";
+  vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x2)";
+  ASSERT_OK_AND_ASSIGN(env, ReadLaunchEnv(From(vars)));
+  EXPECT_EQ(env.rank.local_rank, 1);
+  EXPECT_EQ(env.rank.local_world_size, 2);
+  vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x";
+  EXPECT_THAT(ReadLaunchEnv(From(vars)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SLURM_STEP_TASKS_PER_NODE")));
 }
 
 TEST(LaunchEnvTest, SlurmPortsStayBelowTheEphemeralRange) {
@@ -273,6 +287,18 @@ TEST(LaunchEnvTest, SlurmPortsStayBelowTheEphemeralRange) {
     }
   }
   EXPECT_EQ(ports.size(), 6u * 8 - 8);  // 2499 and 99999 differ by a multiple of 2500: alike
+}
+
+TEST(LaunchEnvTest, SlurmTasksOnNode) {
+  EXPECT_EQ(*SlurmTasksOnNode("4", 0), 4);
+  EXPECT_EQ(*SlurmTasksOnNode("2(x3),1", 0), 2);
+  EXPECT_EQ(*SlurmTasksOnNode("2(x3),1", 2), 2);
+  EXPECT_EQ(*SlurmTasksOnNode("2(x3),1", 3), 1);
+  EXPECT_THAT(SlurmTasksOnNode("2(x3),1", 4), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond")));
+  for (const char* bad : {"", "x", "0", "2(x0)", "2(x3", "2(3)", "-1"}) {
+    EXPECT_THAT(SlurmTasksOnNode(bad, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed")))
+        << bad;
+  }
 }
 
 TEST(LaunchEnvTest, FirstSlurmHost) {
