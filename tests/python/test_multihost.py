@@ -253,6 +253,7 @@ def test_job_across_hosts_survives_grow_leave_kill_and_a_partition(tmp_path, fix
             wait_for("the cut-off rank to exit", lambda: not alive(ranks[0]), timeout=60,
                      poll=0.2)
             t_exit = time.monotonic() - t0
+            cut_log = (d.logs / f"{member}.err").read_text(errors="replace")
             wait_for("h3 withdrawn by the allocator", lambda: d.node(victim).get("phase")
                      == "gone", timeout=30)
             cut_rows = [r for r in traces(out) if r["member"] == member]
@@ -291,6 +292,8 @@ def test_job_across_hosts_survives_grow_leave_kill_and_a_partition(tmp_path, fix
     assert final["phase"] == "succeeded", (final, status)
     # The majority continued within the heartbeat timeout (plus the recovery's own work).
     assert t_excluded < HEARTBEAT_TIMEOUT_S + 8, t_excluded
+    # The cut-off rank left because it saw itself cut off (not killed by its agent).
+    assert "is cut off" in cut_log, cut_log[-2000:]
     # No split brain: the cut-off member is in no generation after the partition, and it
     # started no step after the one it was cut off in (so it wrote none).
     after = [r for r in gens if int(r["generation"]) > gen_before]
