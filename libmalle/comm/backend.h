@@ -39,6 +39,10 @@ struct GroupSpec {
   int rank = 0;
   int size = 1;
   int64_t generation = 0;
+  // The address this rank's sockets bind to and announce (Communicator::Build:
+  // the local address on the route to the control store, or GLOO_SOCKET_IFNAME's;
+  // internal/local_address.h). Empty: the factory's own choice.
+  std::string local_address;
   // Bounds the rendezvous and, for backends that have one, every operation.
   absl::Duration timeout = absl::Seconds(30);
 };
@@ -55,8 +59,9 @@ class BackendFactory {
 };
 
 struct GlooBackendOptions {
-  // Address the group's sockets bind to: loopback unless told otherwise.
-  std::string hostname = "127.0.0.1";
+  // Address the group's sockets bind to. Empty (the default): the spec's
+  // local_address (the one that reaches the control store), else loopback.
+  std::string hostname;
   int threads = 2;  // Gloo worker threads per group
   // The tensors this group reduces. CPU for the control group. CUDA: a second
   // Gloo group that reduces CUDA tensors through host memory (torch's CUDA

@@ -18,6 +18,7 @@
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/comm/control_store.h"
+#include "libmalle/comm/internal/local_address.h"
 #include "libmalle/comm/internal/reaper.h"
 
 namespace malle::comm {
@@ -74,7 +75,9 @@ absl::Status AbortSignal::WaitUntil(const std::function<bool()>& done, absl::Tim
   auto ready = [this, &done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done() || aborted_.load(std::memory_order_relaxed);
   };
+  if (waiters_++ == 0) waiting_since_ = absl::Now();
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (--waiters_ == 0) waiting_since_ = absl::InfiniteFuture();
   if (done()) return absl::OkStatus();
   if (aborted_.load(std::memory_order_relaxed)) return reason_;
   return absl::DeadlineExceededError("deadline passed");
@@ -83,6 +86,11 @@ absl::Status AbortSignal::WaitUntil(const std::function<bool()>& done, absl::Tim
 absl::Time AbortSignal::aborted_at() const {
   absl::MutexLock lock(&mu_);
   return aborted_at_;
+}
+
+absl::Time AbortSignal::waiting_since() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_since_;
 }
 
 void AbortSignal::Notify() {
@@ -181,6 +189,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Build(
   // A private connection: if this build is abandoned (a peer died), its
   // thread keeps blocking on this connection, not on the caller's.
   MALLE_ASSIGN_OR_RETURN(std::shared_ptr<ControlStore> connection, store->Clone());
+  // Peers on other hosts reach this rank at the address it uses to reach the store.
+  std::string local_address;
+  if (absl::StatusOr<std::string> a = internal::LocalAddressFor(*store); a.ok()) {
+    local_address = *std::move(a);
+  } else {
+    MALLE_LOG(WARNING) << "generation " << generation << ": " << a.status()
+                       << "; binding loopback (only members on this host can connect)";
+  }
 
   struct BuildState {
     std::atomic<bool> done{false};
@@ -190,8 +206,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Build(
   auto state = std::make_shared<BuildState>();
   const bool separate_data = data.get() != control.get();
   std::thread([state, connection, control, data, abort, rank, size, generation, timeout,
-               separate_data]() {
+               separate_data, local_address]() {
     GroupSpec spec;
+    spec.local_address = local_address;
     spec.rank = rank;
     spec.size = size;
     spec.generation = generation;

@@ -58,6 +58,9 @@ class AbortSignal {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   absl::Status reason() const;
   absl::Time aborted_at() const;  // InfinitePast() if not aborted
+  // When the oldest WaitUntil() still blocked began (a collective or a group
+  // build this rank is waiting on); InfiniteFuture() if none is blocked.
+  absl::Time waiting_since() const;
 
   // Blocks until `done()` is true (returns OK), the signal is raised (returns
   // the reason) or `deadline` passes (kDeadlineExceeded). `done` is evaluated
@@ -74,6 +77,8 @@ class AbortSignal {
   absl::Status reason_ ABSL_GUARDED_BY(mu_);
   absl::Time aborted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::function<void(const absl::Status&)> listener_ ABSL_GUARDED_BY(mu_);
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 enum class ReduceOp { kSum, kMax, kMin, kProduct };

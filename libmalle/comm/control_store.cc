@@ -14,7 +14,10 @@
 #include <cstring>
 #include <atomic>
 #include <exception>
+#include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -292,6 +295,127 @@ class ReconnectingStore final : public c10d::Store {
 
 std::atomic<int64_t> ReconnectingStore::reconnects_{0};
 
+// Every operation of an inner store, bounded in time: it runs on a helper
+// thread and the caller waits at most `op_timeout`. A c10d TCPStore client
+// blocks in recv() without a timeout of its own, so on a partitioned network
+// (packets dropped, no reset) an operation would block until the kernel gives
+// up on the connection. An operation that ran out of time keeps its thread
+// and the inner store (shared ownership: nothing dangles) until it returns;
+// meanwhile every call fails at once.
+class BoundedStore final : public c10d::Store {
+ public:
+  BoundedStore(c10::intrusive_ptr<c10d::Store> inner, std::chrono::milliseconds op_timeout)
+      : inner_(std::move(inner)), op_timeout_(op_timeout) {
+    timeout_ = inner_->getTimeout();
+  }
+
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<BoundedStore>(Run([](c10d::Store& s) { return s.clone(); }), op_timeout_);
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Run([&](c10d::Store& s) { s.set(key, value); return 0; });
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return Run([&](c10d::Store& s) { return s.compareSet(key, expected, desired); });
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return Run([&](c10d::Store& s) { return s.get(key); });
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return Run([&](c10d::Store& s) { return s.add(key, value); });
+  }
+  bool deleteKey(const std::string& key) override {
+    return Run([&](c10d::Store& s) { return s.deleteKey(key); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return Run([&](c10d::Store& s) { return s.check(keys); });
+  }
+  int64_t getNumKeys() override {
+    return Run([&](c10d::Store& s) { return s.getNumKeys(); });
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    Run([&](c10d::Store& s) { s.wait(keys); return 0; });
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    Run([&](c10d::Store& s) { s.wait(keys, timeout); return 0; }, timeout);
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    return Run([&](c10d::Store& s) { return s.multiGet(keys); });
+  }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<std::vector<uint8_t>>& values) override {
+    Run([&](c10d::Store& s) { s.multiSet(keys, values); return 0; });
+  }
+  void append(const std::string& key, const std::vector<uint8_t>& value) override {
+    Run([&](c10d::Store& s) { s.append(key, value); return 0; });
+  }
+  bool hasExtendedApi() const override { return inner_->hasExtendedApi(); }
+
+ private:
+  struct Op {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+
+  template <typename F>
+  auto Run(F f, std::chrono::milliseconds extra = std::chrono::milliseconds(0))
+      -> decltype(f(std::declval<c10d::Store&>())) {
+    using R = decltype(f(std::declval<c10d::Store&>()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stuck_) {
+        std::lock_guard<std::mutex> op_lock(stuck_->mu);
+        if (!stuck_->done) {
+          C10_THROW_ERROR(DistNetworkError,
+                          absl::StrCat("control store: an operation is still unanswered after ",
+                                       absl::FormatDuration(absl::Trunc(absl::Now() - stuck_since_,
+                                                                        absl::Milliseconds(1))),
+                                       " (network partition?)"));
+        }
+      }
+      stuck_.reset();
+    }
+    struct Result {
+      std::optional<R> value;
+      std::exception_ptr error;
+    };
+    auto op = std::make_shared<Op>();
+    auto result = std::make_shared<Result>();
+    // The helper owns copies of everything it touches: the caller may be gone
+    // when a timed-out operation finally returns.
+    std::thread([op, result, inner = inner_, f]() mutable {
+      try {
+        result->value.emplace(f(*inner));
+      } catch (...) {
+        result->error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(op->mu);
+      op->done = true;
+      op->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(op->mu);
+    if (!op->cv.wait_for(lock, op_timeout_ + extra, [&] { return op->done; })) {
+      lock.unlock();
+      std::lock_guard<std::mutex> guard(mu_);
+      stuck_ = op;
+      stuck_since_ = absl::Now();
+      C10_THROW_ERROR(DistNetworkError,
+                      absl::StrCat("control store: no answer within ",
+                                   absl::FormatDuration(absl::FromChrono(op_timeout_ + extra)),
+                                   " (network partition?)"));
+    }
+    if (result->error) std::rethrow_exception(result->error);
+    return std::move(*result->value);
+  }
+
+  const c10::intrusive_ptr<c10d::Store> inner_;
+  const std::chrono::milliseconds op_timeout_;
+  std::mutex mu_;
+  std::shared_ptr<Op> stuck_;  // an operation that ran out of time, until it returns
+  absl::Time stuck_since_;
+};
+
 }  // namespace
 
 int64_t ControlStoreReconnects() { return ReconnectingStore::reconnects(); }
@@ -459,6 +583,16 @@ absl::StatusOr<std::vector<std::string>> ControlStore::MultiGet(const std::vecto
 
 absl::StatusOr<bool> ControlStore::Delete(absl::string_view key) {
   return Guard("delete", key, timeout_, [&]() { return store_->deleteKey(std::string(key)); });
+}
+
+absl::StatusOr<std::shared_ptr<ControlStore>> ControlStore::CloneBounded(absl::Duration op_timeout) const {
+  if (op_timeout <= absl::ZeroDuration() || op_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CloneBounded: op_timeout must be positive and finite, got ", absl::FormatDuration(op_timeout)));
+  }
+  MALLE_ASSIGN_OR_RETURN(std::shared_ptr<ControlStore> cloned, Clone());
+  auto bounded = c10::make_intrusive<BoundedStore>(cloned->store_, ToChrono(op_timeout));
+  return std::shared_ptr<ControlStore>(new ControlStore(bounded, server_, host_, port_, prefix_, timeout_));
 }
 
 c10::intrusive_ptr<c10d::Store> ControlStore::c10d_store() const { return store_; }

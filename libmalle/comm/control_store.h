@@ -88,6 +88,13 @@ class ControlStore {
   std::shared_ptr<ControlStore> WithPrefix(absl::string_view prefix) const;
   // A handle with the same prefix over a new connection.
   absl::StatusOr<std::shared_ptr<ControlStore>> Clone() const;
+  // Clone() whose every operation returns within `op_timeout` (kUnavailable
+  // after it). A TCP connection to a host that went silent (a network
+  // partition: no reset, no error) otherwise blocks until the kernel gives
+  // up on it, many minutes later. An operation that ran out of time is left
+  // to finish on a helper thread; until it does, the next ones fail at once.
+  // For a thread that must keep its own pace (the heartbeat watchdog).
+  absl::StatusOr<std::shared_ptr<ControlStore>> CloneBounded(absl::Duration op_timeout) const;
 
   absl::Status Set(absl::string_view key, absl::string_view value);
   // Waits up to `timeout` for the key, then returns its value.

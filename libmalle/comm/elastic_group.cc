@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
 #include <random>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/comm/internal/liveness.h"
+#include "libmalle/comm/internal/local_address.h"
 #include "libmalle/comm/internal/store_layout.h"
 
 namespace malle::comm {
@@ -179,6 +181,11 @@ class ElasticGroup::Watchdog {
     wake_ = true;
   }
 
+  // This member was cut off (see CheckCutOff): it must not touch the store
+  // again (every operation would hang on the silent network) and it is no
+  // longer a member: its peers have excluded it.
+  bool cut_off() const { return cut_off_.load(); }
+
  private:
   struct Watched {
     int64_t generation;
@@ -207,8 +214,10 @@ class ElasticGroup::Watchdog {
         // While the store is unreachable nobody's heartbeat can be seen to
         // move: staleness restarts from the first tick that reads them again.
         restart_tracking_ = true;
+        CheckCutOff(snapshot);
       } else {
         failures = 0;
+        last_ok_ = absl::Now();
       }
     }
   }
@@ -260,6 +269,30 @@ class ElasticGroup::Watchdog {
     return absl::OkStatus();
   }
 
+  // A network partition that leaves this member alone: neither the store nor
+  // its peers answer. The peers (on the store's side) exclude it once its
+  // heartbeat has been stale for heartbeat_timeout, so the collective it is
+  // blocked in can never complete. In a mere store outage the collectives
+  // keep completing (the generation needs no store between changes), so both
+  // must be silent: the store for twice the heartbeat timeout and a wait on
+  // the peers for as long. Then the generation is aborted here and the member
+  // leaves without touching the store (ElasticGroup::Recover).
+  void CheckCutOff(const std::optional<Watched>& w) {
+    if (!w.has_value() || w->abort->aborted()) return;
+    const absl::Time now = absl::Now();
+    const absl::Duration limit = 2 * group_->options_.heartbeat_timeout;
+    const absl::Time waiting = w->abort->waiting_since();
+    if (now - last_ok_ < limit || waiting == absl::InfiniteFuture() || now - waiting < limit) return;
+    cut_off_.store(true);
+    const absl::Duration silent = absl::Trunc(now - last_ok_, absl::Milliseconds(1));
+    w->abort->Abort(absl::UnavailableError(absl::StrCat(
+        "member ", group_->member_id(), " is cut off: the control store has not answered for ",
+        absl::FormatDuration(silent), " and generation ", w->generation, "'s peers for ",
+        absl::FormatDuration(absl::Trunc(now - waiting, absl::Milliseconds(1))),
+        " (a network partition); they have excluded it by now")));
+    MALLE_LOG(ERROR) << w->abort->reason().message() << "; leaving the job";
+  }
+
   bool TrackingStarted(int64_t generation) {
     absl::MutexLock lock(&mu_);
     if (!watched_ || watched_->generation != generation) return true;  // stale snapshot
@@ -278,6 +311,8 @@ class ElasticGroup::Watchdog {
   const absl::Duration interval_;
   HeartbeatTracker tracker_;  // watchdog thread only
   bool restart_tracking_ = false;  // watchdog thread only: a tick failed at the store
+  absl::Time last_ok_ = absl::Now();  // watchdog thread only: the last tick the store answered
+  std::atomic<bool> cut_off_{false};
   const std::string heartbeat_key_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -306,7 +341,8 @@ ElasticGroup::~ElasticGroup() {
     comm_.reset();
     return;
   }
-  if (watchdog_ && transition_.active() && record_.RankOf(member_id()) >= 0) {
+  const bool cut_off = watchdog_ && watchdog_->cut_off();  // no store operation: it would hang
+  if (watchdog_ && transition_.active() && record_.RankOf(member_id()) >= 0 && !cut_off) {
     // This member is going away without a planned leave. It must not become a
     // member of the next generation: the survivors would build it and wait for
     // it until its heartbeat goes stale. So (1) no more check-ins from this
@@ -322,7 +358,8 @@ ElasticGroup::~ElasticGroup() {
   if (comm_ && transition_.active()) {
     // Tell the others now rather than letting them wait for a stale heartbeat.
     comm_->Abort(absl::AbortedError(absl::StrCat("member ", member_id(), " closed its group")));
-    absl::Status published = PublishAbort(*job_, record_.generation, comm_->abort_reason());
+    absl::Status published =
+        cut_off ? absl::OkStatus() : PublishAbort(*job_, record_.generation, comm_->abort_reason());
     if (!published.ok()) MALLE_LOG(WARNING) << "closing group: " << published;
   }
   watchdog_.reset();
@@ -361,8 +398,11 @@ absl::Status ElasticGroup::Register() {
                                                  job_id(), "'; member ids must be unique per process"));
   }
   MALLE_RETURN_IF_ERROR(job_->Add(HeartbeatKey(member_id()), 1).status());
+  // The same address as the Gloo groups (internal/local_address.h).
+  absl::StatusOr<std::string> host = options_.gloo.hostname.empty() ? internal::LocalAddressFor(*root_)
+                                                                    : absl::StatusOr<std::string>(options_.gloo.hostname);
   absl::StatusOr<std::unique_ptr<internal::LivenessListener>> listener =
-      internal::LivenessListener::Listen(options_.gloo.hostname);
+      host.ok() ? internal::LivenessListener::Listen(*host) : host.status();
   if (listener.ok()) {
     liveness_ = *std::move(listener);
     MALLE_RETURN_IF_ERROR(job_->Set(internal::ProbeKey(member_id()), liveness_->address()));
@@ -371,7 +411,10 @@ absl::Status ElasticGroup::Register() {
     MALLE_LOG(WARNING) << "no liveness listener (" << listener.status()
                        << "); a death of this member is seen only after recovery_grace";
   }
-  MALLE_ASSIGN_OR_RETURN(std::shared_ptr<ControlStore> watchdog_store, job_->Clone());
+  // Bounded: on a partitioned network a store operation would otherwise block
+  // the watchdog (and its cut-off check) until the kernel drops the connection.
+  MALLE_ASSIGN_OR_RETURN(std::shared_ptr<ControlStore> watchdog_store,
+                         job_->CloneBounded(std::max(options_.heartbeat_interval, options_.heartbeat_timeout / 2)));
   watchdog_ = std::make_unique<Watchdog>(this, std::move(watchdog_store));
   return absl::OkStatus();
 }
@@ -720,6 +763,12 @@ absl::StatusOr<Transition> ElasticGroup::AtStepBoundary() {
 absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& failed,
                                                        absl::Status why) {
   const int64_t g = failed.generation;
+  if (watchdog_ && watchdog_->cut_off()) {
+    // Nothing to recover with: the store does not answer, and the peers have
+    // gone on without this member. No store operation (it would hang).
+    return absl::UnavailableError(absl::StrCat("member ", member_id(), " left job '", job_id(),
+                                               "' at generation ", g, ": ", why.message()));
+  }
   MALLE_LOG(WARNING) << "generation " << g << " failed: " << why << "; recovering";
   watchdog_->Unwatch();
   MALLE_RETURN_IF_ERROR(PublishAbort(*job_, g, why));

@@ -51,6 +51,8 @@ void DisableFlightRecorderOnce() {
   });
 }
 
+constexpr char kLoopback[] = "127.0.0.1";
+
 class GlooFactory final : public BackendFactory {
  public:
   explicit GlooFactory(GlooBackendOptions options) : options_(std::move(options)) {}
@@ -67,7 +69,10 @@ class GlooFactory final : public BackendFactory {
     try {
       auto opts = c10d::ProcessGroupGloo::Options::create(
           std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(spec.timeout))));
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.hostname));
+      const std::string& host = !options_.hostname.empty()   ? options_.hostname
+                                : !spec.local_address.empty() ? spec.local_address
+                                                              : kLoopback;
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
       opts->threads = options_.threads;
       return c10::intrusive_ptr<c10d::Backend>(
           c10::make_intrusive<c10d::ProcessGroupGloo>(spec.store, spec.rank, spec.size, opts));

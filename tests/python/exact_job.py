@@ -125,6 +125,9 @@ def main(argv=None) -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--slow-while", default="",
                    help="--step-sleep only while this file exists (a test paces the job)")
+    p.add_argument("--pace-file", default=None,
+                   help="a file holding the seconds to sleep after each step, read every "
+                   "step (a test slows the job while it acts and speeds it up after)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -192,6 +195,13 @@ def main(argv=None) -> int:
             if args.step_sleep and (not args.slow_while or os.path.exists(args.slow_while)):
                 import time
                 time.sleep(args.step_sleep)
+            if args.pace_file:
+                import time
+                try:
+                    with open(args.pace_file) as f:
+                        time.sleep(max(0.0, min(5.0, float(f.read().strip() or 0))))
+                except (OSError, ValueError):
+                    pass  # being rewritten: no pause this step
     trace.close()
     with open(os.path.join(args.out, f"result-{job.member_id}.json"), "w") as f:
         json.dump({"redone_steps": job.redone_steps, "left": job.left, "steps": job.step,
