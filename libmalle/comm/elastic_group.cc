@@ -34,6 +34,7 @@ using internal::CheckInKey;
 using internal::GroupPrefix;
 using internal::HeartbeatKey;
 using internal::MemberKey;
+using internal::NodeKey;
 using internal::RecordKey;
 using internal::RequestKey;
 
@@ -98,6 +99,7 @@ absl::string_view TransitionKindName(Transition::Kind kind) {
 absl::Status ElasticGroupOptions::Validate() const {
   MALLE_RETURN_IF_ERROR(ValidateId("ElasticGroupOptions.job_id", job_id));
   if (!member_id.empty()) MALLE_RETURN_IF_ERROR(ValidateId("ElasticGroupOptions.member_id", member_id));
+  if (!node.empty()) MALLE_RETURN_IF_ERROR(ValidateNodeName("ElasticGroupOptions.node", node));
   if (max_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ElasticGroupOptions.max_size must be >= 1, got ", max_size));
@@ -397,6 +399,9 @@ absl::Status ElasticGroup::Register() {
     return absl::AlreadyExistsError(absl::StrCat("member id '", member_id(), "' is already registered in job '",
                                                  job_id(), "'; member ids must be unique per process"));
   }
+  // Before any request or boot ticket: whoever writes a record with this
+  // member in it reads its node from there.
+  if (!options_.node.empty()) MALLE_RETURN_IF_ERROR(job_->Set(NodeKey(member_id()), options_.node));
   MALLE_RETURN_IF_ERROR(job_->Add(HeartbeatKey(member_id()), 1).status());
   // The same address as the Gloo groups (internal/local_address.h).
   absl::StatusOr<std::string> host = options_.gloo.hostname.empty() ? internal::LocalAddressFor(*root_)
@@ -438,6 +443,7 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Bootstrap(bool* bootstrapped) {
           zero.generation = 0;
           zero.cause = GenerationCause::kBootstrap;
           zero.members = std::move(members);
+          MALLE_ASSIGN_OR_RETURN(zero.nodes, NodesOf(zero.members, GenerationRecord{}));
           zero.reason = absl::StrCat("bootstrap of ", n, " members");
           MALLE_RETURN_IF_ERROR(job_->CreateIfAbsent(RecordKey(0), EncodeRecord(zero)).status());
         }
@@ -600,6 +606,31 @@ absl::Status ElasticGroup::PublishAbort(ControlStore& store, int64_t generation,
   return store.Add(AbortKey(generation), 1).status();
 }
 
+absl::StatusOr<std::vector<std::string>> ElasticGroup::NodesOf(const std::vector<std::string>& members,
+                                                                 const GenerationRecord& known) {
+  std::vector<std::string> nodes;
+  bool any = false;
+  for (const std::string& m : members) {
+    std::string node;
+    if (known.RankOf(m) >= 0) {
+      node = known.NodeOf(m);
+    } else {
+      // A new member (bootstrap, joiner): it set its key before it asked in.
+      MALLE_ASSIGN_OR_RETURN(std::optional<std::string> value, job_->TryGet(NodeKey(m)));
+      node = value.value_or("");
+      if (!node.empty() && !ValidateNodeName("node", node).ok()) {
+        MALLE_LOG(WARNING) << "member " << m << " published a malformed node name '" << node
+                           << "'; treating its node as unknown";
+        node.clear();
+      }
+    }
+    any = any || !node.empty();
+    nodes.push_back(std::move(node));
+  }
+  if (!any) nodes.clear();
+  return nodes;
+}
+
 absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   MALLE_ASSIGN_OR_RETURN(int64_t tickets, job_->Add(internal::kRequestTicket, 0));
   if (tickets <= pending_.requests_consumed) return 0;
@@ -632,6 +663,7 @@ absl::StatusOr<int64_t> ElasticGroup::LeaderPropose() {
   proposal.generation = record_.generation + 1;
   proposal.cause = GenerationCause::kPlanned;
   proposal.members = change.next;
+  MALLE_ASSIGN_OR_RETURN(proposal.nodes, NodesOf(proposal.members, record_));
   proposal.requests_consumed = change.requests_consumed;
   proposal.deferred_joins = change.deferred;
   proposal.park = change.park;
@@ -832,6 +864,7 @@ absl::StatusOr<GenerationRecord> ElasticGroup::Recover(const GenerationRecord& f
       next.generation = g + 1;
       next.cause = GenerationCause::kRecovery;
       next.members = SurvivingMembers(failed.members, checked_in, dead);
+      MALLE_ASSIGN_OR_RETURN(next.nodes, NodesOf(next.members, failed));
       next.requests_consumed = failed.requests_consumed;
       next.deferred_joins = failed.deferred_joins;
       next.reason = absl::StrCat("recovery from generation ", g, ": ", why.message());
@@ -851,6 +884,7 @@ absl::StatusOr<Transition> ElasticGroup::Enter(GenerationRecord record, Transiti
     t.kind = kind;
     t.generation = record.generation;
     t.members = record.members;
+    t.nodes = record.nodes;
     t.size = static_cast<int>(record.members.size());
     t.rank = record.RankOf(member_id());
     t.reason = record.reason;

@@ -69,6 +69,10 @@ struct ElasticGroupOptions {
   // arrivals join it at a boundary). 0: join a job that is already running.
   int bootstrap_size = 0;
   int max_size = 1024;  // joins beyond this wait for room
+  // The node this member runs on (MALLE_NODE; [A-Za-z0-9._:-]{1,128}); empty:
+  // unknown (a node of its own). Goes into the generation records, so that a
+  // state transfer crosses to a node once and is copied there locally.
+  std::string node;
   // Backend for device tensors; null means Gloo (CPU). Control traffic always
   // uses Gloo.
   std::shared_ptr<const BackendFactory> data_backend;
@@ -110,6 +114,8 @@ struct Transition {
   int rank = -1;
   int size = 0;
   std::vector<std::string> members;
+  // nodes[r]: the node of members[r] ("" unknown); empty when no member said.
+  std::vector<std::string> nodes;
   // Members new in this generation, the same list on every member (a joiner
   // learns it in the generation's first collective); empty at a bootstrap.
   std::vector<std::string> joined;
@@ -242,6 +248,10 @@ class ElasticGroup {
   absl::StatusOr<GenerationRecord> Bootstrap(bool* bootstrapped);
   absl::StatusOr<GenerationRecord> WaitForAdmission();
   absl::StatusOr<GenerationRecord> ReadRecord(int64_t generation);
+  // The nodes of `members` for a new record: from `known` where it lists the
+  // member, else from the member's node key. Empty if no node is known.
+  absl::StatusOr<std::vector<std::string>> NodesOf(const std::vector<std::string>& members,
+                                                   const GenerationRecord& known);
   // Moves into `record` (building its groups); on failure recovers and tries
   // the successor, until this member is in a working generation or out.
   absl::StatusOr<Transition> Enter(GenerationRecord record, Transition::Kind kind, absl::Time start,

@@ -50,6 +50,21 @@ absl::Status ValidateId(absl::string_view what, absl::string_view id) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateNodeName(absl::string_view what, absl::string_view node) {
+  if (node.empty() || node.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s must have 1..%d characters, got %d", what, kMaxIdLength, node.size()));
+  }
+  for (char c : node) {
+    if (!IdChar(c) && c != ':') {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s '%s' has the character '%c'; allowed are letters, digits, '.', '_', ':' and '-'",
+          what, node, c));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::string_view GenerationCauseName(GenerationCause cause) {
   switch (cause) {
     case GenerationCause::kBootstrap: return "bootstrap";
@@ -66,8 +81,15 @@ int GenerationRecord::RankOf(absl::string_view member) const {
   return -1;
 }
 
+std::string GenerationRecord::NodeOf(absl::string_view member) const {
+  const int rank = RankOf(member);
+  if (rank < 0 || rank >= static_cast<int>(nodes.size())) return "";
+  return nodes[rank];
+}
+
 bool GenerationRecord::operator==(const GenerationRecord& other) const {
   return generation == other.generation && cause == other.cause && members == other.members &&
+         nodes == other.nodes &&
          requests_consumed == other.requests_consumed && deferred_joins == other.deferred_joins &&
          reason == other.reason && park == other.park;
 }
@@ -78,6 +100,7 @@ std::string EncodeRecord(const GenerationRecord& record) {
   return absl::StrCat("v=1\ngeneration=", record.generation,
                       "\ncause=", GenerationCauseName(record.cause),
                       "\nmembers=", absl::StrJoin(record.members, ","),
+                      record.nodes.empty() ? "" : absl::StrCat("\nnodes=", absl::StrJoin(record.nodes, ",")),
                       "\nconsumed=", record.requests_consumed,
                       "\ndeferred=", absl::StrJoin(record.deferred_joins, ","),
                       record.park.empty() ? "" : absl::StrCat("\npark=", record.park),
@@ -117,6 +140,12 @@ absl::StatusOr<GenerationRecord> DecodeRecord(absl::string_view text) {
       auto ids = DecodeIdList("generation record: members", kv.second);
       if (!ids.ok()) return ids.status();
       record.members = *std::move(ids);
+    } else if (key == "nodes") {
+      // One entry per member, "" where a member's node is unknown.
+      record.nodes = absl::StrSplit(kv.second, ',');
+      for (const std::string& node : record.nodes) {
+        if (!node.empty()) MALLE_RETURN_IF_ERROR(ValidateNodeName("generation record: nodes", node));
+      }
     } else if (key == "consumed") {
       if (!absl::SimpleAtoi(kv.second, &record.requests_consumed) || record.requests_consumed < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -143,6 +172,10 @@ absl::StatusOr<GenerationRecord> DecodeRecord(absl::string_view text) {
   }
   if (record.members.empty()) {
     return absl::InvalidArgumentError("generation record: field 'members' is empty");
+  }
+  if (seen.contains("nodes") && record.nodes.size() != record.members.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("generation record: field 'nodes' has ", record.nodes.size(),
+                                                   " entries for ", record.members.size(), " members"));
   }
   absl::flat_hash_set<std::string> unique(record.members.begin(), record.members.end());
   if (unique.size() != record.members.size()) {

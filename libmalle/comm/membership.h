@@ -30,6 +30,9 @@ namespace malle::comm {
 // Checks a job or member id: 1..128 characters from [A-Za-z0-9._-]. `what`
 // names the field in the error ("job_id", "member_id").
 absl::Status ValidateId(absl::string_view what, absl::string_view id);
+// Checks a node name (the rank environment's MALLE_NODE): 1..128 characters
+// from [A-Za-z0-9._:-].
+absl::Status ValidateNodeName(absl::string_view what, absl::string_view node);
 
 // Why a generation exists.
 enum class GenerationCause { kBootstrap, kPlanned, kRecovery };
@@ -41,6 +44,10 @@ struct GenerationRecord {
   int64_t generation = 0;
   GenerationCause cause = GenerationCause::kBootstrap;
   std::vector<std::string> members;  // rank order: members[r] has rank r
+  // The node each member runs on (MALLE_NODE), so that state reaches a node
+  // once and is copied there locally: empty (no member said), or one entry
+  // per member, "" where that member did not say.
+  std::vector<std::string> nodes;
   // Change requests with index < requests_consumed have been decided.
   int64_t requests_consumed = 0;
   // Joins seen but not admitted yet (group at max size), oldest first.
@@ -51,6 +58,8 @@ struct GenerationRecord {
   std::string park;
 
   int RankOf(absl::string_view member) const;  // -1 if not a member
+  // The node of `member` ("" if unknown or not a member).
+  std::string NodeOf(absl::string_view member) const;
   bool operator==(const GenerationRecord& other) const;
 };
 

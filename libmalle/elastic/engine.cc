@@ -102,6 +102,7 @@ comm::ElasticGroupOptions GroupOptionsFor(const cluster::RankEnv& env) {
   o.job_id = env.job_id;
   o.member_id = env.member_id.empty() ? cluster::GeneratedMemberId() : env.member_id;
   o.bootstrap_size = env.bootstrap_size;
+  o.node = env.node;
   return o;
 }
 
@@ -498,7 +499,8 @@ void Engine::PublishLayout() {
   if (!st.ok()) MALLE_LOG(WARNING) << "state layout not published: " << st;  // advisory
 }
 
-absl::Status Engine::SyncState(int source, const std::vector<int>& receivers, bool in_place, ResizeEvent* ev) {
+absl::Status Engine::SyncState(int source, const std::vector<int>& receivers, const std::vector<std::string>& nodes,
+                               bool in_place, ResizeEvent* ev) {
   comm::Communicator& comm = group_->comm();
   const bool is_source = comm.rank() == source;
   if (!is_source && std::find(receivers.begin(), receivers.end(), comm.rank()) == receivers.end()) {
@@ -507,8 +509,13 @@ absl::Status Engine::SyncState(int source, const std::vector<int>& receivers, bo
   if (is_source) {
     MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
     PackedState packed = s.Pack(options_.state_direct_min_bytes);
-    ev->state_bytes = packed.bytes();
-    return TransferState(comm, source, receivers, &packed).status();
+    NodeTransferCounts counts;
+    MALLE_RETURN_IF_ERROR(
+        TransferStateByNode(comm, source, receivers, nodes, &packed, nullptr, nullptr, &counts).status());
+    ev->state_bytes = counts.state_bytes;
+    ev->state_sent_remote = counts.sent_remote;
+    ev->state_sent_local = counts.sent_local;
+    return absl::OkStatus();
   }
   // A rank that holds no committed state (a joiner) receives into its own
   // tensors where the layouts match; the others into fresh memory, so that a
@@ -522,9 +529,15 @@ absl::Status Engine::SyncState(int source, const std::vector<int>& receivers, bo
     ::_exit(137);  // tests: die like kill -9 in the middle of a state transfer
   }
   const std::vector<at::Tensor> landing_before = landing_;
-  MALLE_ASSIGN_OR_RETURN(PackedState got,
-                         TransferState(comm, source, receivers, nullptr, own ? &*own : nullptr, &landing_));
+  // Ranks sharing a node: the state crosses into the node once, to its
+  // first receiver, which copies it to the others there.
+  NodeTransferCounts counts;
+  MALLE_ASSIGN_OR_RETURN(PackedState got, TransferStateByNode(comm, source, receivers, nodes, nullptr,
+                                                              own ? &*own : nullptr, &landing_, &counts));
   ev->state_bytes = got.bytes();
+  ev->state_received_remote = counts.received_remote;
+  ev->state_sent_remote = counts.sent_remote;
+  ev->state_sent_local = counts.sent_local;
   for (size_t i = 0; i < got.buffers.size(); ++i) {
     const int64_t n = got.buffers[i].numel() * static_cast<int64_t>(got.buffers[i].element_size());
     if (i < got.direct.size() && got.direct[i]) {
@@ -598,7 +611,8 @@ absl::Status Engine::OnChange(const Transition& t) {
     MALLE_RETURN_IF_ERROR(ResumeFromStore());
   }
   if (!receivers.empty()) {
-    MALLE_RETURN_IF_ERROR(SyncState(t.state_source_rank, receivers, t.committed_by_rank[t.rank] < 0, &ev));
+    MALLE_RETURN_IF_ERROR(
+        SyncState(t.state_source_rank, receivers, t.nodes, t.committed_by_rank[t.rank] < 0, &ev));
   }
   const absl::Duration state_time = absl::Now() - s0;
   landing_.clear();  // what the first transfer did not use is not needed any more

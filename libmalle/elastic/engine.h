@@ -213,6 +213,14 @@ struct ResizeEvent {
   int64_t state_bytes = 0;     // job state received or sent (0: no transfer needed)
   int64_t state_in_place = 0;  // of which received straight into this rank's own tensors
   int64_t state_landed = 0;    // of which received into memory faulted in while warming up
+  // Across node boundaries (the generation's node names; an unknown node is
+  // another node): the job state this rank received from a rank on another
+  // node, and sent to ranks on other nodes / on its own node (a relay's local
+  // copies, state_pack.h PlanNodeTransfer). Summed over the ranks,
+  // state_received_remote is what the transfer put on the network.
+  int64_t state_received_remote = 0;
+  int64_t state_sent_remote = 0;
+  int64_t state_sent_local = 0;
   struct Phases {
     absl::Duration detect, wait, agree, build, sync;  // from the membership protocol
     absl::Duration state;                             // state transfer
@@ -407,7 +415,8 @@ class Engine {
   absl::Status EnsureJoined();
   absl::StatusOr<bool> Boundary();
   absl::Status OnChange(const comm::Transition& t);
-  absl::Status SyncState(int source, const std::vector<int>& receivers, bool in_place, ResizeEvent* ev);
+  absl::Status SyncState(int source, const std::vector<int>& receivers, const std::vector<std::string>& nodes,
+                         bool in_place, ResizeEvent* ev);
   void RollBackFailedStep();
   // At the bootstrap, on the state source: the state to resume from
   // (resume_from, else the park store's newest), restored. Nothing if none.

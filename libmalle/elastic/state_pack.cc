@@ -542,14 +542,18 @@ absl::StatusOr<PackedState> BroadcastState(comm::Communicator& comm, int root, P
   return TransferState(comm, root, everyone, mine);
 }
 
-absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
-                                          const std::vector<int>& receivers, PackedState* mine,
-                                          const PackedState* own, std::vector<at::Tensor>* landing) {
+namespace {
+
+// TransferState; `allow_broadcast` false: point to point even when every
+// other rank receives (a node-aware plan decides who crosses which link).
+absl::StatusOr<PackedState> Transfer(comm::Communicator& comm, int root, const std::vector<int>& receivers,
+                                     bool allow_broadcast, PackedState* mine, const PackedState* own,
+                                     std::vector<at::Tensor>* landing) {
   const bool is_root = comm.rank() == root;
   MALLE_CHECK(is_root == (mine != nullptr)) << "TransferState: state given on a non-root rank or missing on the root";
   const bool receives = std::find(receivers.begin(), receivers.end(), comm.rank()) != receivers.end();
   if (!is_root && !receives) return PackedState();
-  const bool broadcast = static_cast<int>(receivers.size()) == comm.size() - 1;
+  const bool broadcast = allow_broadcast && static_cast<int>(receivers.size()) == comm.size() - 1;
   int tag = 0;
   // One message: a broadcast, or the root's sends / a receiver's recv.
   auto move = [&](at::Tensor tensor) -> absl::Status {
@@ -614,6 +618,113 @@ absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
     // Bytes on the wire: every dtype (bool, bfloat16, ...) travels as uint8.
     MALLE_RETURN_IF_ERROR(move(out.buffers[i].view(at::kByte)));
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
+                                          const std::vector<int>& receivers, PackedState* mine,
+                                          const PackedState* own, std::vector<at::Tensor>* landing) {
+  return Transfer(comm, root, receivers, /*allow_broadcast=*/true, mine, own, landing);
+}
+
+namespace {
+
+// Ranks r and q are on one node: both known and equal.
+bool SameNode(const std::vector<std::string>& nodes, int r, int q) {
+  if (nodes.empty()) return r == q;
+  return r == q || (!nodes[r].empty() && nodes[r] == nodes[q]);
+}
+
+}  // namespace
+
+NodeTransferPlan PlanNodeTransfer(int root, const std::vector<int>& receivers,
+                                  const std::vector<std::string>& nodes, int size) {
+  MALLE_CHECK(root >= 0 && root < size) << "PlanNodeTransfer: root " << root << " of " << size;
+  MALLE_CHECK(nodes.empty() || static_cast<int>(nodes.size()) == size)
+      << "PlanNodeTransfer: " << nodes.size() << " nodes for " << size << " ranks";
+  std::vector<int> sorted = receivers;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  NodeTransferPlan plan;
+  std::vector<int> direct;  // the root's node peers, and single receivers of other nodes
+  std::vector<bool> placed(size, false);
+  for (int r : sorted) {
+    MALLE_CHECK(r >= 0 && r < size && r != root) << "PlanNodeTransfer: receiver " << r;
+    if (placed[r]) continue;
+    placed[r] = true;
+    if (SameNode(nodes, r, root)) {
+      direct.push_back(r);
+      continue;
+    }
+    NodeTransferPlan::Relay relay;
+    relay.rank = r;
+    for (int q : sorted) {
+      if (!placed[q] && q != r && SameNode(nodes, q, r)) {
+        relay.peers.push_back(q);
+        placed[q] = true;
+      }
+    }
+    if (relay.peers.empty()) {
+      direct.push_back(r);
+    } else {
+      plan.from_root.push_back(r);
+      plan.relays.push_back(std::move(relay));
+    }
+  }
+  plan.from_root.insert(plan.from_root.end(), direct.begin(), direct.end());
+  if (static_cast<int>(sorted.size()) == size - 1) {
+    bool distinct = true;
+    for (int r = 0; r < size && distinct; ++r) {
+      for (int q = r + 1; q < size && distinct; ++q) distinct = !SameNode(nodes, r, q);
+    }
+    plan.broadcast = distinct;
+  }
+  return plan;
+}
+
+absl::StatusOr<PackedState> TransferStateByNode(comm::Communicator& comm, int root,
+                                                const std::vector<int>& receivers,
+                                                const std::vector<std::string>& nodes, PackedState* mine,
+                                                const PackedState* own, std::vector<at::Tensor>* landing,
+                                                NodeTransferCounts* counts) {
+  const int rank = comm.rank();
+  if (!nodes.empty() && static_cast<int>(nodes.size()) != comm.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("state transfer: ", nodes.size(), " node names for ",
+                                                   comm.size(), " ranks"));
+  }
+  const NodeTransferPlan plan = PlanNodeTransfer(root, receivers, nodes, comm.size());
+  NodeTransferCounts local;
+  if (counts == nullptr) counts = &local;
+  *counts = NodeTransferCounts();
+  if (rank == root) {
+    const int64_t bytes = mine->bytes();
+    MALLE_ASSIGN_OR_RETURN(PackedState out, Transfer(comm, root, plan.from_root, plan.broadcast, mine, nullptr, nullptr));
+    counts->state_bytes = bytes;
+    for (int r : plan.from_root) (SameNode(nodes, r, root) ? counts->sent_local : counts->sent_remote) += bytes;
+    return out;
+  }
+  // Which stage this rank receives in: from the root, or from its node's relay.
+  const bool from_root = std::find(plan.from_root.begin(), plan.from_root.end(), rank) != plan.from_root.end();
+  const NodeTransferPlan::Relay* relay_of = nullptr;  // the relay this rank is a peer of
+  const NodeTransferPlan::Relay* mine_relay = nullptr;  // this rank's own relay duty
+  for (const NodeTransferPlan::Relay& relay : plan.relays) {
+    if (relay.rank == rank) mine_relay = &relay;
+    if (std::find(relay.peers.begin(), relay.peers.end(), rank) != relay.peers.end()) relay_of = &relay;
+  }
+  if (!from_root && relay_of == nullptr) return PackedState();  // takes no part
+  const int sender = from_root ? root : relay_of->rank;
+  const std::vector<int>& stage = from_root ? plan.from_root : relay_of->peers;
+  MALLE_ASSIGN_OR_RETURN(PackedState got,
+                         Transfer(comm, sender, stage, from_root && plan.broadcast, nullptr, own, landing));
+  const int64_t bytes = got.bytes();
+  counts->state_bytes = bytes;
+  if (!SameNode(nodes, rank, sender)) counts->received_remote = bytes;
+  if (mine_relay == nullptr) return got;
+  // A relay: the state has crossed into this node once; copy it to the others here.
+  MALLE_ASSIGN_OR_RETURN(PackedState out, Transfer(comm, rank, mine_relay->peers, false, &got, nullptr, nullptr));
+  counts->sent_local = bytes * static_cast<int64_t>(mine_relay->peers.size());
   return out;
 }
 

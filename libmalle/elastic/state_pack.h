@@ -231,6 +231,54 @@ absl::StatusOr<PackedState> TransferState(comm::Communicator& comm, int root,
                                           const PackedState* own = nullptr,
                                           std::vector<at::Tensor>* landing = nullptr);
 
+// Who sends a state to whom when receivers share nodes, so that the state
+// crosses into each node once: the root sends to the receivers on its own node
+// and to one receiver per other node (that node's first receiver in rank
+// order, its relay), and each relay copies what it received to the other
+// receivers of its node. `nodes[r]` is the node of rank r ("" = unknown: a
+// node of its own); an empty `nodes` puts every rank on a node of its own.
+struct NodeTransferPlan {
+  std::vector<int> from_root;  // relays first (their copies overlap the root's other sends)
+  struct Relay {
+    int rank = -1;
+    std::vector<int> peers;  // on the relay's node, in rank order
+  };
+  std::vector<Relay> relays;
+  // The root sends as one broadcast: every other rank receives and each is on
+  // a node of its own (whatever tree the broadcast uses, each receiver then
+  // takes one state from another node, as from the root).
+  bool broadcast = false;
+};
+// Pure. MALLE_CHECK: root and receivers are ranks in [0, size), nodes is empty or has `size` entries.
+NodeTransferPlan PlanNodeTransfer(int root, const std::vector<int>& receivers,
+                                  const std::vector<std::string>& nodes, int size);
+
+// What one rank's part of a TransferStateByNode moved.
+struct NodeTransferCounts {
+  int64_t state_bytes = 0;  // the state's size (PackedState::bytes), on every rank taking part
+  // State bytes this rank received from a rank on another node (an unknown
+  // node counts as another): summed over the ranks, the bytes the transfer
+  // put on the network between nodes.
+  int64_t received_remote = 0;
+  // State bytes this rank sent: to ranks on other nodes, and to ranks on its
+  // own node (a relay's copies; the root's to its node peers). A broadcast
+  // counts the root as sending to every receiver.
+  int64_t sent_remote = 0;
+  int64_t sent_local = 0;
+};
+
+// TransferState (same contract: call on the root and on every receiver, with
+// the same `receivers` and `nodes`; other ranks return at once) along
+// PlanNodeTransfer(root, receivers, nodes, comm.size()). A relay receives
+// with `own`/`landing` like any receiver, then forwards the state it holds.
+// `counts` (optional) gets this rank's share.
+absl::StatusOr<PackedState> TransferStateByNode(comm::Communicator& comm, int root,
+                                                const std::vector<int>& receivers,
+                                                const std::vector<std::string>& nodes, PackedState* mine,
+                                                const PackedState* own = nullptr,
+                                                std::vector<at::Tensor>* landing = nullptr,
+                                                NodeTransferCounts* counts = nullptr);
+
 }  // namespace malle::elastic
 
 #endif  // MALLE_ELASTIC_STATE_PACK_H_

@@ -285,7 +285,7 @@ def request_leave(store: ControlStore, job_id: str, member_id: str) -> None:
     """Queues a planned leave of ``member_id`` at the job's next step boundary."""
 
 def latest_generation(store: ControlStore, job_id: str) -> dict[str, Any] | None:
-    """The newest generation of a job as {generation, members, reason}, or None."""
+    """The newest generation of a job as {generation, members, nodes, reason}, or None."""
 
 def report_dead(store: ControlStore, job_id: str, member_id: str) -> None:
     """Reports that the process of ``member_id`` exited (its owner saw it), so a recovery
@@ -318,6 +318,9 @@ class ResizeEvent:
     state_bytes: int
     state_in_place: int
     state_landed: int
+    state_received_remote: int  # from a rank on another node (MALLE_NODE)
+    state_sent_remote: int      # to ranks on other nodes
+    state_sent_local: int       # to ranks on this rank's node (a relay's copies)
     reason: str
     @property
     def phases(self) -> dict[str, float]: ...
@@ -333,7 +336,9 @@ class Engine:
                  lr_scaling: str, seed: int, deterministic: bool, bucket_bytes: int,
                  state_direct_min_bytes: int, control_job: str, secret_path: str,
                  min_nodes: int, max_nodes: int, report_interval: float,
-                 fault_exit_in_state_sync: str) -> None: ...
+                 fault_exit_in_state_sync: str, park_dir: str = "", snapshot_every: int = 0,
+                 resume_from: str = "", ranks_per_node: int = 1,
+                 node: str = "") -> None: ...
     def set_model(self, parameters: list[tuple[str, Any]], buffers: list[tuple[str, Any]]) -> None:
         """Flattens them (same tensor objects, new storage) and builds the Reducer."""
     def add_part(self, name: str, save: Any, load: Any, checkpoint: Any = None,

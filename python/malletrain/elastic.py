@@ -72,6 +72,13 @@ class ResizeEvent:
     reason: str = ""
     state_in_place: int = 0   # of state_bytes, received straight into this rank's own buffers
     state_landed: int = 0     # of state_bytes, received into memory faulted in while warming up
+    # Across node boundaries (MALLE_NODE; an unknown node counts as another): state bytes
+    # received from a rank on another node (summed over the ranks: the bytes the transfer put
+    # on the network), sent to ranks on other nodes, and sent to ranks on this rank's node (a
+    # node's first joiner copies what it received to the others there).
+    state_received_remote: int = 0
+    state_sent_remote: int = 0
+    state_sent_local: int = 0
 
 
 def _seed_python(seed: int) -> None:
@@ -305,7 +312,7 @@ class ElasticJob:
             backend=backend if backend is not None else env.backend or "gloo",
             park_dir=park_dir if park_dir is not None else env.park_dir,
             snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""),
-            ranks_per_node=self.local_world_size)
+            ranks_per_node=self.local_world_size, node=env.node)
         self.backend = backend if backend is not None else env.backend or "gloo"
         self._engine_store = env.store
         self._member_id = member
@@ -360,7 +367,7 @@ class ElasticJob:
             self._history.append(ResizeEvent(
                 e.kind, e.generation, e.size, e.rank, e.resume_step, list(e.joined),
                 list(e.removed), e.state_bytes, e.phases, e.reason, e.state_in_place,
-                e.state_landed))
+                e.state_landed, e.state_received_remote, e.state_sent_remote, e.state_sent_local))
         return self._history
 
     # --- wrapping ----------------------------------------------------------------------

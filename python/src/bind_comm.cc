@@ -318,11 +318,13 @@ void BindComm(py::module_& m) {
         py::dict d;
         d["generation"] = rec.generation;
         d["members"] = rec.members;
+        d["nodes"] = rec.nodes;
         d["reason"] = rec.reason;
         return d;
       },
       py::arg("store"), py::arg("job_id"),
-      "The newest generation of a job as {generation, members, reason}, or None.");
+      "The newest generation of a job as {generation, members, nodes, reason}, or None "
+      "(nodes: one per member, '' unknown; [] when no member said its node).");
 }
 
 }  // namespace malle::python

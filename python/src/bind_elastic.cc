@@ -164,6 +164,9 @@ void BindElastic(py::module_& m) {
       .def_readonly("state_bytes", &elastic::ResizeEvent::state_bytes)
       .def_readonly("state_in_place", &elastic::ResizeEvent::state_in_place)
       .def_readonly("state_landed", &elastic::ResizeEvent::state_landed)
+      .def_readonly("state_received_remote", &elastic::ResizeEvent::state_received_remote)
+      .def_readonly("state_sent_remote", &elastic::ResizeEvent::state_sent_remote)
+      .def_readonly("state_sent_local", &elastic::ResizeEvent::state_sent_local)
       .def_readonly("reason", &elastic::ResizeEvent::reason)
       .def_property_readonly("phases", [](const elastic::ResizeEvent& e) { return PhasesDict(e.phases); })
       .def("__repr__", [](const elastic::ResizeEvent& e) {
@@ -180,11 +183,13 @@ void BindElastic(py::module_& m) {
                        int64_t state_direct_min_bytes, const std::string& control_job,
                        const std::string& secret_path, int min_nodes, int max_nodes, double report_interval,
                        const std::string& fault_exit_in_state_sync, const std::string& park_dir,
-                       int snapshot_every, const std::string& resume_from, int ranks_per_node) {
+                       int snapshot_every, const std::string& resume_from, int ranks_per_node,
+                       const std::string& node) {
              comm::ElasticGroupOptions g;
              g.job_id = job_id;
              g.member_id = member_id;
              g.bootstrap_size = bootstrap_size;
+             g.node = node;
              g.rendezvous_timeout = Seconds(rendezvous_timeout, "rendezvous_timeout");
              g.op_timeout = Seconds(op_timeout, "op_timeout");
              g.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
@@ -250,7 +255,8 @@ void BindElastic(py::module_& m) {
            py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("state_direct_min_bytes"),
            py::arg("control_job"), py::arg("secret_path"), py::arg("min_nodes"), py::arg("max_nodes"),
            py::arg("report_interval"), py::arg("fault_exit_in_state_sync"), py::arg("park_dir") = "",
-           py::arg("snapshot_every") = 0, py::arg("resume_from") = "", py::arg("ranks_per_node") = 1)
+           py::arg("snapshot_every") = 0, py::arg("resume_from") = "", py::arg("ranks_per_node") = 1,
+           py::arg("node") = "")
       .def(
           "set_model",
           [](PyEngine& e, const std::vector<std::pair<std::string, at::Tensor>>& params,

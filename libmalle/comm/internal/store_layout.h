@@ -12,6 +12,8 @@
 namespace malle::comm::internal {
 
 inline std::string MemberKey(absl::string_view m) { return absl::StrCat("member/", m); }
+// The node the member runs on (ElasticGroupOptions::node); absent: unknown.
+inline std::string NodeKey(absl::string_view m) { return absl::StrCat("node/", m); }
 inline std::string HeartbeatKey(absl::string_view m) { return absl::StrCat("hb/", m); }
 inline std::string AdmitKey(absl::string_view m) { return absl::StrCat("admit/", m); }
 inline constexpr absl::string_view kBootTicket = "boot/ticket";

@@ -11,6 +11,7 @@ using ::malle::testing::IsOk;
 using ::malle::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Kind = ChangeRequest::Kind;
 
 GenerationRecord Gen(std::vector<std::string> members, int64_t consumed = 0,
@@ -101,6 +102,22 @@ TEST(RecordTest, RoundTrips) {
   EXPECT_EQ(back, r);
 }
 
+TEST(RecordTest, NodesRoundTripAndAreOptional) {
+  GenerationRecord r = Gen({"w0", "w1", "w2"});
+  r.nodes = {"node-a", "", "10.0.0.2:host"};  // "": that member did not say
+  ASSERT_OK_AND_ASSIGN(GenerationRecord back, DecodeRecord(EncodeRecord(r)));
+  EXPECT_EQ(back, r);
+  EXPECT_EQ(back.NodeOf("w2"), "10.0.0.2:host");
+  EXPECT_EQ(back.NodeOf("w1"), "");
+  EXPECT_EQ(back.NodeOf("stranger"), "");
+  // No node known: no field, and the record reads as it did before nodes existed.
+  GenerationRecord plain = Gen({"w0"});
+  EXPECT_THAT(EncodeRecord(plain), Not(HasSubstr("nodes=")));
+  ASSERT_OK_AND_ASSIGN(GenerationRecord back_plain, DecodeRecord(EncodeRecord(plain)));
+  EXPECT_TRUE(back_plain.nodes.empty());
+  EXPECT_EQ(back_plain.NodeOf("w0"), "");
+}
+
 TEST(RecordTest, RejectsMalformedRecordsNamingTheField) {
   const std::string good = EncodeRecord(Gen({"a", "b"}));
   struct Bad {
@@ -120,6 +137,8 @@ TEST(RecordTest, RejectsMalformedRecordsNamingTheField) {
       {"v=1\ngeneration=1\ngeneration=2\ncause=planned\nmembers=a\nconsumed=0\n", "duplicate field"},
       {"v=1\ngeneration=1\ncause=planned\nmembers=a\n", "missing field 'consumed'"},
       {"v=1\ngeneration=1\ncause=planned\nmembers=a\nconsumed=0\npark=a b\n", "park"},
+      {"v=1\ngeneration=1\ncause=planned\nmembers=a,b\nnodes=n1\nconsumed=0\n", "'nodes' has 1 entries for 2"},
+      {"v=1\ngeneration=1\ncause=planned\nmembers=a,b\nnodes=n1,n 2\nconsumed=0\n", "nodes 'n 2'"},
   };
   for (const Bad& bad : cases) {
     EXPECT_THAT(DecodeRecord(bad.text),

@@ -296,6 +296,101 @@ TEST(StateLayoutTest, TransferStateReceivesIntoLandingBuffers) {
   }
 }
 
+TEST(NodeTransferTest, PlanCrossesIntoEachNodeOnce) {
+  using Relay = NodeTransferPlan::Relay;
+  auto relays = [](const NodeTransferPlan& p) {
+    std::vector<std::pair<int, std::vector<int>>> out;
+    for (const Relay& r : p.relays) out.emplace_back(r.rank, r.peers);
+    return out;
+  };
+  // Ranks 0 (source) and 1 on node a, 2 and 3 joining on node c, 4 on node d.
+  NodeTransferPlan p = PlanNodeTransfer(0, {3, 2, 4, 1}, {"a", "a", "c", "c", "d"}, 5);
+  EXPECT_EQ(p.from_root, std::vector<int>({2, 1, 4}));  // relays first
+  EXPECT_EQ(relays(p), (std::vector<std::pair<int, std::vector<int>>>{{2, {3}}}));
+  EXPECT_FALSE(p.broadcast);  // 0 and 1 share a node: point to point, as planned
+  // Every rank on a node of its own, everyone receives: one broadcast.
+  p = PlanNodeTransfer(1, {0, 2}, {"a", "b", "c"}, 3);
+  EXPECT_TRUE(p.broadcast);
+  EXPECT_EQ(p.from_root, std::vector<int>({0, 2}));
+  EXPECT_TRUE(p.relays.empty());
+  // Unknown nodes ("" or no names at all) are nodes of their own: as before.
+  p = PlanNodeTransfer(0, {1, 2}, {"", "", ""}, 3);
+  EXPECT_TRUE(p.broadcast);
+  EXPECT_TRUE(p.relays.empty());
+  p = PlanNodeTransfer(0, {2}, {}, 3);
+  EXPECT_EQ(p.from_root, std::vector<int>({2}));
+  EXPECT_FALSE(p.broadcast);
+  // A source whose node peers receive: they get it from it directly, no relay.
+  p = PlanNodeTransfer(2, {0, 1, 3}, {"x", "y", "y", "y"}, 4);
+  EXPECT_EQ(p.from_root, std::vector<int>({0, 1, 3}));  // rank 0: alone on node x
+  EXPECT_TRUE(p.relays.empty());
+  EXPECT_FALSE(p.broadcast);
+}
+
+TEST(NodeTransferTest, StateReachesEveryReceiverAndCrossesIntoANodeOnce) {
+  // Rank 0 (node a) holds the state; ranks 1 and 2 share node c, rank 3 is on d,
+  // rank 4 (node a) holds it already and takes no part.
+  const std::vector<std::string> nodes = {"a", "c", "c", "d", "a"};
+  const std::vector<int> receivers = {1, 2, 3};
+  auto store = comm::ControlStore::InMemory();
+  at::manual_seed(7);
+  std::vector<at::Tensor> src = {at::randn({200, 1000}), at::randn({1000}), at::randn({17})};
+  FlattenTensors(src);
+  std::vector<absl::Status> status(5);
+  std::vector<NodeTransferCounts> counts(5);
+  std::vector<std::vector<at::Tensor>> got(5);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 5; ++i) {
+    threads.emplace_back([&, i] {
+      auto group = comm::ElasticGroup::Join(store, comm::testing::GroupOptions("nodes", "m" + std::to_string(i), 5));
+      if (!group.ok()) {
+        status[i] = group.status();
+        return;
+      }
+      const int rank = (*group)->rank();
+      StatePacker p(/*direct_min_bytes=*/1 << 16);
+      for (const at::Tensor& t : src) p.PutTensor(t);
+      PackedState mine = std::move(p).Finish();
+      auto out = TransferStateByNode((*group)->comm(), 0, receivers, nodes, rank == 0 ? &mine : nullptr, nullptr,
+                                     nullptr, &counts[rank]);
+      status[rank] = out.status();
+      if (out.ok() && !out->skeleton.empty()) {
+        auto in = StateUnpacker::Open(*std::move(out));
+        if (!in.ok()) {
+          status[rank] = in.status();
+        } else {
+          for (size_t k = 0; k < src.size(); ++k) {
+            auto t = in->Tensor();
+            if (!t.ok()) status[rank] = t.status();
+            if (t.ok()) got[rank].push_back(t->clone());
+          }
+        }
+      }
+      (*group)->Finish();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 5; ++r) ASSERT_OK(status[r]) << "rank " << r;
+  for (int r : receivers) {
+    ASSERT_EQ(got[r].size(), src.size()) << "rank " << r;
+    for (size_t k = 0; k < src.size(); ++k) EXPECT_TRUE(at::equal(got[r][k], src[k])) << r << "/" << k;
+  }
+  EXPECT_TRUE(got[4].empty()) << "a rank that is not a receiver takes no part";
+  const int64_t s = counts[0].state_bytes;
+  ASSERT_GT(s, 800000);
+  // Across nodes: once into c (to rank 1), once into d; rank 1 copies to rank 2 on c.
+  EXPECT_EQ(counts[0].sent_remote, 2 * s);
+  EXPECT_EQ(counts[0].sent_local, 0);
+  EXPECT_EQ(counts[1].received_remote, s);
+  EXPECT_EQ(counts[1].sent_local, s);
+  EXPECT_EQ(counts[2].received_remote, 0);
+  EXPECT_EQ(counts[3].received_remote, s);
+  EXPECT_EQ(counts[4].state_bytes, 0);
+  int64_t wire = 0;
+  for (const NodeTransferCounts& c : counts) wire += c.received_remote;
+  EXPECT_EQ(wire, 2 * s) << "three receivers on two nodes other than the source's: two states on the wire";
+}
+
 // Two parameters with gradients from a fixed function of the parameters.
 struct Toy {
   at::Tensor w = at::randn({4, 3}).set_requires_grad(true);
