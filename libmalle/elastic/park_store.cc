@@ -3,7 +3,6 @@
 #include "libmalle/elastic/park_store.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -202,21 +201,6 @@ absl::Status ReadFully(int fd, void* data, size_t n, const std::string& path) {
     n -= static_cast<size_t>(r);
   }
   return absl::OkStatus();
-}
-
-// Fresh memory for a segment read from a file. Large buffers ask for
-// transparent huge pages before they are touched (THP "madvise" mode): the
-// read then faults in 2 MiB at a time, not 4 KiB (fresh memory is what made
-// resumes slow on the 2-core VM: 252 MB faulted in took 0.2-1.2 s).
-at::Tensor FreshBuffer(at::ScalarType dtype, int64_t numel) {
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t end = begin + static_cast<uintptr_t>(t.nbytes());
-  const uintptr_t a = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t b = end & ~(kHuge - 1);
-  if (b > a + kHuge) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);  // advice: errors ignored
-  return t;
 }
 
 struct Fd {
@@ -426,7 +410,7 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     const bool in_place = t != nullptr && t->defined() && t->is_cpu() && t->is_contiguous() &&
                           segs[i].device == c10::DeviceType::CPU && t->scalar_type() == segs[i].dtype &&
                           t->numel() == segs[i].numel;
-    out.buffers.push_back(in_place ? *t : FreshBuffer(segs[i].dtype, segs[i].numel));
+    out.buffers.push_back(in_place ? *t : at::empty({segs[i].numel}, at::TensorOptions().dtype(segs[i].dtype)));
     out.direct.push_back(in_place);
   }
   {

@@ -476,80 +476,84 @@ def verdict(ok: bool) -> str:
 
 def report(res: dict) -> str:
     reps = res["reps"]
-    mb = res["state_bytes_est"] / 1e6
-    cache = reps[0]["floor"].get("cache", "?")
-    cache_note = ("cold = page cache dropped (/proc/sys/vm/drop_caches)" if cache == "drop_caches" else
-                  "cold = the files' pages evicted with posix_fadvise(DONTNEED)")
-    cache_note += "; a virtual disk may still be cached by the host"
-    g = lambda f: [f(r) for r in reps]  # noqa: E731
-    floor_w = g(lambda r: r["floor"]["write_s"])
-    floor_rc = g(lambda r: r["floor"]["read_cold_s"])
-    floor_rw = g(lambda r: r["floor"]["read_warm_s"])
-    park = g(lambda r: r["park"]["park_engine_s"])
-    leave = g(lambda r: r["park"]["leave_s"])
-    save = g(lambda r: r["park"]["save_s"])
-    res_c = g(lambda r: r["resume_cold"]["state_s"])
-    res_w = g(lambda r: r["resume_warm"]["state_s"])
-    boot_c = g(lambda r: r["resume_cold"]["first_next_s"])
-    dcp_s = g(lambda r: r["torch"]["dcp_save_s"])
-    dcp_lc = g(lambda r: r["torch"]["dcp_load_cold_s"])
-    dcp_lw = g(lambda r: r["torch"]["dcp_load_warm_s"])
-    ts_s = g(lambda r: r["torch"]["torchsave_save_s"])
-    ts_lc = g(lambda r: r["torch"]["torchsave_load_cold_s"])
-    ts_lw = g(lambda r: r["torch"]["torchsave_load_warm_s"])
-    fbytes = reps[0]["park"]["park_file_bytes"]
-    lines = [f"park_bench {res['date']}: {res['params'] / 1e6:.1f} M parameters + Adam, "
-             f"state {mb:.0f} MB (park file {fbytes / 1e6:.1f} MB, DCP "
-             f"{reps[0]['torch']['dcp_bytes'] / 1e6:.1f} MB, torch.save "
-             f"{reps[0]['torch']['torchsave_bytes'] / 1e6:.1f} MB); dir {res['dir']}; "
-             f"{len(reps)} reps; load avg {min(res['load']):.1f}-{max(res['load']):.1f} on "
-             f"{res['cpus']} CPUs", cache_note, "",
-             "seconds, median (min-max) over reps; ratio = per-rep ratio, median (min-max)", ""]
+    lines: List[str] = [f"park_bench {res['date']}: {res['params'] / 1e6:.1f} M parameters + Adam; "
+                        f"load avg {min(res['load']):.1f}-{max(res['load']):.1f} on {res['cpus']} CPUs"]
+    if reps:  # --reps 0: snapshot overhead only
+        lines = []
+        mb = res["state_bytes_est"] / 1e6
+        cache = reps[0]["floor"].get("cache", "?")
+        cache_note = ("cold = page cache dropped (/proc/sys/vm/drop_caches)" if cache == "drop_caches" else
+                      "cold = the files' pages evicted with posix_fadvise(DONTNEED)")
+        cache_note += "; a virtual disk may still be cached by the host"
+        g = lambda f: [f(r) for r in reps]  # noqa: E731
+        floor_w = g(lambda r: r["floor"]["write_s"])
+        floor_rc = g(lambda r: r["floor"]["read_cold_s"])
+        floor_rw = g(lambda r: r["floor"]["read_warm_s"])
+        park = g(lambda r: r["park"]["park_engine_s"])
+        leave = g(lambda r: r["park"]["leave_s"])
+        save = g(lambda r: r["park"]["save_s"])
+        res_c = g(lambda r: r["resume_cold"]["state_s"])
+        res_w = g(lambda r: r["resume_warm"]["state_s"])
+        boot_c = g(lambda r: r["resume_cold"]["first_next_s"])
+        dcp_s = g(lambda r: r["torch"]["dcp_save_s"])
+        dcp_lc = g(lambda r: r["torch"]["dcp_load_cold_s"])
+        dcp_lw = g(lambda r: r["torch"]["dcp_load_warm_s"])
+        ts_s = g(lambda r: r["torch"]["torchsave_save_s"])
+        ts_lc = g(lambda r: r["torch"]["torchsave_load_cold_s"])
+        ts_lw = g(lambda r: r["torch"]["torchsave_load_warm_s"])
+        fbytes = reps[0]["park"]["park_file_bytes"]
+        lines = [f"park_bench {res['date']}: {res['params'] / 1e6:.1f} M parameters + Adam, "
+                 f"state {mb:.0f} MB (park file {fbytes / 1e6:.1f} MB, DCP "
+                 f"{reps[0]['torch']['dcp_bytes'] / 1e6:.1f} MB, torch.save "
+                 f"{reps[0]['torch']['torchsave_bytes'] / 1e6:.1f} MB); dir {res['dir']}; "
+                 f"{len(reps)} reps; load avg {min(res['load']):.1f}-{max(res['load']):.1f} on "
+                 f"{res['cpus']} CPUs", cache_note, "",
+                 "seconds, median (min-max) over reps; ratio = per-rep ratio, median (min-max)", ""]
 
-    def ratio(a: List[float], b: List[float]) -> List[float]:
-        return [x / y for x, y in zip(a, b)]
+        def ratio(a: List[float], b: List[float]) -> List[float]:
+            return [x / y for x, y in zip(a, b)]
 
-    rows = [
-        ("disk floor: write + fsync (best of 2)", floor_w, None, ""),
-        ("disk floor: read, cold", floor_rc, None, ""),
-        ("disk floor: read, warm", floor_rw, None, ""),
-        ("malletrain park (engine: capture + durable write)", park, ratio(park, floor_w),
-         "vs floor write"),
-        ("malletrain job.save(path) (first write of the process)", save, ratio(save, floor_w), "vs floor write"),
-        ("malletrain leave -> parked (boundary wall time)", leave, ratio(leave, floor_w),
-         "vs floor write"),
-        ("malletrain resume, cold (read + verify + restore)", res_c, ratio(res_c, floor_rc),
-         "vs floor read cold"),
-        ("malletrain resume, warm", res_w, ratio(res_w, floor_rw), "vs floor read warm"),
-        ("malletrain new incarnation: first next(), cold", boot_c, None, ""),
-        ("DCP save (dcp.save, FileSystemWriter)", dcp_s, ratio(dcp_s, park), "vs malle park"),
-        ("DCP load, cold (dcp.load + set_state_dict)", dcp_lc, ratio(dcp_lc, res_c),
-         "vs malle resume cold"),
-        ("DCP load, warm", dcp_lw, ratio(dcp_lw, res_w), "vs malle resume warm"),
-        ("torch.save + fsync", ts_s, ratio(ts_s, park), "vs malle park"),
-        ("torch.load + load_state_dict, cold", ts_lc, ratio(ts_lc, res_c), "vs malle resume cold"),
-        ("torch.load + load_state_dict, warm", ts_lw, ratio(ts_lw, res_w), "vs malle resume warm"),
-    ]
-    w = max(len(r[0]) for r in rows)
-    lines.append(f"{'':{w}}  {'seconds':>22}  {'MB/s':>6}  ratio")
-    for name, xs, rt, what in rows:
-        bw = mb / med(xs)
-        rts = f"{fmt_s(rt)}x {what}" if rt else ""
-        lines.append(f"{name:{w}}  {fmt_s(xs):>22}  {bw:6.0f}  {rts}")
-    lines += ["", "targets (the floor is the disk: cold against cold; warm reads are memory copies, "
-              "shown above for information):"]
-    tgt = [
-        ("park <= 1.5x floor write", med(ratio(park, floor_w)), med(ratio(park, floor_w)) <= TARGET_FLOOR),
-        ("resume (cold) <= 1.5x floor read (cold)", med(ratio(res_c, floor_rc)),
-         med(ratio(res_c, floor_rc)) <= TARGET_FLOOR),
-        ("park >= 2x faster than DCP save", med(ratio(dcp_s, park)), med(ratio(dcp_s, park)) >= TARGET_DCP),
-        ("resume (cold) >= 2x faster than DCP load (cold)", med(ratio(dcp_lc, res_c)),
-         med(ratio(dcp_lc, res_c)) >= TARGET_DCP),
-        ("resume (warm) >= 2x faster than DCP load (warm)", med(ratio(dcp_lw, res_w)),
-         med(ratio(dcp_lw, res_w)) >= TARGET_DCP),
-    ]
-    for name, v, ok in tgt:
-        lines.append(f"  {name:50} {v:6.2f}x  {verdict(ok)}")
+        rows = [
+            ("disk floor: write + fsync (best of 2)", floor_w, None, ""),
+            ("disk floor: read, cold", floor_rc, None, ""),
+            ("disk floor: read, warm", floor_rw, None, ""),
+            ("malletrain park (engine: capture + durable write)", park, ratio(park, floor_w),
+             "vs floor write"),
+            ("malletrain job.save(path) (first write of the process)", save, ratio(save, floor_w), "vs floor write"),
+            ("malletrain leave -> parked (boundary wall time)", leave, ratio(leave, floor_w),
+             "vs floor write"),
+            ("malletrain resume, cold (read + verify + restore)", res_c, ratio(res_c, floor_rc),
+             "vs floor read cold"),
+            ("malletrain resume, warm", res_w, ratio(res_w, floor_rw), "vs floor read warm"),
+            ("malletrain new incarnation: first next(), cold", boot_c, None, ""),
+            ("DCP save (dcp.save, FileSystemWriter)", dcp_s, ratio(dcp_s, park), "vs malle park"),
+            ("DCP load, cold (dcp.load + set_state_dict)", dcp_lc, ratio(dcp_lc, res_c),
+             "vs malle resume cold"),
+            ("DCP load, warm", dcp_lw, ratio(dcp_lw, res_w), "vs malle resume warm"),
+            ("torch.save + fsync", ts_s, ratio(ts_s, park), "vs malle park"),
+            ("torch.load + load_state_dict, cold", ts_lc, ratio(ts_lc, res_c), "vs malle resume cold"),
+            ("torch.load + load_state_dict, warm", ts_lw, ratio(ts_lw, res_w), "vs malle resume warm"),
+        ]
+        w = max(len(r[0]) for r in rows)
+        lines.append(f"{'':{w}}  {'seconds':>22}  {'MB/s':>6}  ratio")
+        for name, xs, rt, what in rows:
+            bw = mb / med(xs)
+            rts = f"{fmt_s(rt)}x {what}" if rt else ""
+            lines.append(f"{name:{w}}  {fmt_s(xs):>22}  {bw:6.0f}  {rts}")
+        lines += ["", "targets (the floor is the disk: cold against cold; warm reads are memory copies, "
+                  "shown above for information):"]
+        tgt = [
+            ("park <= 1.5x floor write", med(ratio(park, floor_w)), med(ratio(park, floor_w)) <= TARGET_FLOOR),
+            ("resume (cold) <= 1.5x floor read (cold)", med(ratio(res_c, floor_rc)),
+             med(ratio(res_c, floor_rc)) <= TARGET_FLOOR),
+            ("park >= 2x faster than DCP save", med(ratio(dcp_s, park)), med(ratio(dcp_s, park)) >= TARGET_DCP),
+            ("resume (cold) >= 2x faster than DCP load (cold)", med(ratio(dcp_lc, res_c)),
+             med(ratio(dcp_lc, res_c)) >= TARGET_DCP),
+            ("resume (warm) >= 2x faster than DCP load (warm)", med(ratio(dcp_lw, res_w)),
+             med(ratio(dcp_lw, res_w)) >= TARGET_DCP),
+        ]
+        for name, v, ok in tgt:
+            lines.append(f"  {name:50} {v:6.2f}x  {verdict(ok)}")
     if res["steady"]:
         # The mean, not the median: a snapshot's copy falls on one step in `interval`.
         lines += ["", "snapshot overhead on step time (mean step time of each run's timed window, "
