@@ -191,7 +191,11 @@ struct Engine::Snapshotter {
           busy = true;
         }
         const absl::Time w0 = absl::Now();
-        absl::Status s = store->Write(next.first, next.second);
+        // The hash on this thread: a second hashing thread would shorten
+        // the write but take a core from training (2-core machines).
+        StateIoOptions io;
+        io.hash_thread = false;
+        absl::Status s = store->Write(next.first, next.second, io);
         const absl::Duration took = absl::Now() - w0;
         if (s.ok() && sink != nullptr) {
           // The allocator shows the snapshot's age (advisory: a lost report loses nothing).
@@ -1194,9 +1198,17 @@ absl::Status Engine::ResumeFromStore() {
   // does not retry it): training from scratch instead would lose the progress
   // the user expects, silently.
   std::optional<ParkedState> found;
+  // Segments whose layout matches this incarnation's own flat buffers (its
+  // parameters, the model being the same) are read straight into them: no
+  // fresh memory, no second copy. They have nothing to lose here: a state
+  // that is refused ends the job with an error.
+  MALLE_ASSIGN_OR_RETURN(JobState mine, CaptureState());
+  const PackedState own = mine.Pack(options_.state_direct_min_bytes);
+  StateIoOptions io;
+  io.own = &own;
   if (!options_.resume_from.empty()) {
     ParkedState p;
-    absl::StatusOr<PackedState> read = ReadStateFile(options_.resume_from, options_.secret, &p.info);
+    absl::StatusOr<PackedState> read = ReadStateFile(options_.resume_from, options_.secret, &p.info, io);
     if (!read.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("resume_from: ", read.status().message()));
     }
@@ -1205,7 +1217,7 @@ absl::Status Engine::ResumeFromStore() {
     found = std::move(p);
   } else if (options_.park_store != nullptr) {
     std::vector<std::string> refused;
-    absl::StatusOr<std::optional<ParkedState>> newest = options_.park_store->ReadNewest(&refused);
+    absl::StatusOr<std::optional<ParkedState>> newest = options_.park_store->ReadNewest(&refused, io);
     for (const std::string& why : refused) MALLE_LOG(WARNING) << "parked state refused: " << why;
     if (!newest.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("park store ", options_.park_store->where(),

@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <random>
+#include <thread>
+#include <utility>
 
 #include <ATen/ops/empty.h>
 #include <openssl/core_names.h>
@@ -21,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libmalle/base/status_macros.h"
 
@@ -32,7 +36,6 @@ constexpr size_t kPrefixBytes = 8 + 4 + 4 + 8;
 constexpr size_t kMacBytes = 32;
 constexpr uint32_t kFlagSigned = 1;
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
-constexpr int64_t kChunkBytes = int64_t{64} << 20;  // device segments go through the host in chunks
 constexpr char kSuffix[] = ".mstate";
 
 absl::Status IoError(const std::string& what, const std::string& path, int err) {
@@ -92,12 +95,73 @@ class Mac {
   EVP_MAC_CTX* ctx_ = nullptr;
 };
 
-// A file descriptor that writes everything and feeds the MAC.
+// Feeds a Mac the byte ranges added to it, in order: on a thread of its own
+// (beside the I/O of the caller, who adds each range once its bytes are there)
+// or inline on the caller's. Every range must stay valid until Finish() or
+// the destructor (which abandons what is left).
+class Hasher {
+ public:
+  Hasher(Mac& mac, bool use_thread) : mac_(mac) {
+    if (use_thread) thread_ = std::thread([this] { Run(); });
+  }
+  ~Hasher() { Stop(/*drain=*/false); }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+
+  void Add(const void* data, size_t n) {
+    if (n == 0) return;
+    if (!thread_.joinable()) {
+      mac_.Update(data, n);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    queue_.emplace_back(static_cast<const char*>(data), n);
+  }
+  // Blocks until every range added is hashed; the Mac is then the caller's.
+  void Finish() { Stop(/*drain=*/true); }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::pair<const char*, size_t> next;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (abandon_ || queue_.empty()) return;
+        next = queue_.front();
+        queue_.pop_front();
+      }
+      mac_.Update(next.first, next.second);
+    }
+  }
+  void Stop(bool drain) {
+    if (!thread_.joinable()) return;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      abandon_ = !drain;
+    }
+    thread_.join();
+  }
+
+  Mac& mac_;
+  absl::Mutex mu_;
+  std::deque<std::pair<const char*, size_t>> queue_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandon_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Writes everything it is given to a file descriptor and starts the
+// writeback of every kStateIoChunkBytes written (sync_file_range: the disk
+// works while the caller copies and hashes the next chunks; the final fsync
+// then waits for little). sync_file_range is advice: where the filesystem
+// does not support it, the fsync alone makes the file durable.
 class Writer {
  public:
-  Writer(int fd, Mac& mac, const std::string& path) : fd_(fd), mac_(mac), path_(path) {}
-  absl::Status Write(const void* data, size_t n, bool mac = true) {
-    if (mac) mac_.Update(data, n);
+  Writer(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  absl::Status Write(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, n);
@@ -107,41 +171,37 @@ class Writer {
       }
       p += w;
       n -= static_cast<size_t>(w);
+      written_ += w;
+    }
+    if (written_ - started_ >= kStateIoChunkBytes) {
+      ::sync_file_range(fd_, started_, written_ - started_, SYNC_FILE_RANGE_WRITE);
+      started_ = written_;
     }
     return absl::OkStatus();
   }
 
  private:
   int fd_;
-  Mac& mac_;
   const std::string& path_;
+  int64_t written_ = 0;
+  int64_t started_ = 0;  // the writeback of [0, started_) was started
 };
 
-class Reader {
- public:
-  Reader(int fd, Mac& mac, const std::string& path) : fd_(fd), mac_(mac), path_(path) {}
-  absl::Status Read(void* data, size_t n, bool mac = true) {
-    char* p = static_cast<char*>(data);
-    size_t left = n;
-    while (left > 0) {
-      const ssize_t r = ::read(fd_, p, left);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return IoError("cannot read", path_, errno);
-      }
-      if (r == 0) return absl::DataLossError(absl::StrCat(path_, ": truncated state file"));
-      p += r;
-      left -= static_cast<size_t>(r);
+// Reads exactly what is asked for; the end of the file is "truncated".
+absl::Status ReadFully(int fd, void* data, size_t n, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return IoError("cannot read", path, errno);
     }
-    if (mac) mac_.Update(data, n);
-    return absl::OkStatus();
+    if (r == 0) return absl::DataLossError(absl::StrCat(path, ": truncated state file"));
+    p += r;
+    n -= static_cast<size_t>(r);
   }
-
- private:
-  int fd_;
-  Mac& mac_;
-  const std::string& path_;
-};
+  return absl::OkStatus();
+}
 
 struct Fd {
   int fd = -1;
@@ -163,15 +223,17 @@ absl::Status FsyncDir(const std::string& dir) {
 }  // namespace
 
 absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
-                            int64_t step, const std::string& secret) {
+                            int64_t step, const std::string& secret, const StateIoOptions& io) {
   MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> specs, SegmentSpecs(state.skeleton));
   if (specs.size() != state.buffers.size()) {
     return absl::InvalidArgumentError(absl::StrCat("state file ", path, ": the state's segments do not match"));
   }
   nlohmann::json segments = nlohmann::json::array();
+  bool all_cpu = true;
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t bytes = specs[i].numel * static_cast<int64_t>(c10::elementSize(specs[i].dtype));
     segments.push_back({c10::getDtypeNames(specs[i].dtype).first, specs[i].numel, DeviceName(specs[i].device), bytes});
+    all_cpu = all_cpu && state.buffers[i].is_cpu();
   }
   const nlohmann::json header = {{"job", job},
                                  {"step", step},
@@ -179,6 +241,23 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
                                  {"skeleton_bytes", state.skeleton.size()},
                                  {"segments", segments}};
   const std::string header_text = header.dump();
+  // The prefix, the header and the skeleton: one small write.
+  std::string head;
+  {
+    const uint32_t version = kStateFileVersion;
+    const uint32_t flags = secret.empty() ? 0 : kFlagSigned;
+    const uint64_t header_len = header_text.size();
+    head.append(kMagic, sizeof(kMagic));
+    head.append(reinterpret_cast<const char*>(&version), sizeof(version));
+    head.append(reinterpret_cast<const char*>(&flags), sizeof(flags));
+    head.append(reinterpret_cast<const char*>(&header_len), sizeof(header_len));
+    head += header_text;
+    head += state.skeleton;
+  }
+  // CPU segments are hashed where they are (on a second thread if asked);
+  // device segments chunk by chunk through host copies, on this thread.
+  std::vector<at::Tensor> bytes_views;
+  for (const at::Tensor& seg : state.buffers) bytes_views.push_back(seg.contiguous().view(at::kByte));
 
   const std::filesystem::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
@@ -189,29 +268,38 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (f.fd < 0) return IoError("cannot create", tmp, errno);
     Mac mac(secret);
-    Writer w(f.fd, mac, tmp);
-    const uint32_t version = kStateFileVersion;
-    const uint32_t flags = secret.empty() ? 0 : kFlagSigned;
-    const uint64_t header_len = header_text.size();
-    MALLE_RETURN_IF_ERROR(w.Write(kMagic, sizeof(kMagic)));
-    MALLE_RETURN_IF_ERROR(w.Write(&version, sizeof(version)));
-    MALLE_RETURN_IF_ERROR(w.Write(&flags, sizeof(flags)));
-    MALLE_RETURN_IF_ERROR(w.Write(&header_len, sizeof(header_len)));
-    MALLE_RETURN_IF_ERROR(w.Write(header_text.data(), header_text.size()));
-    MALLE_RETURN_IF_ERROR(w.Write(state.skeleton.data(), state.skeleton.size()));
-    for (const at::Tensor& seg : state.buffers) {
-      at::Tensor bytes = seg.contiguous().view(at::kByte);
-      if (bytes.is_cpu()) {
-        MALLE_RETURN_IF_ERROR(w.Write(bytes.data_ptr(), static_cast<size_t>(bytes.numel())));
-        continue;
+    Writer w(f.fd, tmp);
+    {
+      Hasher hash(mac, io.hash_thread && all_cpu);
+      const bool ahead = io.hash_thread && all_cpu;
+      hash.Add(head.data(), head.size());
+      if (ahead) {
+        // Everything is in memory: the hasher runs through it at its own pace.
+        for (const at::Tensor& b : bytes_views) {
+          const char* p = static_cast<const char*>(b.data_ptr());
+          for (int64_t off = 0; off < b.numel(); off += kStateIoChunkBytes) {
+            hash.Add(p + off, static_cast<size_t>(std::min(kStateIoChunkBytes, b.numel() - off)));
+          }
+        }
       }
-      for (int64_t off = 0; off < bytes.numel(); off += kChunkBytes) {
-        at::Tensor host = bytes.narrow(0, off, std::min(kChunkBytes, bytes.numel() - off)).cpu();
-        MALLE_RETURN_IF_ERROR(w.Write(host.data_ptr(), static_cast<size_t>(host.numel())));
+      MALLE_RETURN_IF_ERROR(w.Write(head.data(), head.size()));
+      for (const at::Tensor& b : bytes_views) {
+        for (int64_t off = 0; off < b.numel(); off += kStateIoChunkBytes) {
+          const int64_t n = std::min(kStateIoChunkBytes, b.numel() - off);
+          at::Tensor host;  // a device chunk's host copy, alive until written and hashed
+          const char* p = static_cast<const char*>(b.data_ptr()) + off;
+          if (!b.is_cpu()) {
+            host = b.narrow(0, off, n).cpu();
+            p = static_cast<const char*>(host.data_ptr());
+          }
+          if (!ahead) hash.Add(p, static_cast<size_t>(n));
+          MALLE_RETURN_IF_ERROR(w.Write(p, static_cast<size_t>(n)));
+        }
       }
+      hash.Finish();
     }
     const std::string trailer = mac.Final();
-    MALLE_RETURN_IF_ERROR(w.Write(trailer.data(), trailer.size(), /*mac=*/false));
+    MALLE_RETURN_IF_ERROR(w.Write(trailer.data(), trailer.size()));
     if (::fsync(f.fd) != 0) return IoError("cannot fsync", tmp, errno);
     if (::close(f.fd) != 0) {
       f.fd = -1;
@@ -226,7 +314,7 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
 }
 
 absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::string& secret,
-                                          StateFileInfo* info) {
+                                          StateFileInfo* info, const StateIoOptions& io) {
   Fd f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.fd < 0) return IoError("cannot open state file", path, errno);
@@ -240,16 +328,17 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
                       std::memcmp(head, kMagic, sizeof(kMagic)) == 0;
     return loss(ours ? "truncated state file (too short)" : "not a malletrain state file");
   }
+  ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // advice: a larger readahead
   Mac mac(secret);
-  Reader r(f.fd, mac, path);
-  char magic[8];
+  char prefix[kPrefixBytes];
+  MALLE_RETURN_IF_ERROR(ReadFully(f.fd, prefix, sizeof(prefix), path));
+  mac.Update(prefix, sizeof(prefix));
   uint32_t version = 0, flags = 0;
   uint64_t header_len = 0;
-  MALLE_RETURN_IF_ERROR(r.Read(magic, sizeof(magic)));
-  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) return loss("not a malletrain state file");
-  MALLE_RETURN_IF_ERROR(r.Read(&version, sizeof(version)));
-  MALLE_RETURN_IF_ERROR(r.Read(&flags, sizeof(flags)));
-  MALLE_RETURN_IF_ERROR(r.Read(&header_len, sizeof(header_len)));
+  if (std::memcmp(prefix, kMagic, sizeof(kMagic)) != 0) return loss("not a malletrain state file");
+  std::memcpy(&version, prefix + 8, sizeof(version));
+  std::memcpy(&flags, prefix + 12, sizeof(flags));
+  std::memcpy(&header_len, prefix + 16, sizeof(header_len));
   if (version != kStateFileVersion) {
     return loss(absl::StrCat("state file format version ", version, "; this malletrain reads version ",
                              kStateFileVersion));
@@ -265,7 +354,8 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     return loss(absl::StrCat("corrupt header length ", header_len));
   }
   std::string header_text(header_len, '\0');
-  MALLE_RETURN_IF_ERROR(r.Read(header_text.data(), header_len));
+  MALLE_RETURN_IF_ERROR(ReadFully(f.fd, header_text.data(), header_len, path));
+  mac.Update(header_text.data(), header_len);
   const nlohmann::json header = nlohmann::json::parse(header_text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object() || !header.contains("segments") ||
       !header["segments"].is_array() || !header.value("skeleton_bytes", nlohmann::json()).is_number_unsigned() ||
@@ -304,15 +394,41 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
   if (total < size) return loss(absl::StrCat("corrupt: ", size - total, " bytes after the state"));
   PackedState out;
   out.skeleton.resize(skeleton_bytes);
-  MALLE_RETURN_IF_ERROR(r.Read(out.skeleton.data(), skeleton_bytes));
-  for (const Seg& s : segs) {
-    at::Tensor t = at::empty({s.numel}, at::TensorOptions().dtype(s.dtype));
-    MALLE_RETURN_IF_ERROR(r.Read(t.data_ptr(), s.bytes));
-    out.buffers.push_back(std::move(t));
-    out.direct.push_back(false);
+  MALLE_RETURN_IF_ERROR(ReadFully(f.fd, out.skeleton.data(), skeleton_bytes, path));
+  mac.Update(out.skeleton.data(), skeleton_bytes);
+  // Where each segment lands: in place (the reader's own flat buffer of the
+  // same layout) or fresh memory. The skeleton is not verified yet: a target
+  // is used only where its dtype and length are the header's, so at worst a
+  // refused file's bytes were read into it (io.own's contract).
+  std::vector<at::Tensor> targets;
+  if (io.own != nullptr) {
+    absl::StatusOr<std::vector<at::Tensor>> t = InPlaceTargets(*io.own, out.skeleton);
+    if (t.ok() && t->size() == segs.size()) targets = *std::move(t);
+  }
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const at::Tensor* t = i < targets.size() ? &targets[i] : nullptr;
+    const bool in_place = t != nullptr && t->defined() && t->is_cpu() && t->is_contiguous() &&
+                          segs[i].device == c10::DeviceType::CPU && t->scalar_type() == segs[i].dtype &&
+                          t->numel() == segs[i].numel;
+    out.buffers.push_back(in_place ? *t : at::empty({segs[i].numel}, at::TensorOptions().dtype(segs[i].dtype)));
+    out.direct.push_back(in_place);
+  }
+  {
+    // Read a chunk, hand it to the hasher, read the next: hashing (a second
+    // thread) overlaps the reads.
+    Hasher hash(mac, io.hash_thread);
+    for (size_t i = 0; i < segs.size(); ++i) {
+      char* p = static_cast<char*>(out.buffers[i].data_ptr());
+      for (uint64_t off = 0; off < segs[i].bytes; off += static_cast<uint64_t>(kStateIoChunkBytes)) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kStateIoChunkBytes, segs[i].bytes - off));
+        MALLE_RETURN_IF_ERROR(ReadFully(f.fd, p + off, n, path));
+        hash.Add(p + off, n);
+      }
+    }
+    hash.Finish();
   }
   std::string trailer(kMacBytes, '\0');
-  MALLE_RETURN_IF_ERROR(r.Read(trailer.data(), kMacBytes, /*mac=*/false));
+  MALLE_RETURN_IF_ERROR(ReadFully(f.fd, trailer.data(), kMacBytes, path));
   const std::string expected = mac.Final();
   if (expected.size() != kMacBytes || CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) != 0) {
     return loss(is_signed ? "checksum mismatch: the file is corrupt or was not written with this deployment's "
@@ -375,23 +491,24 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> DirParkStore::Files
   return out;
 }
 
-absl::Status DirParkStore::Write(const PackedState& state, int64_t step) {
+absl::Status DirParkStore::Write(const PackedState& state, int64_t step, const StateIoOptions& io) {
   std::random_device rd;
   const std::string path =
       absl::StrFormat("%s/state-%012d-%020d-%d-%04x%s", options_.dir, step, absl::ToUnixNanos(absl::Now()),
                       ::getpid(), rd() & 0xffff, kSuffix);
-  MALLE_RETURN_IF_ERROR(WriteStateFile(path, state, options_.job, step, options_.secret));
+  MALLE_RETURN_IF_ERROR(WriteStateFile(path, state, options_.job, step, options_.secret, io));
   // Durable: keep it and the one before it (the fallback), remove the rest.
   MALLE_ASSIGN_OR_RETURN(auto files, Files());
   for (size_t i = 2; i < files.size(); ++i) ::unlink(files[i].second.c_str());
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<ParkedState>> DirParkStore::ReadNewest(std::vector<std::string>* refused) {
+absl::StatusOr<std::optional<ParkedState>> DirParkStore::ReadNewest(std::vector<std::string>* refused,
+                                                                    const StateIoOptions& io) {
   MALLE_ASSIGN_OR_RETURN(auto files, Files());
   for (const auto& [step, path] : files) {
     ParkedState p;
-    absl::StatusOr<PackedState> s = ReadStateFile(path, options_.secret, &p.info);
+    absl::StatusOr<PackedState> s = ReadStateFile(path, options_.secret, &p.info, io);
     if (!s.ok()) {
       if (refused != nullptr) refused->push_back(std::string(s.status().message()));
       continue;

@@ -20,6 +20,7 @@
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/matmul.h>
@@ -147,6 +148,115 @@ TEST(StateFileTest, TruncatedCorruptForgedAndUnsignedFilesAreRefusedNamingWhy) {
               StatusIs(absl::StatusCode::kNotFound));
   // The good one still reads.
   EXPECT_OK(ReadStateFile(good, "secret-a").status());
+}
+
+// A state larger than several I/O chunks, its parameters in one flat buffer
+// (a direct segment, as the trainer keeps them): 12 M floats = 48 MB, three
+// kStateIoChunkBytes chunks. `scale` 0: zeros (a fresh incarnation's model).
+JobState BigFlatState(int64_t step, float scale) {
+  // One intra-op thread: tensors this large would start OpenMP's pool, and a
+  // later test forks (a child of a process that ran OpenMP hangs in it).
+  at::set_num_threads(1);
+  JobState s;
+  s.logical_workers = 1;
+  s.step = step;
+  s.parameters.push_back({"w", at::arange(10'000'000, at::kFloat) * scale});
+  s.parameters.push_back({"v", at::arange(2'000'000, at::kFloat) * -scale});
+  s.buffers.push_back({"count", at::tensor({step}, at::kLong)});
+  std::vector<at::Tensor> flat = {s.parameters[0].tensor, s.parameters[1].tensor};
+  EXPECT_TRUE(FlattenTensors(flat));
+  return s;
+}
+
+// Hashing on a second thread or inline, writing and reading in chunks: each
+// combination reads back bitwise what was written (the trailer is the same
+// hash whichever thread computed it), and a byte flipped in a middle chunk of
+// a large segment is refused whichever way the file is read.
+TEST(StateFileTest, ChunkedIoRoundTripsAndRefusesACorruptMiddleChunk) {
+  const std::string dir = TempDir("chunks");
+  const JobState s = BigFlatState(9, 0.5f);
+  const PackedState packed = s.Pack();
+  ASSERT_GT(packed.bytes(), 2 * kStateIoChunkBytes);
+  for (const bool write_thread : {true, false}) {
+    StateIoOptions wio;
+    wio.hash_thread = write_thread;
+    const std::string path = dir + (write_thread ? "/threaded.mstate" : "/inline.mstate");
+    ASSERT_OK(WriteStateFile(path, packed, "big", 9, "k", wio));
+    for (const bool read_thread : {true, false}) {
+      StateIoOptions rio;
+      rio.hash_thread = read_thread;
+      absl::StatusOr<PackedState> back = ReadStateFile(path, "k", nullptr, rio);
+      ASSERT_OK(back.status()) << "write thread " << write_thread << ", read thread " << read_thread;
+      absl::StatusOr<JobState> got = JobState::Unpack(*std::move(back));
+      ASSERT_OK(got.status());
+      EXPECT_TRUE(at::equal(got->parameters[0].tensor, s.parameters[0].tensor));
+      EXPECT_TRUE(at::equal(got->parameters[1].tensor, s.parameters[1].tensor));
+    }
+    // One byte in the second of the segment's three chunks.
+    std::string bytes = ReadAll(path);
+    const size_t middle = bytes.size() / 2;
+    bytes[middle] ^= 0x10;
+    const std::string bad = dir + "/middle.mstate";
+    WriteAll(bad, bytes);
+    for (const bool read_thread : {true, false}) {
+      StateIoOptions rio;
+      rio.hash_thread = read_thread;
+      EXPECT_THAT(ReadStateFile(bad, "k", nullptr, rio).status(),
+                  StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+    }
+  }
+}
+
+// A reader that passes its own state reads the segments of the same layout
+// straight into its flat buffers (no fresh memory, no copy); a segment of
+// another layout lands in fresh memory; a corrupt file is still refused.
+TEST(StateFileTest, ReadsSegmentsOfTheSameLayoutInPlace) {
+  const std::string dir = TempDir("inplace");
+  const JobState s = BigFlatState(4, 2.0f);
+  const std::string path = dir + "/s.mstate";
+  ASSERT_OK(WriteStateFile(path, s.Pack(), "big", 4, ""));
+
+  const JobState mine = BigFlatState(0, 0.0f);  // zeros, same layout
+  const PackedState own = mine.Pack();
+  ASSERT_EQ(own.buffers.size(), 2u);  // the flat parameters (direct), the packed int64 counter
+  const int direct = own.direct[0] ? 0 : 1;
+  ASSERT_TRUE(own.direct[direct]);
+  StateIoOptions io;
+  io.own = &own;
+  absl::StatusOr<PackedState> back = ReadStateFile(path, "", nullptr, io);
+  ASSERT_OK(back.status());
+  int in_place = 0;
+  for (size_t i = 0; i < back->buffers.size(); ++i) {
+    if (back->buffers[i].data_ptr() == own.buffers[direct].data_ptr()) {
+      ++in_place;
+      EXPECT_TRUE(back->direct[i]);
+    } else {
+      EXPECT_FALSE(back->direct[i]);
+    }
+  }
+  EXPECT_EQ(in_place, 1);
+  // The reader's own parameters now hold the file's values.
+  EXPECT_TRUE(at::equal(mine.parameters[0].tensor, s.parameters[0].tensor));
+  EXPECT_TRUE(at::equal(mine.parameters[1].tensor, s.parameters[1].tensor));
+  absl::StatusOr<JobState> got = JobState::Unpack(*std::move(back));
+  ASSERT_OK(got.status());
+  EXPECT_EQ(got->parameters[0].tensor.data_ptr(), mine.parameters[0].tensor.data_ptr());
+
+  // Another layout (a smaller model): nothing is read into it.
+  JobState small = SomeState(0);
+  const PackedState small_own = small.Pack();
+  io.own = &small_own;
+  absl::StatusOr<PackedState> fresh = ReadStateFile(path, "", nullptr, io);
+  ASSERT_OK(fresh.status());
+  for (size_t i = 0; i < fresh->buffers.size(); ++i) EXPECT_FALSE(fresh->direct[i]);
+
+  // A corrupt middle chunk read in place: refused.
+  std::string bytes = ReadAll(path);
+  bytes[bytes.size() / 2] ^= 0x01;
+  WriteAll(path, bytes);
+  io.own = &own;
+  EXPECT_THAT(ReadStateFile(path, "", nullptr, io).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
 }
 
 TEST(DirParkStoreTest, KeepsTheTwoNewestAndFallsBackWhenTheNewestIsBad) {
