@@ -28,7 +28,7 @@ malle_log "Python tests (pytest)"
 t0=${SECONDS}
 pytest_rc=0
 # Exit status 5 (no tests collected) is a failure too: it is not 0.
-"${MALLE_PY}" -m pytest tests/python tests/packaging -q || pytest_rc=$?
+"${MALLE_PY}" -m pytest tests/python tests/packaging -q --durations=20 || pytest_rc=$?
 pytest_s=$((SECONDS - t0))
 
 verdict() { if (($1 == 0)); then echo "passed"; else echo "FAILED (exit $1)"; fi; }
