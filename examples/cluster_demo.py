@@ -64,7 +64,9 @@ def results(log_dir: Path) -> dict:
     say which rank (member) of which job they started."""
     members: dict = {}
     for log in log_dir.glob("agent-*.log"):
-        for m in re.finditer(r"started rank (\S+) of (\S+)\.i\d+", log.read_text()):
+        # "started rank <member> [(local rank i of n) ]of <job>.i<k>" (agent.cc)
+        for m in re.finditer(r"started rank (\S+) (?:\(local rank \d+ of \d+\) )?of (\S+)\.i\d+",
+                             log.read_text()):
             members.setdefault(m.group(2), []).append(m.group(1))
     found = {}
     for job, ms in members.items():

@@ -145,7 +145,9 @@ def members_of(log_dir: pathlib.Path, runtime_id: str):
     import re
     found = set()
     for log in log_dir.glob("agent-*.log"):
-        found.update(re.findall(rf"started rank (\S+) of {re.escape(runtime_id)} \(",
+        # "started rank <member> [(local rank i of n) ]of <job>.i<k> (pid ...)" (agent.cc)
+        found.update(re.findall(rf"started rank (\S+) (?:\(local rank \d+ of \d+\) )?of "
+                                rf"{re.escape(runtime_id)} \(",
                                 log.read_text(errors="replace")))
     return found
 

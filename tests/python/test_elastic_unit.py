@@ -282,11 +282,17 @@ def test_backend_is_checked():
     with pytest.raises(MalleValueError, match="backend: must be 'gloo' or 'nccl'"):
         malletrain.init(logical_workers=1, store="127.0.0.1:1", backend="mpi")
     store = malletrain._C.ControlStore.serve()
-    job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
-                          bootstrap_size=1, job_id="nccl-cpu", backend="nccl")
-    # NCCL reduces CUDA tensors only: a CPU model is refused when it is wrapped.
-    with pytest.raises(MalleValueError, match="backend='nccl' reduces CUDA tensors"):
-        job.wrap_model(torch.nn.Linear(4, 4))
+    if not torch.cuda.is_available():
+        # NCCL needs a CUDA device per rank (LOCAL_RANK's): refused at init, naming the cause.
+        with pytest.raises(MalleValueError, match="sees no CUDA device.*use backend 'gloo'"):
+            malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
+                            bootstrap_size=1, job_id="nccl-cpu", backend="nccl")
+    else:
+        job = malletrain.init(logical_workers=1, store=f"127.0.0.1:{store.port}",
+                              bootstrap_size=1, job_id="nccl-cpu", backend="nccl")
+        # NCCL reduces CUDA tensors only: a CPU model is refused when it is wrapped.
+        with pytest.raises(MalleValueError, match="backend='nccl' reduces CUDA tensors"):
+            job.wrap_model(torch.nn.Linear(4, 4))
     with pytest.raises(MalleValueError, match="data_backend: got 'mpi'"):
         malletrain._C.ElasticGroup.join(store, "x", data_backend="mpi")
 
