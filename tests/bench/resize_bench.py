@@ -652,7 +652,7 @@ def steady(args, d: str, n: int) -> dict:
     port = free_port()
     try:
         for r in range(n):
-            j.env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
+            j.env.update(RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n), WORLD_SIZE=str(n),
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             j.start(f"s{r}", n)
         codes = j.procs.wait_all(300)
