@@ -561,6 +561,9 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           job->grow_pause_s = report->resize_cost_s.grow;
           job->shrink_pause_s = report->resize_cost_s.shrink;
           job->step = report->step;
+          // The step that ends a run of rank failures is hard state: a journal
+          // replay must count the failures in a row as the live service did.
+          if (job->failures_in_a_row > 0 && job->step > job->failure_step) a.journal = true;
           a.what = absl::StrCat("advisor report of ", m.job, " at step ", report->step,
                                 a.needs_decision ? " (curve changed)" : "");
           // Probes. A request outside the job's range is the job's
@@ -604,7 +607,10 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
                                 m.kind == SaveKind::kPark ? "parked" : "snapshot", " at step ",
                                 m.step, ": ", m.bytes, " B in ",
                                 absl::StrFormat("%.3f", Seconds(m.write_time)), " s");
-          if (m.kind == SaveKind::kSnapshot) return a;  // soft: not journaled, changes no decision
+          // Soft (not journaled, changes no decision), unless it ends a run of
+          // rank failures: a replay must count those as the live service did.
+          if (job->failures_in_a_row > 0 && job->step > job->failure_step) a.journal = true;
+          if (m.kind == SaveKind::kSnapshot) return a;
           job->last_park = saved;
           ++job->parks;
           ++parks_;

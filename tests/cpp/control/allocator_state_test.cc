@@ -554,6 +554,41 @@ TEST_F(AllocatorStateTest, OnlyRankFailuresInARowWithoutProgressFailAJob) {
   EXPECT_THAT(Job("a").message, HasSubstr("3 rank failures with no step committed between them (at step 30)"));
 }
 
+// The chaos campaign's second run: the allocator, killed and restarted from its
+// journal, failed a job the live service had kept, because the snapshots that
+// had ended its runs of failures were not journaled. They are when they do.
+TEST_F(AllocatorStateTest, AReplayCountsRankFailuresInARowAsTheLiveServiceDid) {
+  std::vector<Envelope> journal;
+  auto apply = [&](Envelope e, absl::Time now) {
+    absl::StatusOr<Applied> a = state_.Apply(e, now);
+    ASSERT_OK(a.status());
+    if (a->journal) journal.push_back(e);
+  };
+  ASSERT_OK(Register("n0").status());
+  ASSERT_OK(Submit("a", 1, 1).status());
+  AllocationPlan plan = DecideAndAdopt();
+  for (int i = 1; i <= 6; ++i) {
+    apply(From(Agent("n0"), RankExit{"n0", "a.i1", absl::StrCat("m", i), 0, 9, RankExitCause::kExited}),
+          kT0 + absl::Seconds(2 * i));
+    apply(From("a.m", Saved("a", "a.i1", 10 * i, 0.1, SaveKind::kSnapshot)), kT0 + absl::Seconds(2 * i + 1));
+  }
+  ASSERT_EQ(Job("a").phase, JobPhase::kRunning);
+  ASSERT_EQ(Job("a").failures_in_a_row, 1);
+  AllocatorState replayed;
+  NodeRegister r{"n0", Agent("n0")};
+  ASSERT_OK(replayed.Apply(From(Agent("n0"), r), kT0).status());
+  JobSubmit sub;
+  sub.job = "a";
+  sub.command = {"python", "train.py"};
+  sub.min_nodes = sub.max_nodes = 1;
+  ASSERT_OK(replayed.Apply(From("client", sub), kT0).status());
+  ASSERT_OK(replayed.Restore(plan));
+  for (const Envelope& e : journal) ASSERT_OK(replayed.Apply(e, e.ts).status());
+  EXPECT_EQ(replayed.jobs().at("a").phase, JobPhase::kRunning);
+  EXPECT_EQ(replayed.jobs().at("a").failures_in_a_row, 1);
+  EXPECT_EQ(replayed.jobs().at("a").rank_failures, 6);
+}
+
 TEST_F(AllocatorStateTest, SilentAgentsAreWithdrawn) {
   ASSERT_OK(Register("n0").status());
   ASSERT_OK(Register("n1").status());
