@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -177,6 +178,13 @@ def main(argv=None) -> int:
         if micro == 0:
             maybe_die("forward")
             if step == args.die_all:
+                if job.rank == 0 and args.snapshot_every > 0:
+                    # The snapshot due before this step is written asynchronously; on a
+                    # loaded machine it can lag a few steps: die once it is durable.
+                    due = step // args.snapshot_every * args.snapshot_every
+                    deadline = time.monotonic() + 60
+                    while job._engine.snapshot_step < due and time.monotonic() < deadline:
+                        time.sleep(0.02)
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == args.term_all:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -193,10 +201,8 @@ def main(argv=None) -> int:
                 job.save(os.path.join(args.out, "ckpt.mstate"))
                 job.export(os.path.join(args.out, "export.pt"))
             if args.step_sleep and (not args.slow_while or os.path.exists(args.slow_while)):
-                import time
                 time.sleep(args.step_sleep)
             if args.pace_file:
-                import time
                 try:
                     with open(args.pace_file) as f:
                         time.sleep(max(0.0, min(5.0, float(f.read().strip() or 0))))
