@@ -363,6 +363,74 @@ absl::Status Engine::AddPart(PartSpec part) {
   return FlattenParts(/*force=*/false).status();
 }
 
+namespace {
+
+// Logical worker k's micro-batch at `step`; `position`: the stream position
+// of that step (follow mode, where worker k is rank k).
+WorkerPlan PlanWorker(ElasticSampler& sampler, uint64_t seed, int logical_workers, int64_t step, int k,
+                      int64_t position) {
+  WorkerPlan w;
+  w.worker = k;
+  w.rng_seed = MixSeed({static_cast<int64_t>(seed), step, k});
+  w.data_seed = MixSeed({static_cast<int64_t>(seed), step, k, kDataStream});
+  if (logical_workers > 0) {
+    w.indices = sampler.Indices(step, k);
+  } else {
+    w.indices = sampler.Stream(position + k * sampler.batch_size(), sampler.batch_size());
+  }
+  return w;
+}
+
+}  // namespace
+
+BatchKeys::BatchKeys(ElasticSampler sampler, uint64_t seed, int logical_workers, const StepPlan& plan,
+                     int64_t position, int64_t total_steps)
+    : sampler_(std::move(sampler)),
+      seed_(seed),
+      logical_workers_(logical_workers),
+      size_(plan.size),
+      first_step_(plan.step),
+      first_position_(position),
+      total_steps_(total_steps),
+      loop_step_(plan.step),
+      next_step_(plan.step) {
+  for (const WorkerPlan& w : plan.workers) workers_.push_back(w.worker);
+}
+
+int64_t BatchKeys::PositionOf(int64_t step) const {
+  return first_position_ + (step - first_step_) * size_ * sampler_.batch_size();
+}
+
+std::optional<WorkerPlan> BatchKeys::Next() {
+  if (workers_.empty() || next_step_ >= total_steps_) return std::nullopt;
+  WorkerPlan w = PlanWorker(sampler_, seed_, logical_workers_, next_step_, workers_[next_worker_],
+                            PositionOf(next_step_));
+  if (++next_worker_ == workers_.size()) {
+    next_worker_ = 0;
+    ++next_step_;
+  }
+  return w;
+}
+
+bool BatchKeys::Follows(const StepPlan& plan, int64_t position) {
+  if (plan.step != loop_step_ + 1 || plan.size != size_ || plan.workers.size() != workers_.size()) return false;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (plan.workers[i].worker != workers_[i]) return false;
+  }
+  if (logical_workers_ == 0 && position != PositionOf(plan.step)) return false;
+  loop_step_ = plan.step;
+  return true;
+}
+
+absl::StatusOr<BatchKeys> Engine::KeysFrom(const StepPlan& plan) const {
+  if (!sampler_) return absl::FailedPreconditionError("KeysFrom: no data yet (SetData, or a loader in Python)");
+  return BatchKeys(*sampler_, options_.seed, options_.logical_workers, plan, position_, total_steps_);
+}
+
+uint64_t Engine::DataSeed(int64_t step, int worker) const {
+  return MixSeed({static_cast<int64_t>(options_.seed), step, worker, kDataStream});
+}
+
 absl::Status Engine::SetData(const DataOptions& data) {
   if (sampler_) return absl::FailedPreconditionError("SetData: this job already has its data");
   if (data.steps.has_value() == data.epochs.has_value()) {
@@ -378,6 +446,9 @@ absl::Status Engine::SetData(const DataOptions& data) {
     return absl::InvalidArgumentError(
         "epochs: needs logical_workers (a constant global batch); give steps= instead");
   }
+  if (!data.drop_last && !data.epochs) {
+    return absl::InvalidArgumentError("drop_last=False: only with epochs= (steps= is exact)");
+  }
   if (options_.logical_workers == 0 && data.batch_size > 0 && size() > 0 &&
       size() * data.batch_size > data.num_samples) {
     return absl::InvalidArgumentError(absl::StrCat("dataset: has ", data.num_samples,
@@ -391,7 +462,7 @@ absl::Status Engine::SetData(const DataOptions& data) {
   so.seed = options_.seed;
   so.shuffle = data.shuffle;
   MALLE_ASSIGN_OR_RETURN(ElasticSampler sampler, ElasticSampler::Create(so));
-  total_steps_ = data.steps ? *data.steps : sampler.StepsForEpochs(*data.epochs);
+  total_steps_ = data.steps ? *data.steps : sampler.StepsForEpochs(*data.epochs, data.drop_last);
   batch_size_ = data.batch_size;
   sampler_.emplace(std::move(sampler));
   return absl::OkStatus();
@@ -723,16 +794,7 @@ absl::StatusOr<std::optional<StepPlan>> Engine::NextStep() {
     }
   }
   for (int k : workers_) {
-    WorkerPlan w;
-    w.worker = k;
-    w.rng_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k});
-    w.data_seed = MixSeed({static_cast<int64_t>(options_.seed), step_, k, kDataStream});
-    if (options_.logical_workers > 0) {
-      w.indices = sampler_->Indices(step_, k);
-    } else {
-      w.indices = sampler_->Stream(position_ + k * batch_size_, batch_size_);
-    }
-    plan.workers.push_back(std::move(w));
+    plan.workers.push_back(PlanWorker(*sampler_, options_.seed, options_.logical_workers, step_, k, position_));
   }
   ZeroGrads();
   in_step_ = true;

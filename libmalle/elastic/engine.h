@@ -146,13 +146,17 @@ struct EngineOptions {
 
 // How long a job trains and on what: N samples, B per logical worker (per
 // rank in follow mode) per step, exactly one of `steps` (>= 0) and `epochs`
-// (> 0; the whole steps that fit; constant global batch only).
+// (> 0; constant global batch only). With epochs, `drop_last` trains the
+// whole steps that fit; false adds one more step when a tail is left, which
+// takes the rest of its global batch from the next epoch's order (as
+// DistributedSampler pads).
 struct DataOptions {
   int64_t num_samples = 0;
   int64_t batch_size = 0;
   std::optional<int64_t> steps;
   std::optional<double> epochs;
   bool shuffle = true;
+  bool drop_last = true;
 };
 
 // A part of the job state that only the adapter understands.
@@ -199,6 +203,43 @@ struct StepPlan {
   // Follow mode: multiply every learning rate by this before the step (a
   // resize changed the world size); 1 otherwise.
   double lr_rescale = 1.0;
+};
+
+// The micro-batches a loader fetches for this rank from a plan's step on,
+// for as long as that plan's membership lasts (a DataLoader prefetches
+// across steps): one WorkerPlan per micro-batch, this rank's workers in
+// order, step after step, up to the job's last step. Made by
+// Engine::KeysFrom(); holds its own copy of the sampler, so it may be used
+// on another thread than the engine's, by one thread at a time.
+class BatchKeys {
+ public:
+  // The next micro-batch (its worker, seeds and indices); nullopt after the
+  // last step.
+  std::optional<WorkerPlan> Next();
+  // Whether `plan`, which starts at stream position `position`, is the step
+  // right after the last one the loop was at (the first plan, then each
+  // plan this returned true for), with the same workers and size and, in
+  // follow mode, the position these keys assumed for it: then the keys
+  // already fetched are the right ones, and this moves on to plan.step.
+  // False for a redone step, a resize or a restored state: take new keys.
+  bool Follows(const StepPlan& plan, int64_t position);
+
+ private:
+  friend class Engine;
+  BatchKeys(ElasticSampler sampler, uint64_t seed, int logical_workers, const StepPlan& plan, int64_t position,
+            int64_t total_steps);
+  // The stream position of `step` in follow mode (every step takes size x B).
+  int64_t PositionOf(int64_t step) const;
+
+  ElasticSampler sampler_;
+  uint64_t seed_;
+  int logical_workers_;  // 0: follow mode
+  std::vector<int> workers_;
+  int size_;
+  int64_t first_step_, first_position_, total_steps_;
+  int64_t loop_step_;                // the step the loop is at
+  int64_t next_step_;                // of the next micro-batch Next() serves
+  size_t next_worker_ = 0;           // index into workers_
 };
 
 // One membership change as this rank saw it.
@@ -407,6 +448,12 @@ class Engine {
   const std::vector<ResizeEvent>& history() const { return history_; }
   const EngineOptions& options() const { return options_; }
   const std::optional<ElasticSampler>& sampler() const { return sampler_; }
+  // This rank's micro-batches from `plan` on (BatchKeys). Errors:
+  // kFailedPrecondition (no data yet).
+  absl::StatusOr<BatchKeys> KeysFrom(const StepPlan& plan) const;
+  // Logical worker `worker`'s data seed at `step` (WorkerPlan::data_seed),
+  // for loaders that read every worker's samples (a stream).
+  uint64_t DataSeed(int64_t step, int worker) const;
   double lr_factor() const { return lr_factor_; }
   comm::ElasticGroup* group() { return group_.get(); }
 

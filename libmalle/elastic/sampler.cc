@@ -62,9 +62,10 @@ absl::StatusOr<ElasticSampler> ElasticSampler::Create(const SamplerOptions& opti
   return ElasticSampler(options);
 }
 
-int64_t ElasticSampler::StepsForEpochs(double epochs) const {
-  return static_cast<int64_t>(
-      std::floor(epochs * static_cast<double>(options_.num_samples) / static_cast<double>(global_batch())));
+int64_t ElasticSampler::StepsForEpochs(double epochs, bool drop_last) const {
+  const double steps = epochs * static_cast<double>(options_.num_samples) / static_cast<double>(global_batch());
+  // ceil: 1e-9 keeps an exact multiple computed in floating point exact.
+  return static_cast<int64_t>(drop_last ? std::floor(steps) : std::ceil(steps - 1e-9));
 }
 
 const at::Tensor& ElasticSampler::Permutation(int64_t epoch) {

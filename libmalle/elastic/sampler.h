@@ -1,8 +1,9 @@
 // ElasticSampler: exactly-once data order for elastic jobs, as a pure function.
 //
-// Defines ElasticSampler, MixSeed and AssignWorkers: the C++ twins of
-// python/malletrain/sampler.py, bit for bit (same seeds, same permutations:
-// both draw at::randperm from a CPU generator seeded with MixSeed(seed, epoch)).
+// Defines ElasticSampler, MixSeed and AssignWorkers, the one implementation
+// (python/malletrain/sampler.py binds them). Permutations are at::randperm
+// from a CPU generator seeded with MixSeed(seed, epoch), as
+// torch.randperm(n, generator=torch.Generator().manual_seed(s)) draws them.
 //
 // The samples form one stream: epoch e is a permutation of [0, N) seeded by
 // MixSeed(seed, e), then epoch e+1, ... Step s takes the global batch at
@@ -61,8 +62,9 @@ class ElasticSampler {
   int logical_workers() const { return options_.logical_workers; }
   int64_t batch_size() const { return options_.batch_size; }
   int64_t global_batch() const { return options_.logical_workers * options_.batch_size; }
-  // Whole steps that fit in `epochs` epochs: floor(epochs * N / (L*B)).
-  int64_t StepsForEpochs(double epochs) const;
+  // Whole steps that fit in `epochs` epochs: floor(epochs * N / (L*B)); with
+  // drop_last false, one more when a tail is left: ceil(epochs * N / (L*B)).
+  int64_t StepsForEpochs(double epochs, bool drop_last = true) const;
   // The epoch of the first sample of `step`.
   int64_t EpochOf(int64_t step) const { return step * global_batch() / options_.num_samples; }
 
