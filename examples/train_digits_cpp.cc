@@ -55,6 +55,7 @@
 #include <torch/optim/adam.h>
 #include <ATen/Context.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -67,8 +68,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libmalle/base/status_macros.h"
-#include "libmalle/elastic/elastic_trainer.h"
 #include "libmalle/cluster/rank_env.h"
+#include "libmalle/elastic/elastic_trainer.h"
+#include "libmalle/elastic/launch_session.h"
+#include "libmalle/elastic/rank_engine.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, data, "", "digits.csv.gz (or .csv) from scikit-learn's package (required)");
@@ -165,46 +168,31 @@ absl::Status Run() {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(absl::GetFlag(FLAGS_lr)));
 
   // The elastic part: identity from the launcher (malletrain's, or torchrun / srun as a
-  // fixed-size job: cluster::ReadLaunchEnv), then the trainer.
+  // fixed-size job: cluster::ReadLaunchEnv), then the engine that environment describes
+  // (its park store, its reports to the allocator: elastic::CreateRankEngine), and the
+  // trainer over it.
   MALLE_ASSIGN_OR_RETURN(malle::cluster::LaunchEnv launch, malle::cluster::ReadLaunchEnv());
-  const malle::cluster::RankEnv& env = launch.rank;
-  std::shared_ptr<malle::comm::ControlStore> hosted;  // srun: task 0 hosts the job's store
-  if (launch.host_store) {
-    MALLE_ASSIGN_OR_RETURN(hosted, malle::comm::ControlStore::Host(launch.store_bind, env.store_port(),
-                                                                   absl::Seconds(60)));
-  }
-  MALLE_ASSIGN_OR_RETURN(auto store,
-                         malle::comm::ControlStore::Connect(env.store_host(), env.store_port(), absl::Seconds(60)));
-  // Under torchrun or srun each member says it is done once its trainer is gone (this is
-  // destroyed after it); the host of the store waits for the last generation's members
-  // (60 s at most), so that the store outlives their last step (docs/elastic.md).
-  struct CloseCount {
-    const malle::cluster::LaunchEnv& launch;
-    std::shared_ptr<malle::comm::ControlStore> store;
-    bool hosting;
-    int size = 0;  // the last generation's, once the loop ended
-    ~CloseCount() {
-      if (launch.launcher == malle::cluster::Launcher::kMalle) return;
-      const std::string key = absl::StrCat("malle/job/", launch.rank.job_id, "/closed");
-      absl::StatusOr<int64_t> closed = store->Add(key, 1);
-      const absl::Time deadline = absl::Now() + absl::Seconds(60);
-      while (hosting && closed.ok() && *closed < size && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(50));
-        closed = store->Add(key, 0);
-      }
-    }
-  } closing{launch, store, hosted != nullptr};
+  // Under torchrun or srun, task 0 hosts the job's store, and every member says it is done
+  // at the end so that the store outlives the last generation's last step (docs/elastic.md).
+  MALLE_ASSIGN_OR_RETURN(std::unique_ptr<elastic::LaunchSession> session,
+                         elastic::LaunchSession::Open(launch, absl::Seconds(60)));
+  int last_size = 0;  // the last generation's, once the loop ended
+  // Declared before the trainer, so it runs once the trainer is gone, on every path.
+  auto close_session = absl::MakeCleanup([&] {
+    absl::Status closed = session->Close(last_size, absl::Seconds(60));
+    if (!closed.ok()) std::cerr << "warning: " << closed << std::endl;
+  });
   elastic::ElasticTrainerOptions o;
-  o.logical_workers = absl::GetFlag(FLAGS_logical_workers);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.num_samples = data.y_train.size(0);
   o.batch_size = absl::GetFlag(FLAGS_batch);
   o.steps = absl::GetFlag(FLAGS_steps);
-  o.ranks_per_node = std::max(1, env.local_world_size);  // the advisor counts nodes
-  MALLE_ASSIGN_OR_RETURN(auto trainer,
-                         elastic::ElasticTrainer::Create(store, elastic::GroupOptionsFor(env), o,
-                                                         elastic::ModelState::FromModule(*net), adam));
+  elastic::RankEngineOptions ro;
+  ro.engine.logical_workers = absl::GetFlag(FLAGS_logical_workers);
+  ro.engine.seed = absl::GetFlag(FLAGS_seed);
+  ro.engine.deterministic = absl::GetFlag(FLAGS_deterministic);
+  MALLE_ASSIGN_OR_RETURN(std::unique_ptr<elastic::Engine> engine, elastic::CreateRankEngine(launch.rank, ro));
+  MALLE_ASSIGN_OR_RETURN(auto trainer, elastic::ElasticTrainer::Create(std::move(engine), o,
+                                                                       elastic::ModelState::FromModule(*net), adam));
 
   size_t shown = 0;
   bool leave_asked = false;
@@ -243,7 +231,7 @@ absl::Status Run() {
     }
   }
 
-  closing.size = trainer->size();
+  last_size = trainer->size();
   if (trainer->left()) {
     std::cout << absl::StrFormat("[%s] left at step %d", trainer->member_id(), trainer->step()) << std::endl;
     return absl::OkStatus();

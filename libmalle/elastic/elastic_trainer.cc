@@ -70,6 +70,17 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(std::uniq
   return Finish(std::move(engine), options, std::move(model), optimizer);
 }
 
+absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(std::unique_ptr<Engine> engine,
+                                                                       const ElasticTrainerOptions& options,
+                                                                       ModelState model,
+                                                                       torch::optim::Optimizer& optimizer) {
+  if (engine == nullptr) return absl::InvalidArgumentError("ElasticTrainer::Create: no engine");
+  ElasticTrainerOptions checked = options;
+  static_cast<EngineOptions&>(checked) = engine->options();  // only the data fields are this call's
+  MALLE_RETURN_IF_ERROR(checked.Validate());
+  return Finish(std::move(engine), checked, std::move(model), optimizer);
+}
+
 absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Finish(std::unique_ptr<Engine> engine,
                                                                        const ElasticTrainerOptions& options,
                                                                        ModelState model,
@@ -147,9 +158,12 @@ absl::StatusOr<std::optional<StepPlan>> ElasticTrainer::NextStep() {
   return plan;
 }
 
-absl::StatusOr<bool> ElasticTrainer::FinishStep() {
+absl::StatusOr<bool> ElasticTrainer::FinishStep() { return FinishStep(nullptr); }
+
+absl::StatusOr<bool> ElasticTrainer::FinishStep(const std::function<absl::Status()>& on_gradient) {
   MALLE_ASSIGN_OR_RETURN(bool ok, engine_->Synchronize());
   if (!ok) return false;  // not committed: the next boundary rolls back, recovers and redoes it
+  if (on_gradient) MALLE_RETURN_IF_ERROR(on_gradient());
   optimizer_.step();
   MALLE_RETURN_IF_ERROR(engine_->Commit());
   return true;

@@ -101,6 +101,12 @@ class ElasticTrainer {
   static absl::StatusOr<std::unique_ptr<ElasticTrainer>> Create(std::unique_ptr<comm::ElasticGroup> group,
                                                                 ElasticTrainerOptions options, ModelState model,
                                                                 torch::optim::Optimizer& optimizer);
+  // Over an engine made elsewhere, e.g. CreateRankEngine (rank_engine.h) for a
+  // rank a launcher or agent started; only the data fields of `options` are
+  // used (the engine has its options).
+  static absl::StatusOr<std::unique_ptr<ElasticTrainer>> Create(std::unique_ptr<Engine> engine,
+                                                                const ElasticTrainerOptions& options, ModelState model,
+                                                                torch::optim::Optimizer& optimizer);
 
   // Adds user state to the job state: joiners receive it, and a step that
   // does not commit gives it back what `save` returned when the step started
@@ -120,6 +126,14 @@ class ElasticTrainer {
   // false when the synchronisation failed (the step is redone after the next
   // NextStep()). Blocks. Errors as Engine::Synchronize / Commit.
   absl::StatusOr<bool> FinishStep();
+  // The same, calling `on_gradient` once between the synchronisation and the
+  // optimizer's step, when every parameter's .grad() holds the step's full
+  // gradient (averaged over the L logical workers, the same on every rank, in
+  // deterministic mode too): the place to clip it
+  // (torch::nn::utils::clip_grad_norm_) or log its norm. Not called when the
+  // synchronisation failed. An error it returns is returned and the step is
+  // not committed (a program error: the trainer cannot go on).
+  absl::StatusOr<bool> FinishStep(const std::function<absl::Status()>& on_gradient);
 
   absl::Status RequestLeave() { return engine_->RequestLeave(); }
   // Parking (Engine::Save, parked, resumed_from, snapshot_step): a checkpoint

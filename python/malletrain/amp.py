@@ -50,7 +50,7 @@ class ElasticGradScaler:
         return getattr(self.scaler, name)
 
     def _check(self, optimizer: Any) -> Any:
-        from malletrain.elastic import ElasticOptimizer
+        from malletrain.optim import ElasticOptimizer
         if not isinstance(optimizer, ElasticOptimizer) or optimizer._job is not self._job:
             raise MalleValueError("scaler: give it the optimizer job.wrap_optimizer returned")
         return optimizer

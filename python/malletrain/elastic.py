@@ -17,33 +17,30 @@ The engine is C++ (``libmalle/elastic/engine.h``, the same one C++ programs use)
 step boundaries, logical workers and their random streams, the exactly-once sampler, gradient
 and buffer synchronisation, rollback of a failed step, the job state and its transfer to
 joiners, the profiling advisor. This module adapts PyTorch objects to it: the model's tensors,
-the optimizer's ``state_dict`` and tracked objects as parts of the job state, a ``DataLoader``
-over the user's dataset that fetches each micro-batch under its logical worker's random
-stream. docs/elastic.md has the semantics.
+the optimizer's ``state_dict`` and tracked objects as parts of the job state; the loaders
+(:mod:`malletrain.data`) fetch each micro-batch under its logical worker's random stream.
+docs/elastic.md has the semantics.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
-import random
 import signal
-import sys
 import threading
-import time
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from malletrain import _C
 from malletrain import state as _state
-from malletrain.errors import MalleError, MalleValueError, StoreError
+from malletrain import data as _data
+from malletrain.optim import ElasticModel, ElasticOptimizer
+from malletrain.errors import MalleError, MalleValueError
 
-__all__ = ["ElasticJob", "ElasticLoader", "ElasticModel", "ElasticOptimizer", "ResizeEvent",
+__all__ = ["ElasticJob", "ElasticModel", "ElasticOptimizer", "ResizeEvent",
            "init", "progress_key"]
 
 log = logging.getLogger("malletrain")
@@ -54,180 +51,13 @@ def progress_key(job_id: str) -> str:
     return _C.progress_key(job_id)
 
 
-@dataclass
-class ResizeEvent:
-    """One membership change as this rank saw it."""
-
-    kind: str                 # bootstrap, joined, planned, recovered
-    generation: int
-    size: int
-    rank: int
-    resume_step: int
-    joined: List[str]
-    removed: List[str]
-    state_bytes: int          # bytes of job state received or sent (0: no transfer needed)
-    # seconds: detect, wait (for the others to end the step in flight; every boundary pays
-    # it), agree, build, sync (membership), state, total
-    phases: Dict[str, float]
-    reason: str = ""
-    state_in_place: int = 0   # of state_bytes, received straight into this rank's own buffers
-    state_landed: int = 0     # of state_bytes, received into memory faulted in while warming up
-    # Across node boundaries (MALLE_NODE; an unknown node counts as another): state bytes
-    # received from a rank on another node (summed over the ranks: the bytes the transfer put
-    # on the network), sent to ranks on other nodes, and sent to ranks on this rank's node (a
-    # node's first joiner copies what it received to the others there).
-    state_received_remote: int = 0
-    state_sent_remote: int = 0
-    state_sent_local: int = 0
-
-
-def _seed_python(seed: int) -> None:
-    """Python's and NumPy's global RNGs (torch's are the engine's business)."""
-    random.seed(seed)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(seed % (2**32))
-
-
-def _env(name: str, default: str = "") -> str:
-    return os.environ.get(name) or default
-
-
-class ElasticModel(torch.nn.Module):
-    """The user's module; its gradients are reduced by the engine (c10d's Reducer with the
-    elastic comm hook, armed for each step's last micro-batch). Call it like the module;
-    ``.module`` is the wrapped module (save its ``state_dict()``)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-
-class ElasticOptimizer(torch.optim.Optimizer):
-    """Wraps a ``torch.optim`` optimizer so the training loop stays a plain DDP loop.
-
-    It *is* an ``Optimizer`` (LR schedulers take it directly) whose ``param_groups``,
-    ``state`` and hooks are the wrapped one's. ``step()`` and ``zero_grad()`` act once per
-    step: ``zero_grad()`` before the first backward of this rank's micro-batches, ``step()``
-    after the last one, and only if the gradient synchronisation succeeded: then the step
-    *commits*. ``step()`` returns True on the call that committed the step, False on the
-    others (more micro-batches to come, or a failed synchronisation: the step runs again);
-    with a closure it returns the closure's loss (the closure runs once per micro-batch).
-
-    The full gradient: :meth:`synchronize` (True once per step, when ``.grad`` holds the
-    step's synchronised gradient, averaged over the logical workers) and
-    :meth:`clip_grad_norm_`; hooks registered with ``register_step_pre_hook`` see it too,
-    once per committed step. ``.optimizer`` is the torch optimizer.
-    """
-
-    # Not Optimizer.__init__: the state, param_groups and hooks are the wrapped optimizer's.
-    def __init__(self, job: "ElasticJob", optimizer: torch.optim.Optimizer) -> None:
-        if isinstance(optimizer, torch.optim.LBFGS):
-            raise MalleValueError("wrap_optimizer: LBFGS re-evaluates its closure within one "
-                                  "step, which needs a synchronised gradient per evaluation")
-        self.__dict__["optimizer"] = optimizer
-        self.__dict__["_job"] = job
-        # The micro-batch (job serial) whose end was told to the engine, and the result of
-        # this step's synchronisation (None: not synchronised yet).
-        self.__dict__["_ended"] = -1
-        self.__dict__["_synced"] = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["optimizer"], name)
-
-    def __repr__(self) -> str:
-        return f"ElasticOptimizer({self.optimizer!r})"
-
-    def __getstate__(self) -> Dict[str, Any]:
-        raise TypeError("ElasticOptimizer: pickle .optimizer (or its state_dict()) instead")
-
-    @property
-    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> Dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        raise MalleValueError("ElasticOptimizer: parameter groups are fixed once wrapped")
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._job._engine.micro_batch > 0:
-            return  # accumulating over this rank's logical workers
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def _last_micro_batch(self) -> bool:
-        e = self._job._engine
-        return e.micro_batch + 1 >= len(e.workers)
-
-    def synchronize(self) -> bool:
-        """Ends this micro-batch's backward; after the step's last one, synchronises the
-        gradients (once). True: ``.grad`` now holds the step's full gradient (the average
-        over the L logical workers, the same on every rank; in deterministic mode too):
-        clip it, log its norm, change it, then ``step()``. False: not the last micro-batch
-        (gradients are still accumulating) or the synchronisation failed (a peer died; the
-        step will run again). Blocks for the collectives. Calling it again in the same
-        micro-batch returns the same answer."""
-        e = self._job._engine
-        if e.micro_batch < 0:
-            raise MalleValueError("optimizer.step(): called before any micro-batch of this step")
-        serial = self._job._serial
-        if self._ended != serial:
-            e.end_micro_batch()
-            self.__dict__["_ended"] = serial
-        if not self._last_micro_batch():
-            return False
-        if self._synced is None:
-            self.__dict__["_synced"] = bool(e.synchronize())
-        return self._synced
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
-                        error_if_nonfinite: bool = False,
-                        foreach: Optional[bool] = None) -> Optional[torch.Tensor]:
-        """``torch.nn.utils.clip_grad_norm_`` of the full synchronised gradient, once per
-        step: on the step's last micro-batch, after :meth:`synchronize`, over every
-        parameter of the optimizer. Returns the total norm before clipping, or None on the
-        other micro-batches and when the synchronisation failed (nothing to clip)."""
-        if not self.synchronize():
-            return None
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type,
-                                              error_if_nonfinite=error_if_nonfinite,
-                                              foreach=foreach)
-
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        committed = self._finish_step(lambda: self.optimizer.step())
-        return loss if closure is not None else committed
-
-    def _finish_step(self, update: Callable[[], Any]) -> bool:
-        """Ends the micro-batch; after the last one, if the step synchronised, runs
-        ``update`` (the optimizer's step, or the scaler's) and commits. True if committed."""
-        if not self.synchronize():
-            return False  # not committed; the next boundary rolls back and redoes it
-        update()
-        self.__dict__["_opt_called"] = True  # what an LR scheduler checks (torch's step patch)
-        self._job._engine.commit()
-        self.__dict__["_synced"] = None
-        self._job._step_committed()
-        return True
-
-    def state_dict(self) -> Dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, sd: Dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(sd)
+# One membership change as this rank saw it (the engine's, libmalle/elastic/engine.h): kind
+# (bootstrap, joined, planned, recovered, ...), generation, size, rank, resume_step, joined,
+# removed, reason; state_bytes received or sent, of which state_in_place (straight into this
+# rank's tensors) and state_landed (into memory faulted in while warming up); across node
+# boundaries state_received_remote, state_sent_remote, state_sent_local; phases: seconds of
+# detect, wait, agree, build, sync, state, total.
+ResizeEvent = _C.ResizeEvent
 
 
 class ElasticJob:
@@ -262,20 +92,9 @@ class ElasticJob:
         launch = _C.read_launch_env(environ)  # MalleValueError naming the variable
         env = launch.rank
         self.launcher = launch.launcher
-        self._store_server: Any = None
-        if launch.host_store:
-            # No process outlives the ranks here (srun, a hand-made env:// launch): task 0
-            # hosts the control store for the job's life, and close() keeps it up until
-            # every member has closed.
-            try:
-                self._store_server = _C.ControlStore.serve(launch.store_bind, env.store_port,
-                                                           timeout=rendezvous_timeout)
-            except MalleError as e:
-                raise StoreError(f"{e} (rank 0 of this {launch.launcher} job hosts the control "
-                              f"store at {env.store}, from {launch.store_from}; set "
-                              f"MASTER_PORT to choose another port)") from e
-        self._closed_key = (f"malle/job/{env.job_id}/closed"
-                            if launch.launcher != "malletrain" else "")
+        # Under torchrun and srun no process outlives the ranks: task 0 hosts the control
+        # store, and close() keeps it up until every member has closed (launch_session.h).
+        self._session = _C.LaunchSession.open(launch, timeout=rendezvous_timeout)
         self._op_timeout = float(op_timeout)
         self.logical_workers = logical_workers
         self.seed = int(seed)
@@ -284,40 +103,32 @@ class ElasticJob:
         member = env.member_id or _C.generated_member_id()
         self.local_rank = env.local_rank
         self.local_world_size = max(1, env.local_world_size)
+        if park_dir is not None:
+            env.park_dir = os.fspath(park_dir)
+        env.member_id = member
+        self.backend = backend if backend is not None else env.backend or "gloo"
         self.device: Optional[torch.device] = None
-        if (backend if backend is not None else env.backend or "gloo") == "nccl":
+        if self.backend == "nccl":
             # One GPU per rank: a node with N slots runs LOCAL_RANK 0..N-1 on devices 0..N-1
             # of those it sees (MalleValueError naming the problem when there is none).
-            env.member_id = member
             index = _C.rank_cuda_device(env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
         # Joining is deferred to the first step: a joiner builds its model, optimizer and
         # data first, so the running members' pause covers only agreement, group build and
-        # state transfer. The engine checks its options before it dials the store.
+        # state transfer. The engine checks its options before it dials the store; its park
+        # store and its reports to the allocator come from the environment (rank_engine.h).
         self._engine = _C.Engine(
-            env.store_host, env.store_port, job_id=self.job_id, member_id=member, bootstrap_size=env.bootstrap_size,
-            rendezvous_timeout=rendezvous_timeout, op_timeout=op_timeout,
+            env, rendezvous_timeout=rendezvous_timeout, op_timeout=op_timeout,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             recovery_grace=recovery_grace,
-            max_recoveries_without_commit=max_recoveries_without_commit,
+            max_recoveries_without_commit=max_recoveries_without_commit, backend=self.backend,
             logical_workers=logical_workers or 0, lr_scaling=lr_scaling or "", seed=self.seed,
-            deterministic=self.deterministic,
-            bucket_bytes=max(1, int(bucket_cap_mb * 1024 * 1024)),
-            state_direct_min_bytes=int(_env("MALLE_STATE_DIRECT_MIN_BYTES", str(1 << 20))),
-            control_job=env.control_job, secret_path=env.control_secret,
-            min_nodes=max(1, env.min_nodes), max_nodes=env.max_nodes,
-            report_interval=float(_env("MALLE_REPORT_INTERVAL", "5")),
-            fault_exit_in_state_sync=_env("MALLE_FAULT_EXIT_IN_STATE_SYNC"),
-            backend=backend if backend is not None else env.backend or "gloo",
-            park_dir=park_dir if park_dir is not None else env.park_dir,
-            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""),
-            ranks_per_node=self.local_world_size, node=env.node)
-        self.backend = backend if backend is not None else env.backend or "gloo"
-        self._engine_store = env.store
+            deterministic=self.deterministic, bucket_bytes=max(1, int(bucket_cap_mb * 1024 * 1024)),
+            snapshot_every=int(snapshot_every), resume_from=os.fspath(resume_from or ""))
         self._member_id = member
         self.control_job = env.control_job or None
-        self.print_scaling = bool(print_scaling) or _env("MALLE_PRINT_SCALING") == "1"
+        self.print_scaling = bool(print_scaling) or os.environ.get("MALLE_PRINT_SCALING") == "1"
         self._model: Optional[ElasticModel] = None
         self._optimizer: Optional[ElasticOptimizer] = None
         self._tracked: List[str] = []
@@ -363,11 +174,7 @@ class ElasticJob:
     def history(self) -> List[ResizeEvent]:
         """One :class:`ResizeEvent` per membership change this rank went through."""
         while len(self._history) < self._engine.history_size:
-            e = self._engine.history(len(self._history))
-            self._history.append(ResizeEvent(
-                e.kind, e.generation, e.size, e.rank, e.resume_step, list(e.joined),
-                list(e.removed), e.state_bytes, e.phases, e.reason, e.state_in_place,
-                e.state_landed, e.state_received_remote, e.state_sent_remote, e.state_sent_local))
+            self._history.append(self._engine.history(len(self._history)))
         return self._history
 
     # --- wrapping ----------------------------------------------------------------------
@@ -463,7 +270,7 @@ class ElasticJob:
                epochs: Optional[float] = None, shuffle: bool = True, num_workers: int = 0,
                collate_fn: Optional[Callable[[List[Any]], Any]] = None,
                pin_memory: bool = False, drop_last: bool = True,
-               persistent_workers: bool = False) -> "ElasticLoader":
+               persistent_workers: bool = False) -> "_data.ElasticLoader":
         """This rank's micro-batches of a dataset, step after step.
 
         ``batch_size`` is per logical worker. Give ``steps`` or ``epochs``. With ``epochs``,
@@ -484,20 +291,12 @@ class ElasticJob:
         (``len()`` of it is the number of steps, for progress bars).
         """
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            from malletrain.data import StreamLoader
-            return StreamLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
-                                collate_fn=collate_fn, num_workers=num_workers)
-        if not drop_last:
-            if epochs is None:
-                raise MalleValueError("drop_last=False: only with epochs= (steps= is exact)")
-            if self.logical_workers is None:
-                raise MalleValueError("drop_last=False: needs logical_workers (epochs= does)")
-            n = len(dataset) if hasattr(dataset, "__len__") else 0
-            steps = int(math.ceil(epochs * n / (self.logical_workers * batch_size) - 1e-9))
-            epochs = None
-        return ElasticLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
-                             shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, persistent_workers=persistent_workers)
+            return _data.StreamLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
+                                     collate_fn=collate_fn, num_workers=num_workers)
+        return _data.ElasticLoader(self, dataset, batch_size, steps=steps, epochs=epochs,
+                                  shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn,
+                                  pin_memory=pin_memory, drop_last=drop_last,
+                                  persistent_workers=persistent_workers)
 
     def _require_wrapped(self) -> None:
         """Raises MalleValueError until the model and the optimizer are wrapped."""
@@ -561,220 +360,11 @@ class ElasticJob:
             if self._old_sigterm is not None and \
                     threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, self._old_sigterm)
-            if self._closed_key:
-                self._count_closed(size)
+            try:
+                self._session.close(size, timeout=self._op_timeout)
+            except MalleError as e:  # the store is gone, or members did not close in time
+                warnings.warn(f"malletrain: {e}", RuntimeWarning, stacklevel=2)
         self.closed = True
-
-    def _count_closed(self, size: int) -> None:
-        """Under torchrun and srun: says this member is done; the member that hosts the
-        store waits (op_timeout at most) for the last generation's ``size`` members."""
-        try:
-            if self._store_server is None:
-                _C.open_store(self._engine_store, timeout=self._op_timeout).add(
-                    self._closed_key, 1)
-                return
-            closed = self._store_server.add(self._closed_key, 1)
-            deadline = time.monotonic() + self._op_timeout
-            while closed < size and time.monotonic() < deadline:
-                time.sleep(0.05)
-                closed = self._store_server.add(self._closed_key, 0)
-            if closed < size:
-                warnings.warn(f"malletrain: closing the control store this process hosts "
-                              f"with {size - closed} of {size} members not closed after "
-                              f"{self._op_timeout:g} s", RuntimeWarning, stacklevel=3)
-        except MalleError as e:  # the store is gone: nothing left to wait for
-            warnings.warn(f"malletrain: could not count this member as closed: {e}",
-                          RuntimeWarning, stacklevel=3)
-        finally:
-            self._store_server = None
-
-
-class _Boundary:
-    """What every loader does between steps: the step boundary and the plan (shared by the
-    map-style :class:`ElasticLoader` and the stream loader of malletrain.data)."""
-
-    job: "ElasticJob"
-    _plan: Any = None
-
-    def steps(self) -> "_StepIter":
-        """Iterates steps instead of micro-batches: each item is one step, itself an
-        iterable of this rank's micro-batches of it; ``len()`` is the number of steps left,
-        so ``tqdm(loader.steps())`` counts steps. Per-step work goes after the inner loop
-        (it runs on every rank, committed step or not: track what it changes)."""
-        return _StepIter(self)
-
-    def _next_plan(self) -> Optional[Any]:
-        """Runs the step boundary if the current step's micro-batches are all served; the
-        plan of the step to serve (None at the end)."""
-        job, e = self.job, self.job._engine
-        if self._plan is not None and e.micro_batch + 1 < len(self._plan.workers):
-            return self._plan
-        if e.in_step:
-            raise MalleValueError(f"optimizer.step() was not called after the last "
-                                  f"micro-batch of step {e.step}")
-        if job._sigterm and not e.left:
-            job._sigterm = False
-            if e.rank < 0:  # not a member yet: nothing to leave, no state to keep
-                job._stopped = True
-                self._plan = None
-                return None
-            e.request_leave()  # leaves at this boundary (the last member parks)
-        plan = e.next_step()  # rolls back a failed step, runs the boundary
-        if plan is None:
-            self._plan = None
-            if not job.left and job.print_scaling and job.rank == 0:
-                print(job.scaling_table(), flush=True)
-            return None
-        if plan.lr_rescale != 1.0:  # the global batch follows the world size
-            for g in job._optimizer.optimizer.param_groups:
-                g["lr"] = g["lr"] * plan.lr_rescale
-        self._plan = plan
-        self._new_plan(plan)
-        return plan
-
-    def _new_plan(self, plan: Any) -> None:
-        raise NotImplementedError
-
-
-class _StepIter:
-    def __init__(self, loader: _Boundary) -> None:
-        self._loader = loader
-        e = loader.job._engine
-        self._len = max(0, loader.total_steps - max(0, e.step))
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> "_StepIter":
-        iter(self._loader)
-        return self
-
-    def __next__(self) -> Iterator[Any]:
-        first = next(self._loader)  # the boundary; StopIteration at the end
-        return self._micro_batches(first)
-
-    def _micro_batches(self, first: Any) -> Iterator[Any]:
-        yield first
-        job = self._loader.job
-        while job.micro_batch + 1 < len(job.workers):
-            yield next(self._loader)
-
-
-class ElasticLoader(_Boundary):
-    """Yields this rank's micro-batches, step after step, across resizes.
-
-    Each step it first runs the step boundary (joins, leaves and failures take effect there,
-    and a failed step is redone), then yields one micro-batch per logical worker of this
-    rank. Iterate it once. It has no ``len()`` (this rank's micro-batches per step change
-    with the size); ``total_steps`` is the number of steps and :meth:`steps` iterates them.
-    Created by :meth:`ElasticJob.loader`.
-    """
-
-    def __init__(self, job: ElasticJob, dataset: Any, batch_size: int, *, steps: Optional[int],
-                 epochs: Optional[float], shuffle: bool, num_workers: int,
-                 collate_fn: Optional[Callable[[List[Any]], Any]], pin_memory: bool,
-                 persistent_workers: bool = False) -> None:
-        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            raise MalleValueError("dataset: must be map-style (len() and [index]) or a "
-                                  "torch.utils.data.IterableDataset")
-        if num_workers < 0:
-            raise MalleValueError(f"num_workers: must be >= 0, got {num_workers}")
-        if persistent_workers and num_workers == 0:
-            raise MalleValueError("persistent_workers: needs num_workers > 0")
-        job._engine.set_data(len(dataset), batch_size, steps, epochs, shuffle)
-        self.job = job
-        self.dataset = dataset
-        self.total_steps = job._engine.total_steps
-        self.batch_size = batch_size
-        # One DataLoader for the job: its sampler serves the keys of the plan in force, and
-        # with persistent_workers its worker processes live across steps and resizes.
-        self._sampler = _Keys()
-        self._dl = torch.utils.data.DataLoader(
-            _MicroBatches(dataset, collate_fn), sampler=self._sampler, batch_size=None,
-            collate_fn=_as_fetched, num_workers=num_workers, pin_memory=pin_memory,
-            persistent_workers=persistent_workers)
-        self._it: Optional[Iterator[Any]] = None
-        self._it_key: Optional[tuple] = None  # (step, workers, position, size) served next
-        self._plan: Any = None
-        self._started = False
-
-    def __iter__(self) -> "ElasticLoader":
-        self.job._require_wrapped()
-        if self._started:
-            raise MalleValueError("ElasticLoader: iterate it only once")
-        self._started = True
-        return self
-
-    def _keys(self, first: int, workers: List[int], position: int, size: int
-              ) -> Iterator[Tuple[int, List[int]]]:
-        """(data seed, indices) of this rank's micro-batches from step ``first`` on, for a
-        membership of ``size`` ranks (bound now: the iterator never follows later changes)."""
-        e = self.job._engine
-        for s in range(first, self.total_steps):
-            pos = position + (s - first) * size * self.batch_size  # follow mode's stream
-            for k in workers:
-                yield e.batch_key(s, k, pos)
-
-    def _new_plan(self, plan: Any) -> None:
-        job, e = self.job, self.job._engine
-        workers = [w.worker for w in plan.workers]
-        key = (plan.step, tuple(workers), e.position, plan.size)
-        if self._it is None or key != self._it_key:
-            # One item per micro-batch, fetched and collated under its logical worker's
-            # data stream by the DataLoader (or its worker process).
-            self._sampler.gen = self._keys(*key)
-            self._it = iter(self._dl)
-        pos = e.position + (plan.size * self.batch_size if job.logical_workers is None else 0)
-        self._it_key = (plan.step + 1, tuple(workers), pos, plan.size)  # what it serves next
-
-    def __next__(self) -> Any:
-        job, e = self.job, self.job._engine
-        if self._next_plan() is None:
-            raise StopIteration
-        t0 = time.perf_counter()
-        batch = next(self._it)
-        e.add_data_wait(time.perf_counter() - t0)
-        i = e.micro_batch + 1
-        job._begin_micro_batch(i)
-        _seed_python(self._plan.workers[i].rng_seed)
-        return batch
-
-
-class _Keys:
-    """A DataLoader sampler over the generator of (data seed, indices) keys in force."""
-
-    def __init__(self) -> None:
-        self.gen: Iterator[Tuple[int, List[int]]] = iter(())
-
-    def __iter__(self) -> Iterator[Tuple[int, List[int]]]:
-        return self.gen
-
-
-class _MicroBatches(torch.utils.data.Dataset):
-    """The user's dataset one micro-batch at a time: ``[(seed, indices)]`` seeds torch,
-    ``random`` and NumPy with the logical worker's data stream, then fetches and collates,
-    in the process that fetches (the loop's, or a DataLoader worker's). So every draw of
-    ``__getitem__`` and ``collate_fn`` belongs to the logical worker, whatever the physical
-    size and ``num_workers``."""
-
-    def __init__(self, dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn or torch.utils.data.default_collate
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: Tuple[int, List[int]]) -> Any:
-        seed, indices = key
-        torch.manual_seed(seed)
-        _seed_python(seed)
-        getitems = getattr(self.dataset, "__getitems__", None)
-        samples = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
-        return self.collate_fn(samples)
-
-
-def _as_fetched(batch: Any) -> Any:
-    return batch  # _MicroBatches collated it (module-level: picklable for workers)
 
 
 def init(logical_workers: Optional[int] = None, *, seed: int = 0, deterministic: bool = False,

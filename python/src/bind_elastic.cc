@@ -23,10 +23,9 @@
 #include "absl/time/time.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
-#include "libmalle/control/service/report_sink.h"
-#include "libmalle/control/wire/messages.h"
-#include "libmalle/control/wire/secret.h"
 #include "libmalle/elastic/engine.h"
+#include "libmalle/elastic/launch_session.h"
+#include "libmalle/elastic/rank_engine.h"
 #include "libmalle/elastic/sampler.h"
 #include "python/src/bind_common.h"
 
@@ -151,6 +150,17 @@ void BindElastic(py::module_& m) {
       .def_readonly("size", &elastic::StepPlan::size)
       .def_readonly("workers", &elastic::StepPlan::workers)
       .def_readonly("lr_rescale", &elastic::StepPlan::lr_rescale);
+  py::class_<elastic::BatchKeys>(m, "BatchKeys",
+                                 "This rank's micro-batches from a plan's step on (engine.h BatchKeys): "
+                                 "iterates (data seed, indices); follows(plan, position).")
+      .def("__iter__", [](elastic::BatchKeys& k) -> elastic::BatchKeys& { return k; })
+      .def("__next__",
+           [](elastic::BatchKeys& k) {
+             std::optional<elastic::WorkerPlan> w = k.Next();
+             if (!w) throw py::stop_iteration();
+             return std::make_pair(w->data_seed, std::move(w->indices));
+           })
+      .def("follows", &elastic::BatchKeys::Follows, py::arg("plan"), py::arg("position"));
   py::class_<elastic::ResizeEvent>(m, "ResizeEvent", "One membership change as this rank saw it.")
       .def_property_readonly("kind", [](const elastic::ResizeEvent& e) {
         return std::string(comm::TransitionKindName(e.kind));
@@ -175,88 +185,38 @@ void BindElastic(py::module_& m) {
       });
 
   py::class_<PyEngine>(m, "Engine", "The elastic training engine (libmalle/elastic/engine.h).")
-      .def(py::init([](const std::string& store_host, int store_port, const std::string& job_id,
-                       const std::string& member_id, int bootstrap_size, double rendezvous_timeout,
-                       double op_timeout, double heartbeat_interval, double heartbeat_timeout, double recovery_grace,
+      .def(py::init([](const cluster::RankEnv& env, double rendezvous_timeout, double op_timeout,
+                       double heartbeat_interval, double heartbeat_timeout, double recovery_grace,
                        int max_recoveries_without_commit, const std::string& backend, int logical_workers,
                        const std::string& lr_scaling, uint64_t seed, bool deterministic, int64_t bucket_bytes,
-                       int64_t state_direct_min_bytes, const std::string& control_job,
-                       const std::string& secret_path, int min_nodes, int max_nodes, double report_interval,
-                       const std::string& fault_exit_in_state_sync, const std::string& park_dir,
-                       int snapshot_every, const std::string& resume_from, int ranks_per_node,
-                       const std::string& node) {
-             comm::ElasticGroupOptions g;
-             g.job_id = job_id;
-             g.member_id = member_id;
-             g.bootstrap_size = bootstrap_size;
-             g.node = node;
-             g.rendezvous_timeout = Seconds(rendezvous_timeout, "rendezvous_timeout");
-             g.op_timeout = Seconds(op_timeout, "op_timeout");
-             g.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
-             g.heartbeat_timeout = Seconds(heartbeat_timeout, "heartbeat_timeout");
-             g.recovery_grace = Seconds(recovery_grace, "recovery_grace");
-             g.max_recoveries_without_commit = max_recoveries_without_commit;
-             g.max_size = logical_workers > 0 ? logical_workers : 1024;
-             elastic::EngineOptions o;
-             o.logical_workers = logical_workers;
-             o.lr_scaling = lr_scaling;
-             o.seed = seed;
-             o.deterministic = deterministic;
-             o.bucket_bytes = bucket_bytes;
-             o.backend = backend;
-             o.state_direct_min_bytes = state_direct_min_bytes;
-             o.advisor_job = control_job;
-             o.min_nodes = min_nodes;
-             o.max_nodes = max_nodes;
-             o.ranks_per_node = ranks_per_node;
-             o.report_interval = Seconds(report_interval, "report_interval");
-             o.fault_exit_in_state_sync = fault_exit_in_state_sync;
-             o.snapshot_every = snapshot_every;
-             o.resume_from = resume_from;
-             if (!secret_path.empty()) o.secret = std::string(ValueOrThrow(control::LoadSecret(secret_path)).bytes());
-             // Everything is checked before the store is dialled (which may wait up to
-             // rendezvous_timeout).
-             ThrowIfError(o.Validate());
-             if (o.logical_workers > 0 && bootstrap_size > o.logical_workers) {
-               ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-                   "logical_workers: ", o.logical_workers, " is smaller than the job's starting size ",
-                   bootstrap_size, "; every rank needs at least one logical worker")));
-             }
-             if (o.logical_workers > 0) g.max_size = std::min(g.max_size, o.logical_workers);
-             ThrowIfError(g.Validate());
-             if (!park_dir.empty()) {
-               elastic::DirParkStoreOptions p;
-               p.dir = park_dir;
-               p.job = control_job.empty() ? job_id : control_job;
-               p.secret = o.secret;
-               o.park_store = ValueOrThrow(elastic::DirParkStore::Open(std::move(p)));
-             }
-             std::shared_ptr<comm::ControlStore> store;
-             {
-               py::gil_scoped_release release;
-               store = ValueOrThrow(comm::ControlStore::Connect(store_host, store_port, g.rendezvous_timeout));
-             }
-             if (!control_job.empty() && !secret_path.empty()) {
-               control::Secret secret = ValueOrThrow(control::LoadSecret(secret_path));
-               const std::string sender = absl::StrCat("rank.", member_id).substr(0, 128);
-               // Reports, completion and parks go to the allocator as signed messages.
-               o.report_sink = std::make_shared<control::ControlReportSink>(store, std::move(secret), sender,
-                                                                            control_job, job_id);
-             }
+                       int snapshot_every, const std::string& resume_from) {
+             elastic::RankEngineOptions o;
+             o.group.rendezvous_timeout = Seconds(rendezvous_timeout, "rendezvous_timeout");
+             o.group.op_timeout = Seconds(op_timeout, "op_timeout");
+             o.group.heartbeat_interval = Seconds(heartbeat_interval, "heartbeat_interval");
+             o.group.heartbeat_timeout = Seconds(heartbeat_timeout, "heartbeat_timeout");
+             o.group.recovery_grace = Seconds(recovery_grace, "recovery_grace");
+             o.group.max_recoveries_without_commit = max_recoveries_without_commit;
+             o.engine.backend = backend;
+             o.engine.logical_workers = logical_workers;
+             o.engine.lr_scaling = lr_scaling;
+             o.engine.seed = seed;
+             o.engine.deterministic = deterministic;
+             o.engine.bucket_bytes = bucket_bytes;
+             o.engine.snapshot_every = snapshot_every;
+             o.engine.resume_from = resume_from;
              auto e = std::make_unique<PyEngine>();
-             e->engine = ValueOrThrow(Engine::Create(std::move(store), std::move(g), std::move(o)));
+             py::gil_scoped_release release;  // dials the store
+             e->engine = ValueOrThrow(elastic::CreateRankEngine(env, std::move(o)));
              return e;
            }),
-           py::arg("store_host"), py::arg("store_port"), py::arg("job_id"), py::arg("member_id"),
-           py::arg("bootstrap_size"),
-           py::arg("rendezvous_timeout"), py::arg("op_timeout"), py::arg("heartbeat_interval"),
+           py::arg("env"), py::arg("rendezvous_timeout"), py::arg("op_timeout"), py::arg("heartbeat_interval"),
            py::arg("heartbeat_timeout"), py::arg("recovery_grace"), py::arg("max_recoveries_without_commit"),
            py::arg("backend"), py::arg("logical_workers"), py::arg("lr_scaling"), py::arg("seed"),
-           py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("state_direct_min_bytes"),
-           py::arg("control_job"), py::arg("secret_path"), py::arg("min_nodes"), py::arg("max_nodes"),
-           py::arg("report_interval"), py::arg("fault_exit_in_state_sync"), py::arg("park_dir") = "",
-           py::arg("snapshot_every") = 0, py::arg("resume_from") = "", py::arg("ranks_per_node") = 1,
-           py::arg("node") = "")
+           py::arg("deterministic"), py::arg("bucket_bytes"), py::arg("snapshot_every") = 0,
+           py::arg("resume_from") = "",
+           "The engine of this rank, set up from its environment `env` (a RankEnv; "
+           "libmalle/elastic/rank_engine.h); backend '': the environment's, else gloo.")
       .def(
           "set_model",
           [](PyEngine& e, const std::vector<std::pair<std::string, at::Tensor>>& params,
@@ -283,16 +243,18 @@ void BindElastic(py::module_& m) {
       .def(
           "set_data",
           [](PyEngine& e, int64_t num_samples, int64_t batch_size, std::optional<int64_t> steps,
-             std::optional<double> epochs, bool shuffle) {
+             std::optional<double> epochs, bool shuffle, bool drop_last) {
             elastic::DataOptions d;
             d.num_samples = num_samples;
             d.batch_size = batch_size;
             d.steps = steps;
             d.epochs = epochs;
             d.shuffle = shuffle;
+            d.drop_last = drop_last;
             ThrowIfError(e.engine->SetData(d));
           },
-          py::arg("num_samples"), py::arg("batch_size"), py::arg("steps"), py::arg("epochs"), py::arg("shuffle"))
+          py::arg("num_samples"), py::arg("batch_size"), py::arg("steps"), py::arg("epochs"), py::arg("shuffle"),
+          py::arg("drop_last") = true)
       .def("prepare_landing", [](PyEngine& e) {
         e.Call([&] {
           e.engine->PrepareLanding();
@@ -343,20 +305,14 @@ void BindElastic(py::module_& m) {
         return e.engine->ReportTable();
       })
       .def(
-          "batch_key",
-          [](PyEngine& e, int64_t step, int worker, int64_t position) {
-            const elastic::EngineOptions& o = e.engine->options();
-            const auto& sampler = e.engine->sampler();
-            if (!sampler) ThrowIfError(absl::FailedPreconditionError("batch_key: no data (loader) yet"));
-            const int64_t seed = static_cast<int64_t>(o.seed);
-            const uint64_t data_seed = elastic::MixSeed({seed, step, worker, elastic::kDataStream});
-            elastic::ElasticSampler copy = *sampler;  // the engine's keeps its own cache
-            if (o.logical_workers > 0) return std::make_pair(data_seed, copy.Indices(step, worker));
-            return std::make_pair(data_seed, copy.Stream(position + worker * copy.batch_size(), copy.batch_size()));
+          "keys_from",
+          [](PyEngine& e, const elastic::StepPlan& plan) {
+            return ValueOrThrow(e.engine->KeysFrom(plan));
           },
-          py::arg("step"), py::arg("worker"), py::arg("position"),
-          "(data seed, dataset indices) of a logical worker's micro-batch at `step` (follow mode: "
-          "`position` is the stream position at the start of that step).")
+          py::arg("plan"), "This rank's micro-batches from `plan` on (a BatchKeys iterator).")
+      .def(
+          "data_seed", [](PyEngine& e, int64_t step, int worker) { return e.engine->DataSeed(step, worker); },
+          py::arg("step"), py::arg("worker"), "A logical worker's data seed at `step`.")
       .def_property_readonly("rank", [](PyEngine& e) { return e.engine->rank(); })
       .def_property_readonly("size", [](PyEngine& e) { return e.engine->size(); })
       .def_property_readonly("generation", [](PyEngine& e) { return e.engine->generation(); })
@@ -397,7 +353,7 @@ void BindElastic(py::module_& m) {
       .def_property_readonly("logical_workers", &elastic::ElasticSampler::logical_workers)
       .def_property_readonly("batch_size", &elastic::ElasticSampler::batch_size)
       .def_property_readonly("global_batch", &elastic::ElasticSampler::global_batch)
-      .def("steps_for_epochs", &elastic::ElasticSampler::StepsForEpochs, py::arg("epochs"))
+      .def("steps_for_epochs", &elastic::ElasticSampler::StepsForEpochs, py::arg("epochs"), py::arg("drop_last") = true)
       .def("epoch_of", &elastic::ElasticSampler::EpochOf, py::arg("step"))
       .def(
           "indices",
@@ -446,6 +402,30 @@ void BindElastic(py::module_& m) {
         return elastic::AssignWorkers(logical_workers, world_size, rank);
       },
       py::arg("logical_workers"), py::arg("world_size"), py::arg("rank"));
+  py::class_<elastic::LaunchSession>(m, "LaunchSession",
+                                     "What a torchrun/srun rank does around its engine: task 0 hosts the "
+                                     "control store; at the end members count themselves closed "
+                                     "(libmalle/elastic/launch_session.h).")
+      .def_static(
+          "open",
+          [](const cluster::LaunchEnv& launch, double timeout_s) {
+            return ValueOrThrow(elastic::LaunchSession::Open(launch, Seconds(timeout_s, "timeout")));
+          },
+          py::arg("launch"), py::arg("timeout"))
+      .def_property_readonly("hosting", &elastic::LaunchSession::hosting)
+      .def(
+          "close",
+          [](elastic::LaunchSession& s, int size, double timeout_s) {
+            const absl::Duration timeout = Seconds(timeout_s, "timeout");
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.Close(size, timeout);
+            }
+            ThrowIfError(st);
+          },
+          py::arg("size"), py::arg("timeout"),
+          "Counts this member closed; the host waits for `size` members (blocks).");
   m.def(
       "progress_key", [](const std::string& job_id) { return elastic::ProgressKey(job_id); }, py::arg("job_id"));
   m.def(

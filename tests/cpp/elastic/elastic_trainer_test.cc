@@ -17,6 +17,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 
 #include "gmock/gmock.h"
@@ -60,9 +61,10 @@ struct Rank {
 // member that arrived first, so `*rank0_member` says which one that was.
 // `ranks_per_node`: the ranks' node slots (the advisor counts nodes); rank 0's
 // advisor report goes to `*report0`.
+// `clip` > 0: the full gradient is clipped to that norm before each update.
 std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic, int init_seed = 100,
                               int* rank0_member = nullptr, bool use_reducer = true, int ranks_per_node = 1,
-                              std::string* report0 = nullptr) {
+                              std::string* report0 = nullptr, double clip = 0) {
   at::Generator data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const at::Tensor x = at::randn({40, 5}, data_gen, at::TensorOptions());
   const at::Tensor y = at::matmul(x, at::randn({5, 2}, data_gen, at::TensorOptions()));
@@ -100,7 +102,11 @@ std::vector<at::Tensor> Train(const std::string& job, int n, bool deterministic,
           me.status = (*trainer)->EndMicroBatch();
           if (!me.status.ok()) return;
         }
-        auto committed = (*trainer)->FinishStep();
+        auto committed = clip > 0 ? (*trainer)->FinishStep([&]() -> absl::Status {
+          torch::nn::utils::clip_grad_norm_(std::vector<at::Tensor>{me.w, me.b}, clip);
+          return absl::OkStatus();
+        })
+                                  : (*trainer)->FinishStep();
         if (!committed.ok() || !*committed) {
           me.status = committed.ok() ? absl::InternalError("step not committed") : committed.status();
           return;
@@ -134,6 +140,19 @@ TEST(ElasticTrainerTest, TwoRanksTrainLikeOneUpToRounding) {
   std::vector<at::Tensor> one = Train("one", 1, false, 100 + first);
   const double rel = (one[0] - two[0]).abs().max().item<double>() / one[0].abs().max().item<double>();
   EXPECT_LT(rel, 1e-5);
+}
+
+TEST(ElasticTrainerTest, ClippingTheFullGradientTrainsLikeOneRankInDeterministicMode) {
+  // FinishStep's hook sees the synchronised gradient: clipped on two ranks it
+  // is what one rank clips, bitwise; and clipping did change the result.
+  int first = -1;
+  std::vector<at::Tensor> two = Train("clip2", 2, true, 100, &first, true, 1, nullptr, /*clip=*/0.05);
+  ASSERT_GE(first, 0);
+  std::vector<at::Tensor> one = Train("clip1", 1, true, 100 + first, nullptr, true, 1, nullptr, /*clip=*/0.05);
+  EXPECT_TRUE(at::equal(one[0], two[0]));
+  EXPECT_TRUE(at::equal(one[1], two[1]));
+  std::vector<at::Tensor> unclipped = Train("noclip", 1, true, 100 + first);
+  EXPECT_FALSE(at::equal(one[0], unclipped[0])) << "a clip that never acted proves nothing";
 }
 
 TEST(ElasticTrainerTest, ReducerAndFlatBucketsTrainAlike) {
