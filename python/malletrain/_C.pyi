@@ -382,6 +382,10 @@ class Engine:
     advisor_seconds: float
     history_size: int
     group: ElasticGroup | None
+    snapshot_step: int
+    snapshot_interval: int
+    snapshot_copy_seconds: float
+    snapshot_write_seconds: float
 
 class ElasticSampler:
     def __init__(self, num_samples: int, logical_workers: int, batch_size: int, seed: int,
