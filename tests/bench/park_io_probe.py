@@ -41,6 +41,14 @@ def main() -> int:
     base = args.dir or tempfile.mkdtemp(prefix="park_io_probe.", dir=os.path.join(
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build"))
     os.makedirs(base, exist_ok=True)
+    try:
+        return probe(args, base)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def probe(args, base: str) -> int:
     buf = mmap.mmap(-1, N)  # page-aligned, as O_DIRECT needs
     block = os.urandom(1 << 20)
     for off in range(0, N, 1 << 20):
@@ -83,18 +91,14 @@ def main() -> int:
     times = {k: [] for k in cases}
     loads = [os.getloadavg()[0]]
     names = list(cases)
-    try:
-        for r in range(args.reps):
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                t0 = time.perf_counter()
-                cases[k]()
-                times[k].append(time.perf_counter() - t0)
-                if os.path.exists(path):
-                    os.unlink(path)
-            loads.append(os.getloadavg()[0])
-    finally:
-        if args.dir is None:
-            shutil.rmtree(base, ignore_errors=True)
+    for r in range(args.reps):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            cases[k]()
+            times[k].append(time.perf_counter() - t0)
+            if os.path.exists(path):
+                os.unlink(path)
+        loads.append(os.getloadavg()[0])
     floor = times[names[0]]
     print(f"park_io_probe {time.strftime('%Y-%m-%d %H:%M')}: {N / 1e6:.0f} MB, {args.reps} reps, "
           f"load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
