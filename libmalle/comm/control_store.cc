@@ -313,41 +313,41 @@ class BoundedStore final : public c10d::Store {
     return c10::make_intrusive<BoundedStore>(Run([](c10d::Store& s) { return s.clone(); }), op_timeout_);
   }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    Run([=](c10d::Store& s) { s.set(key, value); return 0; });
+    Run([key, value](c10d::Store& s) { s.set(key, value); return 0; });
   }
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override {
-    return Run([=](c10d::Store& s) { return s.compareSet(key, expected, desired); });
+    return Run([key, expected, desired](c10d::Store& s) { return s.compareSet(key, expected, desired); });
   }
   std::vector<uint8_t> get(const std::string& key) override {
-    return Run([=](c10d::Store& s) { return s.get(key); });
+    return Run([key](c10d::Store& s) { return s.get(key); });
   }
   int64_t add(const std::string& key, int64_t value) override {
-    return Run([=](c10d::Store& s) { return s.add(key, value); });
+    return Run([key, value](c10d::Store& s) { return s.add(key, value); });
   }
   bool deleteKey(const std::string& key) override {
-    return Run([=](c10d::Store& s) { return s.deleteKey(key); });
+    return Run([key](c10d::Store& s) { return s.deleteKey(key); });
   }
   bool check(const std::vector<std::string>& keys) override {
-    return Run([=](c10d::Store& s) { return s.check(keys); });
+    return Run([keys](c10d::Store& s) { return s.check(keys); });
   }
   int64_t getNumKeys() override {
-    return Run([=](c10d::Store& s) { return s.getNumKeys(); });
+    return Run([](c10d::Store& s) { return s.getNumKeys(); });
   }
   void wait(const std::vector<std::string>& keys) override {
-    Run([=](c10d::Store& s) { s.wait(keys); return 0; });
+    Run([keys](c10d::Store& s) { s.wait(keys); return 0; });
   }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    Run([=](c10d::Store& s) { s.wait(keys, timeout); return 0; }, timeout);
+    Run([keys, timeout](c10d::Store& s) { s.wait(keys, timeout); return 0; }, timeout);
   }
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
-    return Run([=](c10d::Store& s) { return s.multiGet(keys); });
+    return Run([keys](c10d::Store& s) { return s.multiGet(keys); });
   }
   void multiSet(const std::vector<std::string>& keys, const std::vector<std::vector<uint8_t>>& values) override {
-    Run([=](c10d::Store& s) { s.multiSet(keys, values); return 0; });
+    Run([keys, values](c10d::Store& s) { s.multiSet(keys, values); return 0; });
   }
   void append(const std::string& key, const std::vector<uint8_t>& value) override {
-    Run([=](c10d::Store& s) { s.append(key, value); return 0; });
+    Run([key, value](c10d::Store& s) { s.append(key, value); return 0; });
   }
   bool hasExtendedApi() const override { return inner_->hasExtendedApi(); }
 
@@ -382,9 +382,11 @@ class BoundedStore final : public c10d::Store {
     };
     auto op = std::make_shared<Op>();
     auto result = std::make_shared<Result>();
-    // The helper owns copies of everything it touches (every `f` above
-    // captures its arguments by value): the caller may be gone when a
-    // timed-out operation starts or finally returns.
+    // The helper owns copies of everything it touches: the caller may be gone
+    // when a timed-out operation finally returns, or even before the helper
+    // starts (a loaded machine can delay a new thread past the timeout). So
+    // every `f` captures its arguments by value: a reference to the caller's
+    // key was read after the caller returned (a crash in PrefixStore::joinKey).
     std::thread([op, result, inner = inner_, f]() mutable {
       try {
         result->value.emplace(f(*inner));

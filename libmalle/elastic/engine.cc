@@ -1341,6 +1341,13 @@ void Engine::MaybeSnapshot() {
     snapshotter_->Drain();
   } else if (snapshotter_->Busy()) {
     return;  // adaptive: the previous one is still being written, no copy now
+  } else if (last_snapshot_try_ >= 0 && snapshot_copy_ > absl::ZeroDuration()) {
+    // The interval set when the previous snapshot was handed over priced its
+    // copy only (its write was not done yet; for the first, no write was
+    // known at all: a second snapshot followed a few steps later). The write
+    // is over now: price it too before taking another.
+    UpdateSnapshotInterval();
+    if (step_ - last_snapshot_try_ < snapshot_interval_) return;
   }
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<JobState> s = CaptureState();
@@ -1368,15 +1375,23 @@ void Engine::MaybeSnapshot() {
   }
   snapshot_copy_ = absl::FromChrono(Clock::now() - t0);
   if (snapshotter_->Offer(std::move(copy), step_)) last_snapshot_try_ = step_;
-  if (options_.snapshot_every == 0 && step_time_ > absl::ZeroDuration()) {
-    // Keep the snapshots under the budget: (copy + write) / interval <=
-    // budget x step time. The write counts too: it runs beside training, on
-    // the same cores and memory bandwidth (measured: copy-only pricing cost
-    // 25 % of step time on a 2-core machine).
-    const absl::Duration cost = snapshot_copy_ + snapshotter_->LastWrite();
-    const double steps = absl::FDivDuration(cost, step_time_) / options_.snapshot_budget;
-    snapshot_interval_ = static_cast<int>(std::clamp(std::ceil(steps), 1.0, 1e6));
-  }
+  if (options_.snapshot_every == 0) UpdateSnapshotInterval();
+}
+
+void Engine::UpdateSnapshotInterval() {
+  if (step_time_ <= absl::ZeroDuration()) return;
+  // Keep the snapshots under the budget: (copy + write) / interval <=
+  // budget x step time. The write counts too: it runs beside training, on
+  // the same cores and memory bandwidth (its wall time, an upper bound of
+  // the CPU it takes).
+  const absl::Duration cost = snapshot_copy_ + snapshotter_->LastWrite();
+  const double steps = absl::FDivDuration(cost, step_time_) / options_.snapshot_budget;
+  snapshot_interval_ = static_cast<int>(std::clamp(std::ceil(steps), 1.0, 1e6));
+}
+
+absl::Duration Engine::snapshot_write_time() const {
+  if (snapshotter_ == nullptr) return absl::ZeroDuration();
+  return snapshotter_->LastWrite();
 }
 
 }  // namespace malle::elastic

@@ -431,10 +431,12 @@ class Engine {
   // Where the state this job resumed from came from ('' : it started afresh).
   const std::string& resumed_from() const { return resumed_from_; }
   // Snapshots: the step of the newest one written (-1: none yet), the current
-  // interval in steps, and what the last copy cost the training thread.
+  // interval in steps, what the last copy cost the training thread, and how
+  // long the last write took the writer thread (zero: none done yet).
   int64_t snapshot_step() const;
   int snapshot_interval() const { return snapshot_interval_; }
   absl::Duration snapshot_copy_time() const { return snapshot_copy_; }
+  absl::Duration snapshot_write_time() const;
   bool in_step() const { return in_step_; }
   // This member was declared failed by the others (NextStep returned kAborted).
   bool excluded() const { return excluded_; }
@@ -471,6 +473,7 @@ class Engine {
   // The last member, asked to leave: writes the state to the park store.
   absl::Status Park();
   void MaybeSnapshot();
+  void UpdateSnapshotInterval();  // adaptive snapshots: from the last copy and write
   void StopSnapshots();
   void PublishLayout();
   // Moves the parts' tensors into one buffer per dtype and device when their

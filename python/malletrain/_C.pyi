@@ -381,6 +381,10 @@ class Engine:
     advisor_seconds: float
     history_size: int
     group: ElasticGroup | None
+    snapshot_step: int
+    snapshot_interval: int
+    snapshot_copy_seconds: float
+    snapshot_write_seconds: float
 
 class LaunchSession:
     """torchrun/srun: task 0 hosts the control store; members count themselves closed."""

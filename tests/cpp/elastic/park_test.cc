@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/optim/adam.h>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/elastic/elastic_trainer.h"
@@ -348,6 +350,8 @@ struct RunSpec {
   int width = 2;              // another model: 3
   std::string save_at_path;   // Save() after step 6
   std::string resume_from;
+  int steps = 12;
+  absl::Duration step_sleep;  // after each step: a step time the test controls
 };
 
 JobRun TrainJob(const std::string& job, const RunSpec& spec) {
@@ -365,7 +369,7 @@ JobRun TrainJob(const std::string& job, const RunSpec& spec) {
   o.deterministic = true;
   o.num_samples = 40;
   o.batch_size = 4;
-  o.steps = 12;
+  o.steps = spec.steps;
   o.park_store = spec.store;
   o.snapshot_every = spec.snapshot_every;
   o.resume_from = spec.resume_from;
@@ -414,6 +418,7 @@ JobRun TrainJob(const std::string& job, const RunSpec& spec) {
     }
     if (done == spec.stop_after) (void)(*trainer)->RequestLeave();
     if (done == spec.abandon_after) break;
+    absl::SleepFor(spec.step_sleep);
   }
   out.steps = (*trainer)->step();
   out.parked = (*trainer)->parked();
@@ -551,6 +556,46 @@ TEST(EngineParkTest, AStoreWhoseOnlyStatesAreForgedIsAnErrorNotAFreshStart) {
   second.store = Store(dir, "deployment");
   const JobRun r = TrainJob("f2", second);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("none verifies")));
+}
+
+// A directory store whose writes take `delay` longer, and which counts them.
+class SlowStore : public ParkStore {
+ public:
+  SlowStore(std::shared_ptr<ParkStore> inner, absl::Duration delay) : inner_(std::move(inner)), delay_(delay) {}
+  absl::Status Write(const PackedState& state, int64_t step, const StateIoOptions& io) override {
+    absl::SleepFor(delay_);
+    ++writes_;
+    return inner_->Write(state, step, io);
+  }
+  absl::StatusOr<std::optional<ParkedState>> ReadNewest(std::vector<std::string>* refused,
+                                                        const StateIoOptions& io) override {
+    return inner_->ReadNewest(refused, io);
+  }
+  absl::StatusOr<std::vector<StateFileInfo>> List() override { return inner_->List(); }
+  std::string where() const override { return inner_->where(); }
+  int writes() const { return writes_.load(); }
+
+ private:
+  std::shared_ptr<ParkStore> inner_;
+  absl::Duration delay_;
+  std::atomic<int> writes_{0};
+};
+
+TEST(EngineParkTest, AdaptiveSnapshotsPriceTheWriteBeforeTheSecondOne) {
+  // Steps of ~2 ms, writes of 60 ms, budget 1 %: one snapshot per ~3,000
+  // steps. The first snapshot's interval can only price its copy (its write
+  // is not done when it is set); the write must be priced once it is over,
+  // not after a second snapshot (which came ~30 steps after the first).
+  auto slow = std::make_shared<SlowStore>(Store(TempDir("engine-adaptive")), absl::Milliseconds(60));
+  RunSpec spec;
+  spec.store = slow;
+  spec.snapshot_every = 0;
+  spec.steps = 120;
+  spec.step_sleep = absl::Milliseconds(2);
+  const JobRun r = TrainJob("adaptive", spec);
+  ASSERT_OK(r.status);
+  EXPECT_EQ(r.steps, 120);
+  EXPECT_EQ(slow->writes(), 1) << "a second snapshot within 120 steps of ~2 ms: its write was not priced";
 }
 
 }  // namespace
