@@ -94,6 +94,15 @@ struct MilpOptions {
   // limit (the child is then killed and the start answers) more often than
   // CBC on the whole model did (docs/benchmarks.md).
   bool pricing = false;
+  // Several pools, with segments and use_mip_start: solve by decomposition
+  // (internal/decomposition.h): column generation over the jobs with the
+  // pools priced, whose Lagrangian bound proves most answers without any
+  // branching; an incumbent from CBC on the generated columns; then
+  // reduced-cost fixing and CBC on the count formulation of the options
+  // left (`pools` chooses it). Exact: the answer is proven within
+  // relative_gap or the time limit is reached. False: CBC on the whole
+  // count formulation (or `pricing`).
+  bool decomposition = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };
