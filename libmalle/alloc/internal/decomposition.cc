@@ -460,8 +460,28 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
 
   // The decisions of the node being solved, by job.
   std::vector<std::vector<const Decision*>> rules(num_jobs);
+  // Reduced-cost fixing with the root's prices: an allocation that gives
+  // job j option o is worth at most root_l - shortfall[j][o] (its score's
+  // shortfall from the job's best at those prices), so once that is below
+  // the threshold the option is out of every node.
+  double root_l = kInf;
+  std::vector<std::vector<double>> shortfall;
+  std::vector<std::vector<char>> banned;  // by the threshold of banned_at
+  double banned_at = -kInf;
+  auto refresh_banned = [&] {
+    if (shortfall.empty() || threshold() <= banned_at) return;
+    banned_at = threshold();
+    banned.resize(num_jobs);
+    for (int j = 0; j < num_jobs; ++j) {
+      banned[j].resize(shortfall[j].size());
+      for (size_t o = 0; o < shortfall[j].size(); ++o) {
+        banned[j][o] = root_l - shortfall[j][o] < banned_at;
+      }
+    }
+  };
   auto allowed = [&](int j, int o) {
     if (o < 0) return true;
+    if (!banned.empty() && banned[j][o]) return false;
     const Option& opt = model.jobs[j].options[o];
     for (const Decision* d : rules[j]) {
       if (!d->Allows(opt, o)) return false;
@@ -474,8 +494,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   auto allowed_scores = [&](int j, absl::Span<const double> pi) {
     pricer.Scores(j, pi, score);
     double best = artificial / scale;
+    const bool fixing = !banned.empty();
     for (size_t o = 0; o < score.size(); ++o) {
-      if (!rules[j].empty() && !allowed(j, static_cast<int>(o))) score[o] = -kInf;
+      if ((fixing || !rules[j].empty()) && !allowed(j, static_cast<int>(o))) score[o] = -kInf;
       best = std::max(best, score[o]);
     }
     return best;
@@ -484,6 +505,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   std::vector<double> pi(num_pools, 0.0);
   int lp_solves = 0, nodes_done = 0, pruned = 0, leaves = 0, root_rounds = 0;
   double root_bound = kInf;
+  double last_l = kInf;  // L at the last prices solve_node priced with
   double pruned_bound = -kInf;  // the largest bound of a pruned node
   auto prune = [&](double bound) {
     ++pruned;
@@ -493,6 +515,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // least Lagrangian bound seen: valid for the node whatever the LP does),
   // and the LP's column values in `x` when the generation converged (empty
   // when the node was pruned early or time ran out).
+  std::vector<std::pair<double, int>> by_pattern, picks;
   auto solve_node = [&](std::vector<double>& x) -> absl::StatusOr<double> {
     x.clear();
     double bound = kInf;
@@ -512,16 +535,19 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         // pattern, the few best of those.
         constexpr size_t kPerJob = 3;
         const double dual = lp.row_duals[j];
-        std::map<int, std::pair<double, int>> by_pattern;  // pattern -> (rc, option)
+        const JobModel& job = model.jobs[j];
+        // Per pattern (index + 1; 0 for the stop option): (rc, option).
+        by_pattern.assign(job.patterns.size() + 1, {0.0, -1});
         for (size_t o = 0; o < score.size(); ++o) {
           const double rc = score[o] * scale - dual;
           if (!(rc > tol)) continue;
-          const int k = model.jobs[j].options[o].pattern;
-          auto [it, fresh] = by_pattern.emplace(k, std::make_pair(rc, static_cast<int>(o)));
-          if (!fresh && rc > it->second.first) it->second = {rc, static_cast<int>(o)};
+          auto& best = by_pattern[job.options[o].pattern + 1];
+          if (best.second < 0 || rc > best.first) best = {rc, static_cast<int>(o)};
         }
-        std::vector<std::pair<double, int>> picks;
-        for (const auto& [k, best] : by_pattern) picks.push_back(best);
+        picks.clear();
+        for (const auto& best : by_pattern) {
+          if (best.second >= 0) picks.push_back(best);
+        }
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
@@ -529,6 +555,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         }
       }
       bound = std::min(bound, l);
+      last_l = l;
       if (bound <= threshold()) return bound;  // pruned
       if (added == 0) {
         x = std::move(lp.x);
@@ -585,14 +612,32 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       out_of_time = true;
       break;
     }
+    refresh_banned();
     for (auto& r : rules) r.clear();
     for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
     for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
       master.SetColumnUpper(c, allowed(columns[c].job, columns[c].option) ? 1.0 : 0.0);
     }
     MALLE_ASSIGN_OR_RETURN(const double bound, solve_node(x));
-    if (nodes_done == 0) root_bound = bound;
-    if (!x.empty() && bound > threshold()) flow_round(x);
+    if (nodes_done == 0) {
+      root_bound = bound;
+      if (!x.empty()) {
+        // The root's final prices: L there is the LP's value.
+        root_l = last_l;
+        shortfall.assign(num_jobs, {});
+        for (int j = 0; j < num_jobs; ++j) {
+          pricer.Scores(j, pi, score);
+          const double best = *std::max_element(score.begin(), score.end());
+          shortfall[j].resize(score.size());
+          for (size_t o = 0; o < score.size(); ++o) shortfall[j][o] = best - score[o];
+        }
+      }
+    }
+    refresh_banned();
+    // Rounding costs about as much as a node: at the root, then every
+    // few nodes.
+    constexpr int kRoundEvery = 8;
+    if (!x.empty() && bound > threshold() && nodes_done % kRoundEvery == 0) flow_round(x);
     ++nodes_done;
     node.bound = std::min(node.bound, bound);
     if (node.bound <= threshold()) {
