@@ -483,8 +483,8 @@ int ColumnLp::AddColumn(const std::vector<int>& rows, const std::vector<double>&
                         double objective, double lb, double ub) {
   MALLE_CHECK(rows.size() == values.size()) << "ColumnLp::AddColumn: rows and values differ";
   Impl& m = *impl_;
-  m.lb.push_back(lb);
-  m.ub.push_back(ub);
+  m.lb.push_back(std::isinf(lb) ? -COIN_DBL_MAX : lb);
+  m.ub.push_back(std::isinf(ub) ? COIN_DBL_MAX : ub);
   m.obj.push_back(-objective);
   for (size_t i = 0; i < rows.size(); ++i) {
     MALLE_CHECK(rows[i] >= 0 && rows[i] < m.rows) << "ColumnLp::AddColumn: row out of range";
@@ -498,6 +498,7 @@ int ColumnLp::AddColumn(const std::vector<int>& rows, const std::vector<double>&
 void ColumnLp::SetColumnUpper(int c, double ub) {
   Impl& m = *impl_;
   MALLE_CHECK(c >= 0 && c < num_columns()) << "ColumnLp::SetColumnUpper: column out of range";
+  if (std::isinf(ub)) ub = COIN_DBL_MAX;  // Clp's infinity, so that equal bounds compare equal
   if (c >= m.solved_columns) {
     m.ub[c - m.solved_columns] = ub;
     return;

@@ -447,15 +447,18 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       rows.push_back(num_jobs + p);
       vals.push_back(x[p]);
     }
+    // No upper bound of 1 (the job's row keeps the column below it): a
+    // column at an upper bound would leave the job row's dual free to be
+    // anything below its value, and pricing needs the true one.
     master.AddColumn(rows, vals, o < 0 ? artificial : model.jobs[j].options[o].value * scale, 0.0,
                      ub);
     columns.push_back({j, o, std::move(x)});
     return true;
   };
   for (int j = 0; j < num_jobs; ++j) {
-    add_column(j, -1, std::vector<int>(num_pools, 0), 1.0);
-    add_column(j, 0, std::vector<int>(num_pools, 0), 1.0);
-    if (start.option[j] != 0) add_column(j, start.option[j], start.per_pool[j], 1.0);
+    add_column(j, -1, std::vector<int>(num_pools, 0), kInf);
+    add_column(j, 0, std::vector<int>(num_pools, 0), kInf);
+    if (start.option[j] != 0) add_column(j, start.option[j], start.per_pool[j], kInf);
   }
 
   // The decisions of the node being solved, by job.
@@ -551,7 +554,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
-          added += add_column(j, o, pricer.Split(j, o, pi), 1.0) ? 1 : 0;
+          added += add_column(j, o, pricer.Split(j, o, pi), kInf) ? 1 : 0;
         }
       }
       bound = std::min(bound, l);
@@ -616,7 +619,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     for (auto& r : rules) r.clear();
     for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
     for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
-      master.SetColumnUpper(c, allowed(columns[c].job, columns[c].option) ? 1.0 : 0.0);
+      master.SetColumnUpper(c, allowed(columns[c].job, columns[c].option) ? kInf : 0.0);
     }
     MALLE_ASSIGN_OR_RETURN(const double bound, solve_node(x));
     if (nodes_done == 0) {
