@@ -1,5 +1,11 @@
 // The allocation MILP, solved with COIN-OR CBC.
 //
+// With several pools (the default, `decomposition`): branch-and-price on the
+// decomposition by job (internal/decomposition.h): pool prices from column
+// generation on a J + P row master, a Lagrangian bound, branching on the
+// jobs the LP splits between options, min-cost-flow rounding for incumbents.
+// Otherwise, and always with one pool, CBC on the count formulation.
+//
 // Count/class formulation (docs/allocator.md): by default one binary per
 // piece (a run of options on one line) of each job, else per (job, option),
 // with exactly one chosen per job; integer per-(job, pool) counts linked to
@@ -8,7 +14,8 @@
 // capacity row per pool. With a single pool it is the
 // multiple-choice knapsack and has no count variables at all.
 //
-// Robustness: CBC runs in a forked child by default (SolveIsolation::kFork):
+// Robustness: CBC (or the decomposition, which uses Clp and CBC's
+// libraries) runs in a forked child by default (SolveIsolation::kFork):
 // a crash or a hang of the solver cannot take the allocator down. Whatever
 // goes wrong (crash, hard deadline, time limit without incumbent, an
 // infeasible or unbounded status, an answer that fails CheckSolution) the
@@ -81,8 +88,8 @@ struct MilpOptions {
   //   kPerPoolCounts (default): an integer per (job, pool), linked to the
   //     chosen piece by the rules of count_model.h.
   // Both are exact (milp_test checks them against an exhaustive search);
-  // neither is yet fast enough at 4,734 nodes x 100 jobs x 12 pools for the
-  // default to change (docs/benchmarks.md, issue 27).
+  // both are slower than the decomposition at 4,734 nodes x 100 jobs x 12
+  // pools (docs/benchmarks.md, issue 27). Used with decomposition = false.
   enum class Pools { kUnionRows, kPerPoolCounts };
   Pools pools = Pools::kPerPoolCounts;
   int max_union_rows = 1024;
