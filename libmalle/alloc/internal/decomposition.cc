@@ -429,6 +429,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   const double artificial = -2.0 * (1e3 * (num_jobs + 1));
 
   JobPricer pricer(model);
+  // L at zero prices (every job at its best option, nodes free): finite and
+  // valid before any LP is solved.
+  const double free_bound = LagrangianBound(model, pricer, std::vector<double>(num_pools, 0.0));
   std::vector<double> row_lb(num_jobs + num_pools), row_ub(num_jobs + num_pools);
   for (int j = 0; j < num_jobs; ++j) row_lb[j] = row_ub[j] = 1.0;
   for (int p = 0; p < num_pools; ++p) {
@@ -767,7 +770,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   if (plunge) open_bound = std::max(open_bound, plunge->bound);
   // Every allocation lies in an open node, a pruned one or a leaf (worth
   // at most the incumbent), and under the root's bound.
-  out.bound = std::min(root_bound, std::max({open_bound, pruned_bound, out.solution.objective}));
+  out.bound = std::min({root_bound, free_bound,
+                        std::max({open_bound, pruned_bound, out.solution.objective})});
   out.bound = std::max(out.bound, out.solution.objective);
   out.proven = !out_of_time && Gap(out.bound, out.solution.objective) <= gap * (1 + 1e-9);
   out.branch_nodes = nodes_done;

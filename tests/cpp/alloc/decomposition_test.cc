@@ -365,6 +365,8 @@ TEST(DecompositionTest, PastDeadlineReturnsTheStart) {
     ASSERT_OK_AND_ASSIGN(DecompositionResult r, SolveByDecomposition(model, start, settings));
     EXPECT_GE(r.solution.objective, start.objective - 1e-9 * std::max(1.0, std::fabs(start.objective)));
     EXPECT_GE(r.bound, r.solution.objective);
+    EXPECT_TRUE(std::isfinite(r.bound)) << "no LP solved: the bound at zero prices";
+    EXPECT_FALSE(r.proven);
     EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
   }
 }
