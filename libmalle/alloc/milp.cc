@@ -59,6 +59,7 @@
 #include "libmalle/alloc/dp.h"
 #include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/internal/cbc_solver.h"
+#include "libmalle/alloc/internal/decomposition.h"
 #include "libmalle/base/check.h"
 #include "libmalle/base/log.h"
 #include "libmalle/base/status_macros.h"
@@ -1212,6 +1213,54 @@ CountSolution Extract(const CountModel& model, const Formulation& f, const std::
   return s;
 }
 
+// Decomposition (MilpOptions::decomposition): the whole solve, for the child.
+// The answer travels as x = (option, per-pool counts) per job.
+absl::StatusOr<MipResult> SolveDecomposed(const CountModel& model, const CountSolution& start,
+                                          const MilpOptions& options) {
+  internal::DecompositionSettings ds;
+  ds.deadline = absl::Now() + options.time_limit;
+  ds.relative_gap = options.relative_gap;
+  MALLE_ASSIGN_OR_RETURN(internal::DecompositionResult d,
+                         internal::SolveByDecomposition(model, start, ds));
+  MipResult r;
+  r.status = d.proven ? MipResult::Status::kOptimal : MipResult::Status::kLimitWithSolution;
+  r.objective = d.solution.objective;
+  r.best_bound = d.bound;
+  r.branch_nodes = d.branch_nodes;
+  r.detail = std::move(d.detail);
+  r.solved_rows = d.master_rows;
+  r.solved_columns = d.master_columns;
+  for (size_t j = 0; j < model.jobs.size(); ++j) {
+    r.x.push_back(d.solution.option[j]);
+    for (int c : d.solution.per_pool[j]) r.x.push_back(c);
+  }
+  return r;
+}
+
+// The allocation SolveDecomposed encoded; InvalidArgument when the record
+// does not have its shape.
+absl::StatusOr<CountSolution> DecodeDecomposed(const CountModel& model, const std::vector<double>& x) {
+  const size_t num_pools = model.pools.size();
+  if (x.size() != model.jobs.size() * (1 + num_pools)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "decomposition returned %d values for %d jobs x (1 + %d pools)", x.size(),
+        model.jobs.size(), num_pools));
+  }
+  CountSolution s;
+  size_t k = 0;
+  for (size_t j = 0; j < model.jobs.size(); ++j) {
+    const double o = x[k++];
+    if (!(o >= 0 && o < static_cast<double>(model.jobs[j].options.size()))) {
+      return absl::InvalidArgumentError(absl::StrFormat("decomposition: job %d option %g", j, o));
+    }
+    s.option.push_back(static_cast<int>(o));
+    s.per_pool.emplace_back();
+    for (size_t p = 0; p < num_pools; ++p) s.per_pool.back().push_back(static_cast<int>(x[k++]));
+  }
+  s.objective = SolutionObjective(model, s.option);
+  return s;
+}
+
 // --- The child and its record ---------------------------------------------
 //
 // Record: header, then n_x doubles, then `detail_len` bytes, then the magic
@@ -1223,6 +1272,8 @@ struct RecordHeader {
   uint32_t magic;
   int32_t status_code;  // absl::StatusCode of SolveWithCbc; 0 = OK
   int32_t mip_status;   // MipResult::Status
+  int32_t solved_rows;
+  int32_t solved_columns;
   int32_t reserved;
   double objective;
   double best_bound;
@@ -1241,6 +1292,8 @@ std::string EncodeRecord(const absl::StatusOr<MipResult>& r) {
     h.objective = r->objective;
     h.best_bound = r->best_bound;
     h.branch_nodes = r->branch_nodes;
+    h.solved_rows = r->solved_rows;
+    h.solved_columns = r->solved_columns;
     xs = r->x;
     detail = r->detail;
   } else {
@@ -1288,6 +1341,8 @@ absl::StatusOr<MipResult> DecodeRecord(const std::string& bytes) {
   r.objective = h.objective;
   r.best_bound = h.best_bound;
   r.branch_nodes = h.branch_nodes;
+  r.solved_rows = h.solved_rows;
+  r.solved_columns = h.solved_columns;
   r.x.resize(h.n_x);
   std::memcpy(r.x.data(), p, h.n_x * sizeof(double));
   r.detail = std::move(detail);
@@ -1455,9 +1510,13 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     }
   }
   const CountSolution* first = start_solution ? &*start_solution : nullptr;
-  Formulation f = options.segments
-                      ? BuildSegmentFormulation(model, options.use_mip_start, first, options)
-                      : BuildFormulation(model, options.use_mip_start, first);
+  const bool decompose = options.decomposition && options.segments && options.use_mip_start &&
+                         !model.single_pool();
+  Formulation f;
+  if (!decompose) {
+    f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first, options)
+                         : BuildFormulation(model, options.use_mip_start, first);
+  }
   CbcSettings settings;
   settings.time_limit = options.time_limit;
   settings.relative_gap = options.relative_gap;
@@ -1465,10 +1524,13 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   const bool pricing = options.pricing && options.segments && options.use_mip_start;
   absl::StatusOr<MipResult> solved = SolveSerialised(
       [&]() -> absl::StatusOr<MipResult> {
+        if (decompose) return SolveDecomposed(model, *start_solution, options);
         if (pricing) return SolveByPricing(f, settings);
         return internal::SolveWithCbc(f.mip, settings);
       },
       options);
+  // The decomposition reports in the model's units, CBC in the formulation's.
+  const double bound_scale = decompose ? 1.0 : f.scale;
 
   std::string cause;  // why the DP must answer; empty when the MILP does
   PolicyResult result;
@@ -1478,6 +1540,15 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
              solved->status != MipResult::Status::kLimitWithSolution) {
     cause = absl::StrCat("solver status ", internal::MipStatusName(solved->status), " (",
                          solved->detail, ")");
+  } else if (decompose) {
+    absl::StatusOr<CountSolution> decoded = DecodeDecomposed(model, solved->x);
+    if (decoded.ok()) {
+      result.solution = *std::move(decoded);
+      const absl::Status check = CheckSolution(model, result.solution);
+      if (!check.ok()) cause = absl::StrCat("solver answer rejected: ", check.message());
+    } else {
+      cause = std::string(decoded.status().message());
+    }
   } else if (solved->x.size() != static_cast<size_t>(f.mip.num_cols())) {
     cause = absl::StrFormat("solver returned %d values for %d columns", solved->x.size(),
                             f.mip.num_cols());
@@ -1531,7 +1602,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   }
   if (cause.empty()) {
     const MipResult& mr = *solved;
-    result.best_bound = std::max(mr.best_bound / f.scale, result.solution.objective);
+    result.best_bound = std::max(mr.best_bound / bound_scale, result.solution.objective);
     result.branch_nodes = mr.branch_nodes;
     if (mr.status == MipResult::Status::kOptimal) {
       result.optimal = true;
@@ -1547,6 +1618,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     if (start_solution && start_name != "current allocation") {
       absl::StrAppend(&result.reason, "; started from the ", start_name, "'s answer");
     }
+    if (decompose) absl::StrAppend(&result.reason, "; ", mr.detail);
     // A start CBC refused is a bug in the start (it obeys every rule by
     // construction): say so rather than lose it.
     if (const size_t at = mr.detail.find("start ignored"); at != std::string::npos) {
@@ -1578,6 +1650,10 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   }
   result.rows = f.mip.num_rows();
   result.columns = f.mip.num_cols();
+  if (solved.ok() && solved->solved_rows > 0) {
+    result.rows = solved->solved_rows;
+    result.columns = solved->solved_columns;
+  }
   result.solve_time = absl::Now() - start;
   return result;
 }

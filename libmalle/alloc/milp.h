@@ -1,5 +1,11 @@
 // The allocation MILP, solved with COIN-OR CBC.
 //
+// With several pools (the default, `decomposition`): branch-and-price on the
+// decomposition by job (internal/decomposition.h): pool prices from column
+// generation on a J + P row master, a Lagrangian bound, branching on the
+// jobs the LP splits between options, min-cost-flow rounding for incumbents.
+// Otherwise, and always with one pool, CBC on the count formulation.
+//
 // Count/class formulation (docs/allocator.md): by default one binary per
 // piece (a run of options on one line) of each job, else per (job, option),
 // with exactly one chosen per job; integer per-(job, pool) counts linked to
@@ -8,7 +14,8 @@
 // capacity row per pool. With a single pool it is the
 // multiple-choice knapsack and has no count variables at all.
 //
-// Robustness: CBC runs in a forked child by default (SolveIsolation::kFork):
+// Robustness: CBC (or the decomposition, which uses Clp and CBC's
+// libraries) runs in a forked child by default (SolveIsolation::kFork):
 // a crash or a hang of the solver cannot take the allocator down. Whatever
 // goes wrong (crash, hard deadline, time limit without incumbent, an
 // infeasible or unbounded status, an answer that fails CheckSolution) the
@@ -81,8 +88,8 @@ struct MilpOptions {
   //   kPerPoolCounts (default): an integer per (job, pool), linked to the
   //     chosen piece by the rules of count_model.h.
   // Both are exact (milp_test checks them against an exhaustive search);
-  // neither is yet fast enough at 4,734 nodes x 100 jobs x 12 pools for the
-  // default to change (docs/benchmarks.md, issue 27).
+  // both are slower than the decomposition at 4,734 nodes x 100 jobs x 12
+  // pools (docs/benchmarks.md, issue 27). Used with decomposition = false.
   enum class Pools { kUnionRows, kPerPoolCounts };
   Pools pools = Pools::kPerPoolCounts;
   int max_union_rows = 1024;
@@ -94,6 +101,15 @@ struct MilpOptions {
   // limit (the child is then killed and the start answers) more often than
   // CBC on the whole model did (docs/benchmarks.md).
   bool pricing = false;
+  // Several pools, with segments and use_mip_start: solve by decomposition
+  // (internal/decomposition.h): column generation over the jobs with the
+  // pools priced, whose Lagrangian bound proves most answers without any
+  // branching; an incumbent from CBC on the generated columns; then
+  // reduced-cost fixing and CBC on the count formulation of the options
+  // left (`pools` chooses it). Exact: the answer is proven within
+  // relative_gap or the time limit is reached. False: CBC on the whole
+  // count formulation (or `pricing`).
+  bool decomposition = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

@@ -12,7 +12,8 @@
 // instance (N' = N +- 10 % nodes of the same mix, nobody running), realised
 // to node ids; nodes gone since then are lost by their jobs. On each instance
 // it times, back to back: SolveMilp (forked child, relative gap --gap, time
-// limit --milp_time_limit_s), greedy, equal share, static and the DP (which
+// limit --milp_time_limit_s; by decomposition unless --milp_decomposition=false),
+// greedy, equal share, static and the DP (which
 // refuses beyond its state limit). Decision latency = CompileCountModel +
 // solve. It reports the MILP's proven gap (CBC's bound), whether its answer
 // is ever below the best heuristic's, and the targets.
@@ -67,6 +68,9 @@ ABSL_FLAG(std::string, milp_pools, "per_pool",
           "(an integer per job and pool)");
 ABSL_FLAG(bool, milp_pricing, false,
           "solve by pricing (column generation, then CBC on the pieces reduced costs keep)");
+ABSL_FLAG(bool, milp_decomposition, true,
+          "several pools: branch-and-price on the decomposition by job (the default); false: CBC "
+          "on the count formulation (--milp_pools, --milp_pricing)");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
@@ -217,6 +221,7 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
   mo.pools = absl::GetFlag(FLAGS_milp_pools) == "per_pool" ? alloc::MilpOptions::Pools::kPerPoolCounts
                                                            : alloc::MilpOptions::Pools::kUnionRows;
   mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
+  mo.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     MALLE_ASSIGN_OR_RETURN(Problem problem, MakeInstance(mix, row.n, row.j, rep, windows));
     auto timed = [&](auto solve) -> absl::StatusOr<std::pair<PolicyResult, double>> {
@@ -335,13 +340,18 @@ int main(int argc, char** argv) {
       "  nodes: 2 locality groups x 2 speed classes (1, %.2f; cross-locality factor %.2f); %.0f%% "
       "of nodes with an idle window of %s x T_fwd\n"
       "  objective: throughput, bftrainer resize cost; current state: greedy on N +-10%% nodes\n"
-      "  MILP: forked child, relative gap %.0e, time limit %.1f s, started from the best of the "
+      "  MILP: %s, %s, relative gap %.0e, time limit %.2f s, started from the best of the "
       "current allocation and the heuristics; latency = compile + solve\n"
       "  machine: %u hardware threads; p99 is nearest-rank (with < 100 reps it is the max)\n",
       absl::GetFlag(FLAGS_mix), static_cast<int>(absl::GetFlag(FLAGS_seed)),
       absl::GetFlag(FLAGS_t_fwd_s), absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_slow_speed),
       absl::GetFlag(FLAGS_cross_locality), 100 * absl::GetFlag(FLAGS_short_share),
-      absl::GetFlag(FLAGS_short_windows), absl::GetFlag(FLAGS_gap),
+      absl::GetFlag(FLAGS_short_windows),
+      absl::GetFlag(FLAGS_milp_decomposition)
+          ? "decomposition (branch-and-price)"
+          : absl::StrCat("CBC on the count formulation (", absl::GetFlag(FLAGS_milp_pools),
+                         absl::GetFlag(FLAGS_milp_pricing) ? ", pricing" : "", ")"),
+      absl::GetFlag(FLAGS_milp_fork) ? "forked child" : "in process", absl::GetFlag(FLAGS_gap),
       absl::GetFlag(FLAGS_milp_time_limit_s), std::thread::hardware_concurrency());
   // Warm-up (untimed): the first fork and CBC's first solve.
   {
@@ -386,7 +396,7 @@ int main(int argc, char** argv) {
         absl::StrCat(r.milp_cols, "/", r.milp_rows));
   }
   std::cout
-      << "  ms (p50 / p99); proven<=gap: MILP answers CBC proved within --gap (fb: fell "
+      << "  ms (p50 / p99); proven<=gap: MILP answers proved within --gap (fb: fell "
          "back); max gap: largest proven (bound - objective) / objective; MILP vs best "
          "heur.: (MILP - best of greedy, equal_share, static) / best, mean and min; DP R k/n: "
          "refused (state limit) in k of n\n";

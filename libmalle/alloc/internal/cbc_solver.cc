@@ -30,6 +30,7 @@
 #include "coin/CbcModel.hpp"
 #include "coin/CbcSOS.hpp"
 #include "coin/CglClique.hpp"
+#include "coin/ClpSimplex.hpp"
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
@@ -439,6 +440,111 @@ absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& m) {
     // Minimisation of -obj: y' = -y and r' = -r in the maximisation's sense.
     for (double& y : result.row_duals) y *= sense;
     for (double& r : result.reduced_costs) r *= sense;
+    return result;
+  } catch (const CoinError& e) {
+    return absl::InternalError(absl::StrCat("COIN error in Clp: ", e.message()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("exception in Clp: ", e.what()));
+  }
+}
+
+struct ColumnLp::Impl {
+  ClpSimplex clp;
+  int rows = 0;
+  int solved_columns = 0;  // columns already inside `clp`
+  // Queued columns, column-major.
+  std::vector<double> lb, ub, obj;
+  std::vector<CoinBigIndex> starts{0};
+  std::vector<int> index;
+  std::vector<double> value;
+  bool solved_once = false;
+  bool bounds_changed = false;
+};
+
+ColumnLp::ColumnLp(std::vector<double> row_lb, std::vector<double> row_ub)
+    : impl_(std::make_unique<Impl>()) {
+  MALLE_CHECK(row_lb.size() == row_ub.size()) << "ColumnLp: row bound arrays differ in size";
+  Impl& m = *impl_;
+  m.rows = static_cast<int>(row_lb.size());
+  m.clp.setLogLevel(0);
+  m.clp.messageHandler()->setLogLevel(0);
+  m.clp.resize(m.rows, 0);
+  const double inf = COIN_DBL_MAX;
+  for (int r = 0; r < m.rows; ++r) {
+    m.clp.setRowBounds(r, std::isinf(row_lb[r]) ? -inf : row_lb[r],
+                       std::isinf(row_ub[r]) ? inf : row_ub[r]);
+  }
+  m.clp.setOptimizationDirection(1.0);  // minimise -objective
+}
+
+ColumnLp::~ColumnLp() = default;
+
+int ColumnLp::AddColumn(const std::vector<int>& rows, const std::vector<double>& values,
+                        double objective, double lb, double ub) {
+  MALLE_CHECK(rows.size() == values.size()) << "ColumnLp::AddColumn: rows and values differ";
+  Impl& m = *impl_;
+  m.lb.push_back(std::isinf(lb) ? -COIN_DBL_MAX : lb);
+  m.ub.push_back(std::isinf(ub) ? COIN_DBL_MAX : ub);
+  m.obj.push_back(-objective);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MALLE_CHECK(rows[i] >= 0 && rows[i] < m.rows) << "ColumnLp::AddColumn: row out of range";
+    m.index.push_back(rows[i]);
+    m.value.push_back(values[i]);
+  }
+  m.starts.push_back(static_cast<CoinBigIndex>(m.index.size()));
+  return num_columns() - 1;
+}
+
+void ColumnLp::SetColumnUpper(int c, double ub) {
+  Impl& m = *impl_;
+  MALLE_CHECK(c >= 0 && c < num_columns()) << "ColumnLp::SetColumnUpper: column out of range";
+  if (std::isinf(ub)) ub = COIN_DBL_MAX;  // Clp's infinity, so that equal bounds compare equal
+  if (c >= m.solved_columns) {
+    m.ub[c - m.solved_columns] = ub;
+    return;
+  }
+  if (m.clp.columnUpper()[c] == ub) return;
+  m.clp.setColumnUpper(c, ub);
+  m.bounds_changed = true;
+}
+
+int ColumnLp::num_columns() const {
+  return impl_->solved_columns + static_cast<int>(impl_->obj.size());
+}
+
+absl::StatusOr<LpResult> ColumnLp::Solve() {
+  Impl& m = *impl_;
+  try {
+    if (!m.obj.empty()) {
+      m.clp.addColumns(static_cast<int>(m.obj.size()), m.lb.data(), m.ub.data(), m.obj.data(),
+                       m.starts.data(), m.index.data(), m.value.data());
+      m.solved_columns += static_cast<int>(m.obj.size());
+      m.lb.clear();
+      m.ub.clear();
+      m.obj.clear();
+      m.index.clear();
+      m.value.clear();
+      m.starts.assign(1, 0);
+    }
+    // The first solve from scratch (dual simplex from the slack basis);
+    // then primal from the last basis, which new columns keep feasible.
+    if (!m.solved_once || m.bounds_changed) {
+      m.clp.dual();
+      m.solved_once = true;
+      m.bounds_changed = false;
+    } else {
+      m.clp.primal(0, 0);
+    }
+    LpResult result;
+    result.optimal = m.clp.isProvenOptimal();
+    if (!result.optimal) return result;
+    const int n = m.clp.getNumCols();
+    result.objective = -m.clp.objectiveValue();
+    result.x.assign(m.clp.primalColumnSolution(), m.clp.primalColumnSolution() + n);
+    result.row_duals.assign(m.clp.dualRowSolution(), m.clp.dualRowSolution() + m.rows);
+    result.reduced_costs.assign(m.clp.dualColumnSolution(), m.clp.dualColumnSolution() + n);
+    for (double& y : result.row_duals) y = -y;
+    for (double& r : result.reduced_costs) r = -r;
     return result;
   } catch (const CoinError& e) {
     return absl::InternalError(absl::StrCat("COIN error in Clp: ", e.message()));

@@ -10,6 +10,7 @@
 #ifndef MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_
 #define MALLE_ALLOC_INTERNAL_CBC_SOLVER_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,10 @@ struct MipResult {
   double best_bound = 0.0;
   long long branch_nodes = 0;
   std::string detail;  // CBC's own status words, for reasons and logs
+  // Size of what was solved, where it is not the model passed in (the
+  // decomposition's master); 0: the model's own.
+  int solved_rows = 0;
+  int solved_columns = 0;
 };
 
 absl::string_view MipStatusName(MipResult::Status status);
@@ -87,6 +92,39 @@ struct LpResult {
   std::vector<double> x, row_duals, reduced_costs;
 };
 absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& model);
+
+// A linear program that grows by columns and is re-solved from its last
+// basis (the master of a Dantzig-Wolfe decomposition: the rows are fixed
+// at construction, columns are priced in between solves). Maximises.
+// Primal simplex after new columns: the previous basis stays feasible, so a
+// re-solve costs the pivots the new columns bring, not a cold solve.
+//
+// Thread-safety: not thread-safe; one object per thread.
+class ColumnLp {
+ public:
+  ColumnLp(std::vector<double> row_lb, std::vector<double> row_ub);
+  ~ColumnLp();
+  ColumnLp(const ColumnLp&) = delete;
+  ColumnLp& operator=(const ColumnLp&) = delete;
+
+  // Queues a column lb <= x <= ub with `objective` and entries (rows[i],
+  // values[i]); it joins the model at the next Solve. Returns its index.
+  int AddColumn(const std::vector<int>& rows, const std::vector<double>& values, double objective,
+                double lb = 0.0, double ub = 1.0);
+  int num_columns() const;
+  // Changes column c's upper bound (0 takes it out of the LP, as a branch
+  // does); the next Solve starts with the dual simplex from the last basis.
+  void SetColumnUpper(int c, double ub);
+
+  // Solves (warm after the first call). x over every column added so far,
+  // duals in the maximisation's sense (r_k = obj_k - y . A_k). Internal for
+  // a COIN exception; optimal = false when Clp stops short.
+  absl::StatusOr<LpResult> Solve();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The model restricted to `cols` (in that order): every row, with the
 // entries of other columns left out; start entries kept.

@@ -325,6 +325,59 @@ TEST(CbcSolverTest, RejectsMalformedModels) {
   invalid(m, "sos2[0].cols[1]");
 }
 
+// max 3a + 2b (+ 5c later), a + b + c <= 2, a + 2c <= 1.5, all >= 0.
+// Without c: a = 1.5, b = 0.5, objective 5.5, duals (2, 1). With c (reduced
+// cost 5 - 2 - 2 = 1 > 0): c = 0.75, b = 1.25, objective 6.25, duals
+// (2, 1.5). c bounded to 0 again: back to 5.5.
+TEST(ColumnLpTest, GrowsByColumnsAndFollowsBoundChanges) {
+  ColumnLp lp({-kInf, -kInf}, {2.0, 1.5});
+  EXPECT_EQ(lp.AddColumn({0, 1}, {1.0, 1.0}, 3.0, 0.0, kInf), 0);
+  EXPECT_EQ(lp.AddColumn({0}, {1.0}, 2.0, 0.0, kInf), 1);
+  ASSERT_OK_AND_ASSIGN(LpResult r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_NEAR(r.objective, 5.5, 1e-9);
+  EXPECT_THAT(r.x, ElementsAre(::testing::DoubleNear(1.5, 1e-9), ::testing::DoubleNear(0.5, 1e-9)));
+  EXPECT_THAT(r.row_duals,
+              ElementsAre(::testing::DoubleNear(2.0, 1e-9), ::testing::DoubleNear(1.0, 1e-9)));
+
+  EXPECT_EQ(lp.AddColumn({0, 1}, {1.0, 2.0}, 5.0, 0.0, kInf), 2);
+  EXPECT_EQ(lp.num_columns(), 3);
+  ASSERT_OK_AND_ASSIGN(r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_NEAR(r.objective, 6.25, 1e-9);
+  EXPECT_THAT(r.x, ElementsAre(::testing::DoubleNear(0.0, 1e-9), ::testing::DoubleNear(1.25, 1e-9),
+                               ::testing::DoubleNear(0.75, 1e-9)));
+  EXPECT_THAT(r.row_duals,
+              ElementsAre(::testing::DoubleNear(2.0, 1e-9), ::testing::DoubleNear(1.5, 1e-9)));
+
+  lp.SetColumnUpper(2, 0.0);
+  ASSERT_OK_AND_ASSIGN(r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_NEAR(r.objective, 5.5, 1e-9);
+  EXPECT_NEAR(r.x[2], 0.0, 1e-9);
+  lp.SetColumnUpper(2, kInf);
+  ASSERT_OK_AND_ASSIGN(r, lp.Solve());
+  EXPECT_NEAR(r.objective, 6.25, 1e-9);
+}
+
+// Equality rows (the master's "one column per job") and a bound set on a
+// column that has not reached the LP yet. Columns without an upper bound:
+// the row alone keeps them <= 1, and the row's dual is then the basic
+// column's value (with ub = 1 any dual up to it would do).
+TEST(ColumnLpTest, EqualityRowsAndQueuedBounds) {
+  ColumnLp lp({1.0}, {1.0});
+  lp.AddColumn({0}, {1.0}, 4.0, 0.0, kInf);
+  const int better = lp.AddColumn({0}, {1.0}, 7.0, 0.0, kInf);
+  lp.SetColumnUpper(better, 0.0);  // still queued
+  ASSERT_OK_AND_ASSIGN(LpResult r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_NEAR(r.objective, 4.0, 1e-9);
+  EXPECT_NEAR(r.row_duals[0], 4.0, 1e-9);
+  lp.SetColumnUpper(better, kInf);
+  ASSERT_OK_AND_ASSIGN(r, lp.Solve());
+  EXPECT_NEAR(r.objective, 7.0, 1e-9);
+}
+
 TEST(CbcSolverTest, StatusNames) {
   EXPECT_EQ(MipStatusName(Status::kOptimal), "optimal");
   EXPECT_EQ(MipStatusName(Status::kLimitWithSolution), "time limit with solution");

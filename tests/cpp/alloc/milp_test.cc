@@ -280,12 +280,14 @@ TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
 // jobs: the MILP's optimum equals an exhaustive search over every way of
 // splitting every pool's nodes among the jobs, valued by JobVectorValue
 // (the count model's rules), independent of the DP.
-// Every multi-pool formulation: pool-union rows solved by pricing (the
-// default), the same rows with CBC on the whole model, per-pool counts.
+// Every multi-pool method: the decomposition (branch-and-price, the
+// default), pool-union rows solved by pricing, the same rows with CBC on
+// the whole model, per-pool counts.
 struct Formulation {
   const char* name;
   MilpOptions::Pools pools;
   bool pricing;
+  bool decomposition;
 };
 class MultiPoolExhaustiveTest : public ::testing::TestWithParam<Formulation> {};
 
@@ -297,6 +299,7 @@ TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
   options.time_limit = absl::Seconds(10);
   options.pools = GetParam().pools;
   options.pricing = GetParam().pricing;
+  options.decomposition = GetParam().decomposition;
   int eight = 0;
   for (int i = 0; i < 60; ++i) {
     Problem p;
@@ -386,9 +389,11 @@ TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formulations, MultiPoolExhaustiveTest,
-    ::testing::Values(Formulation{"union_pricing", MilpOptions::Pools::kUnionRows, true},
-                      Formulation{"union_whole", MilpOptions::Pools::kUnionRows, false},
-                      Formulation{"per_pool", MilpOptions::Pools::kPerPoolCounts, false}),
+    ::testing::Values(
+        Formulation{"decomposition", MilpOptions::Pools::kPerPoolCounts, false, true},
+        Formulation{"union_pricing", MilpOptions::Pools::kUnionRows, true, false},
+        Formulation{"union_whole", MilpOptions::Pools::kUnionRows, false, false},
+        Formulation{"per_pool", MilpOptions::Pools::kPerPoolCounts, false, false}),
     [](const ::testing::TestParamInfo<Formulation>& info) { return info.param.name; });
 
 // The MILP's start is the best of the current allocation and the baselines'

@@ -1,0 +1,789 @@
+#include "libmalle/alloc/internal/decomposition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "libmalle/alloc/internal/cbc_solver.h"
+#include "libmalle/base/status_macros.h"
+
+namespace malle::alloc::internal {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Pools of a pattern as (price, nodes available), cheapest first; ties by
+// pool index so that splits do not depend on the sort's whims.
+struct Slot {
+  double price;
+  int amount;
+  int pool;
+};
+
+void SortSlots(std::vector<Slot>& slots) {
+  std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
+    return a.price != b.price ? a.price < b.price : a.pool < b.pool;
+  });
+}
+
+// Cost of taking `amount` nodes from `slots` (sorted), cheapest first; +inf
+// if they hold fewer.
+double TakeCost(const std::vector<Slot>& slots, int amount) {
+  double cost = 0;
+  for (const Slot& s : slots) {
+    if (amount <= 0) break;
+    const int take = std::min(amount, s.amount);
+    cost += take * s.price;
+    amount -= take;
+  }
+  return amount > 0 ? kInf : cost;
+}
+
+// Growth slots of `pattern` for job `job`: every pool's nodes not held by
+// the job (a split never puts more in a pool than it has). Shrink slots:
+// the job's held nodes inside the pattern.
+void PatternSlots(const CountModel& model, const JobModel& job, const Pattern& pattern,
+                  absl::Span<const double> pi, std::vector<Slot>& grow, std::vector<Slot>& shrink) {
+  grow.clear();
+  shrink.clear();
+  for (int p : pattern.pools) {
+    const int held = job.current_per_pool[p];
+    const int room = model.pools[p].capacity - held;
+    if (room > 0) grow.push_back({pi[p], room, p});
+    if (held > 0) shrink.push_back({pi[p], held, p});
+  }
+  SortSlots(grow);
+  SortSlots(shrink);
+}
+
+// Min-cost flow by successive shortest paths (Bellman-Ford queue: costs
+// may be negative), augmenting while a path of negative cost remains: the
+// least-cost flow of any amount. Small graphs (jobs + pools + 2).
+class MinCostFlow {
+ public:
+  explicit MinCostFlow(int vertices) : adj_(vertices) {}
+
+  int AddArc(int from, int to, long long capacity, double cost) {
+    adj_[from].push_back(static_cast<int>(arcs_.size()));
+    arcs_.push_back({to, capacity, cost});
+    adj_[to].push_back(static_cast<int>(arcs_.size()));
+    arcs_.push_back({from, 0, -cost});
+    return static_cast<int>(arcs_.size()) - 2;
+  }
+
+  void Run(int s, int t) {
+    const int n = static_cast<int>(adj_.size());
+    std::vector<double> dist(n);
+    std::vector<int> via(n);
+    std::vector<char> queued(n);
+    while (true) {
+      std::fill(dist.begin(), dist.end(), kInf);
+      std::fill(via.begin(), via.end(), -1);
+      dist[s] = 0;
+      std::vector<int> queue = {s};
+      queued.assign(n, 0);
+      queued[s] = 1;
+      for (size_t head = 0; head < queue.size(); ++head) {
+        const int v = queue[head];
+        queued[v] = 0;
+        for (int a : adj_[v]) {
+          const Arc& arc = arcs_[a];
+          if (arc.capacity <= 0) continue;
+          const double d = dist[v] + arc.cost;
+          if (d < dist[arc.to] - 1e-12 * (1 + std::fabs(d))) {
+            dist[arc.to] = d;
+            via[arc.to] = a;
+            if (!queued[arc.to]) {
+              queued[arc.to] = 1;
+              queue.push_back(arc.to);
+            }
+          }
+        }
+      }
+      if (!(dist[t] < 0)) return;  // no path, or none that pays
+      long long push = std::numeric_limits<long long>::max();
+      for (int v = t; v != s; v = arcs_[via[v] ^ 1].to) push = std::min(push, arcs_[via[v]].capacity);
+      for (int v = t; v != s; v = arcs_[via[v] ^ 1].to) {
+        arcs_[via[v]].capacity -= push;
+        arcs_[via[v] ^ 1].capacity += push;
+      }
+    }
+  }
+
+  long long Flow(int arc) const { return arcs_[arc ^ 1].capacity; }
+
+ private:
+  struct Arc {
+    int to;
+    long long capacity;
+    double cost;
+  };
+  std::vector<std::vector<int>> adj_;
+  std::vector<Arc> arcs_;
+};
+
+double HeldCost(const JobModel& job, absl::Span<const double> pi) {
+  double cost = 0;
+  for (size_t p = 0; p < job.current_per_pool.size(); ++p) cost += pi[p] * job.current_per_pool[p];
+  return cost;
+}
+
+}  // namespace
+
+JobPricer::JobPricer(const CountModel& model) : model_(model) {
+  by_pattern_.resize(model.jobs.size());
+  for (size_t j = 0; j < model.jobs.size(); ++j) {
+    const JobModel& job = model.jobs[j];
+    by_pattern_[j].resize(job.patterns.size());
+    for (size_t o = 1; o < job.options.size(); ++o) {
+      by_pattern_[j][job.options[o].pattern].push_back(static_cast<int>(o));
+    }
+    for (std::vector<int>& opts : by_pattern_[j]) {
+      std::stable_sort(opts.begin(), opts.end(), [&job](int a, int b) {
+        return job.options[a].nodes < job.options[b].nodes;
+      });
+    }
+  }
+}
+
+void JobPricer::Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const {
+  const JobModel& job = model_.jobs[j];
+  score.assign(job.options.size(), -kInf);
+  score[0] = job.options[0].value;
+  const int cur = job.current_nodes;
+  const double held_cost = HeldCost(job, pi);
+  std::vector<Slot> grow, shrink;
+  for (size_t k = 0; k < job.patterns.size(); ++k) {
+    const std::vector<int>& opts = by_pattern_[j][k];
+    if (opts.empty()) continue;
+    PatternSlots(model_, job, job.patterns[k], pi, grow, shrink);
+    // Options come by increasing count: walk the slots once for the growing
+    // ones (cost of the first `extra` nodes, cheapest first).
+    size_t slot = 0;
+    int used_in_slot = 0, taken = 0;
+    double grow_cost = 0;
+    for (int o : opts) {
+      const int n = job.options[o].nodes;
+      double cost;
+      if (n >= cur) {
+        const int extra = n - cur;
+        while (taken < extra && slot < grow.size()) {
+          const int step = std::min(extra - taken, grow[slot].amount - used_in_slot);
+          grow_cost += step * grow[slot].price;
+          taken += step;
+          used_in_slot += step;
+          if (used_in_slot == grow[slot].amount) {
+            ++slot;
+            used_in_slot = 0;
+          }
+        }
+        cost = taken < extra ? kInf : held_cost + grow_cost;
+      } else {
+        cost = TakeCost(shrink, n);
+      }
+      score[o] = job.options[o].value - cost;
+    }
+  }
+}
+
+std::vector<int> JobPricer::Split(int j, int o, absl::Span<const double> pi) const {
+  const JobModel& job = model_.jobs[j];
+  std::vector<int> x(model_.pools.size(), 0);
+  const Option& opt = job.options[o];
+  if (opt.nodes == 0) return x;
+  std::vector<Slot> grow, shrink;
+  PatternSlots(model_, job, job.patterns[opt.pattern], pi, grow, shrink);
+  int left;
+  const std::vector<Slot>* from;
+  if (opt.nodes >= job.current_nodes) {
+    x = job.current_per_pool;
+    left = opt.nodes - job.current_nodes;
+    from = &grow;
+  } else {
+    left = opt.nodes;
+    from = &shrink;
+  }
+  for (const Slot& s : *from) {
+    if (left <= 0) break;
+    const int take = std::min(left, s.amount);
+    x[s.pool] += take;
+    left -= take;
+  }
+  return x;
+}
+
+Direction OptionDirection(const JobModel& job, int o) {
+  const Option& opt = job.options[o];
+  if (opt.nodes == 0) return Direction::kStop;
+  if (o == job.current_option) return Direction::kStay;
+  return opt.nodes >= job.current_nodes ? Direction::kUp : Direction::kDown;
+}
+
+std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
+                                       const std::vector<Mode>& modes) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  double largest = 1;
+  for (const JobModel& job : model.jobs) {
+    for (const Option& o : job.options) largest = std::max(largest, std::fabs(o.value));
+  }
+  // Per unit of a mode's smallest count: worth more than any unit elsewhere,
+  // so that the flow meets every smallest count it can.
+  const double must = 4 * largest;
+  const int s = 0, t = 1;
+  auto job_v = [](int j) { return 2 + j; };
+  auto pool_v = [num_jobs](int p) { return 2 + num_jobs + p; };
+  MinCostFlow flow(2 + num_jobs + num_pools);
+  std::vector<long long> room(num_pools);
+  for (int p = 0; p < num_pools; ++p) room[p] = model.pools[p].capacity;
+  // Per job: its allowed options (by amount of flow), base amount, arcs.
+  struct Plan {
+    std::vector<int> options;  // by increasing count
+    int base = 0;              // flow the smallest count needs
+    std::vector<int> source_arcs;
+    std::vector<std::pair<int, int>> pool_arcs;  // (pool, arc)
+  };
+  std::vector<Plan> plans(num_jobs);
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const Mode& mode = modes[j];
+    if (mode.direction == Direction::kStop) continue;
+    if (mode.direction == Direction::kStay) {
+      if (job.current_option == 0) return std::nullopt;
+      for (int p = 0; p < num_pools; ++p) room[p] -= job.current_per_pool[p];
+      continue;
+    }
+    const bool up = mode.direction == Direction::kUp;
+    Plan& plan = plans[j];
+    for (int o : pricer.PatternOptions(j, mode.pattern)) {
+      if (OptionDirection(job, o) == mode.direction) plan.options.push_back(o);
+    }
+    if (plan.options.empty()) return std::nullopt;
+    if (up) {
+      for (int p = 0; p < num_pools; ++p) room[p] -= job.current_per_pool[p];
+    }
+    auto amount = [&](int o) { return job.options[o].nodes - (up ? job.current_nodes : 0); };
+    plan.base = amount(plan.options[0]);
+    if (plan.base > 0) plan.source_arcs.push_back(flow.AddArc(s, job_v(j), plan.base, -must));
+    // The upper concave envelope of (amount, value) from the base on.
+    std::vector<int> hull = {plan.options[0]};
+    for (size_t i = 1; i < plan.options.size(); ++i) {
+      const int o = plan.options[i];
+      while (hull.size() >= 2) {
+        const int a = hull[hull.size() - 2], b = hull.back();
+        const double s_ab = (job.options[b].value - job.options[a].value) / (amount(b) - amount(a));
+        const double s_ao = (job.options[o].value - job.options[a].value) / (amount(o) - amount(a));
+        if (s_ao >= s_ab) {
+          hull.pop_back();
+        } else {
+          break;
+        }
+      }
+      hull.push_back(o);
+    }
+    for (size_t i = 1; i < hull.size(); ++i) {
+      const int a = hull[i - 1], b = hull[i];
+      const double slope = (job.options[b].value - job.options[a].value) / (amount(b) - amount(a));
+      if (slope <= 0) break;  // concave: no later segment pays either
+      plan.source_arcs.push_back(flow.AddArc(s, job_v(j), amount(b) - amount(a), -slope));
+    }
+    for (int p : job.patterns[mode.pattern].pools) {
+      const long long cap = up ? model.pools[p].capacity - job.current_per_pool[p]
+                               : job.current_per_pool[p];
+      if (cap > 0) plan.pool_arcs.emplace_back(p, flow.AddArc(job_v(j), pool_v(p), cap, 0.0));
+    }
+  }
+  for (int p = 0; p < num_pools; ++p) {
+    if (room[p] < 0) return std::nullopt;
+    if (room[p] > 0) flow.AddArc(pool_v(p), t, room[p], 0.0);
+  }
+  flow.Run(s, t);
+  CountSolution sol;
+  sol.option.assign(num_jobs, 0);
+  sol.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const Mode& mode = modes[j];
+    if (mode.direction == Direction::kStop) continue;
+    if (mode.direction == Direction::kStay) {
+      sol.option[j] = job.current_option;
+      sol.per_pool[j] = job.current_per_pool;
+      continue;
+    }
+    const bool up = mode.direction == Direction::kUp;
+    const Plan& plan = plans[j];
+    long long sent = 0;
+    for (int a : plan.source_arcs) sent += flow.Flow(a);
+    if (sent < plan.base) return std::nullopt;
+    const int n = static_cast<int>(sent) + (up ? job.current_nodes : 0);
+    int chosen = -1;
+    for (int o : plan.options) {
+      if (job.options[o].nodes == n) chosen = o;
+    }
+    if (chosen < 0) return std::nullopt;  // a gap in the mode's counts
+    sol.option[j] = chosen;
+    if (up) sol.per_pool[j] = job.current_per_pool;
+    for (const auto& [p, a] : plan.pool_arcs) sol.per_pool[j][p] += static_cast<int>(flow.Flow(a));
+  }
+  sol.objective = SolutionObjective(model, sol.option);
+  return sol;
+}
+
+double LagrangianBound(const CountModel& model, const JobPricer& pricer,
+                       absl::Span<const double> pi, std::vector<double>* best) {
+  double bound = 0;
+  for (size_t p = 0; p < model.pools.size(); ++p) bound += pi[p] * model.pools[p].capacity;
+  std::vector<double> score;
+  if (best != nullptr) best->assign(model.jobs.size(), -kInf);
+  for (size_t j = 0; j < model.jobs.size(); ++j) {
+    pricer.Scores(static_cast<int>(j), pi, score);
+    const double b = *std::max_element(score.begin(), score.end());
+    bound += b;
+    if (best != nullptr) (*best)[j] = b;
+  }
+  return bound;
+}
+
+namespace {
+
+// One column of the master: job j at option o with split x (option -1: the
+// job's artificial column, which keeps every node's master feasible).
+struct Column {
+  int job = 0;
+  int option = 0;
+  std::vector<int> x;
+};
+
+// A branching decision on one job's options.
+struct Decision {
+  enum Kind { kCountAtMost, kCountAtLeast, kOnlyOption, kNotOption, kOnlyPattern, kNotPattern };
+  int job;
+  Kind kind;
+  int param;
+
+  bool Allows(const Option& opt, int o) const {
+    switch (kind) {
+      case kCountAtMost:
+        return opt.nodes <= param;
+      case kCountAtLeast:
+        return opt.nodes >= param;
+      case kOnlyOption:
+        return o == param;
+      case kNotOption:
+        return o != param;
+      case kOnlyPattern:
+        return opt.pattern == param;
+      case kNotPattern:
+        return opt.pattern != param;
+    }
+    return true;
+  }
+};
+
+struct Node {
+  std::vector<Decision> decisions;
+  double bound;  // the parent's (an upper bound on the node's optimum)
+  int depth;
+};
+
+double Gap(double bound, double objective) {
+  return (bound - objective) / std::max(std::fabs(objective), 1e-12);
+}
+
+}  // namespace
+
+absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model,
+                                                         const CountSolution& start,
+                                                         const DecompositionSettings& settings) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  const double gap = settings.relative_gap;
+  DecompositionResult out;
+  out.solution = start;
+  out.bound = kInf;
+  // Nodes whose bound is below this cannot improve the answer by more than
+  // the gap.
+  auto threshold = [&] {
+    return out.solution.objective + gap * std::max(std::fabs(out.solution.objective), 1e-12);
+  };
+
+  // Scaled like the count formulation: the largest |value| becomes 1e3.
+  double largest = 0;
+  for (const JobModel& job : model.jobs) {
+    for (const Option& o : job.options) largest = std::max(largest, std::fabs(o.value));
+  }
+  const double scale = largest > 0 ? 1e3 / largest : 1.0;
+  // An artificial column per job (no nodes, this value) keeps the master
+  // feasible whatever a node forbids; worth less than losing every job's
+  // best option, so an LP optimum uses it only where nothing else fits.
+  const double artificial = -2.0 * (1e3 * (num_jobs + 1));
+
+  JobPricer pricer(model);
+  // L at zero prices (every job at its best option, nodes free): finite and
+  // valid before any LP is solved.
+  const double free_bound = LagrangianBound(model, pricer, std::vector<double>(num_pools, 0.0));
+  std::vector<double> row_lb(num_jobs + num_pools), row_ub(num_jobs + num_pools);
+  for (int j = 0; j < num_jobs; ++j) row_lb[j] = row_ub[j] = 1.0;
+  for (int p = 0; p < num_pools; ++p) {
+    row_lb[num_jobs + p] = -kInf;
+    row_ub[num_jobs + p] = model.pools[p].capacity;
+  }
+  ColumnLp master(row_lb, row_ub);
+  std::vector<Column> columns;
+  std::vector<std::set<std::pair<int, std::vector<int>>>> seen(num_jobs);
+  auto add_column = [&](int j, int o, std::vector<int> x, double ub) {
+    if (!seen[j].insert({o, x}).second) return false;
+    std::vector<int> rows = {j};
+    std::vector<double> vals = {1.0};
+    for (int p = 0; p < num_pools; ++p) {
+      if (x[p] == 0) continue;
+      rows.push_back(num_jobs + p);
+      vals.push_back(x[p]);
+    }
+    // No upper bound of 1 (the job's row keeps the column below it): a
+    // column at an upper bound would leave the job row's dual free to be
+    // anything below its value, and pricing needs the true one.
+    master.AddColumn(rows, vals, o < 0 ? artificial : model.jobs[j].options[o].value * scale, 0.0,
+                     ub);
+    columns.push_back({j, o, std::move(x)});
+    return true;
+  };
+  for (int j = 0; j < num_jobs; ++j) {
+    add_column(j, -1, std::vector<int>(num_pools, 0), kInf);
+    add_column(j, 0, std::vector<int>(num_pools, 0), kInf);
+    if (start.option[j] != 0) add_column(j, start.option[j], start.per_pool[j], kInf);
+  }
+
+  // The decisions of the node being solved, by job.
+  std::vector<std::vector<const Decision*>> rules(num_jobs);
+  // Reduced-cost fixing with the root's prices: an allocation that gives
+  // job j option o is worth at most root_l - shortfall[j][o] (its score's
+  // shortfall from the job's best at those prices), so once that is below
+  // the threshold the option is out of every node.
+  double root_l = kInf;
+  std::vector<std::vector<double>> shortfall;
+  std::vector<std::vector<char>> banned;  // by the threshold of banned_at
+  double banned_at = -kInf;
+  auto refresh_banned = [&] {
+    if (shortfall.empty() || threshold() <= banned_at) return;
+    banned_at = threshold();
+    banned.resize(num_jobs);
+    for (int j = 0; j < num_jobs; ++j) {
+      banned[j].resize(shortfall[j].size());
+      for (size_t o = 0; o < shortfall[j].size(); ++o) {
+        banned[j][o] = root_l - shortfall[j][o] < banned_at;
+      }
+    }
+  };
+  auto allowed = [&](int j, int o) {
+    if (o < 0) return true;
+    if (!banned.empty() && banned[j][o]) return false;
+    const Option& opt = model.jobs[j].options[o];
+    for (const Decision* d : rules[j]) {
+      if (!d->Allows(opt, o)) return false;
+    }
+    return true;
+  };
+  // Scores of job j's allowed options under pi (-inf elsewhere), and the
+  // best of them (at least the artificial column's).
+  std::vector<double> score;
+  auto allowed_scores = [&](int j, absl::Span<const double> pi) {
+    pricer.Scores(j, pi, score);
+    double best = artificial / scale;
+    const bool fixing = !banned.empty();
+    for (size_t o = 0; o < score.size(); ++o) {
+      if ((fixing || !rules[j].empty()) && !allowed(j, static_cast<int>(o))) score[o] = -kInf;
+      best = std::max(best, score[o]);
+    }
+    return best;
+  };
+
+  std::vector<double> pi(num_pools, 0.0);
+  int lp_solves = 0, nodes_done = 0, pruned = 0, leaves = 0, root_rounds = 0;
+  double root_bound = kInf;
+  double last_l = kInf;  // L at the last prices solve_node priced with
+  double pruned_bound = -kInf;  // the largest bound of a pruned node
+  auto prune = [&](double bound) {
+    ++pruned;
+    pruned_bound = std::max(pruned_bound, bound);
+  };
+  // Solves the node's master by column generation. Returns its bound (the
+  // least Lagrangian bound seen: valid for the node whatever the LP does),
+  // and the LP's column values in `x` when the generation converged (empty
+  // when the node was pruned early or time ran out).
+  std::vector<std::pair<double, int>> by_pattern, picks;
+  auto solve_node = [&](std::vector<double>& x) -> absl::StatusOr<double> {
+    x.clear();
+    double bound = kInf;
+    for (int round = 0;; ++round) {
+      MALLE_ASSIGN_OR_RETURN(LpResult lp, master.Solve());
+      ++lp_solves;
+      if (nodes_done == 0) ++root_rounds;
+      if (!lp.optimal) return absl::InternalError("decomposition: master LP not solved by Clp");
+      for (int p = 0; p < num_pools; ++p) pi[p] = std::max(0.0, lp.row_duals[num_jobs + p]) / scale;
+      double l = 0;
+      for (int p = 0; p < num_pools; ++p) l += pi[p] * model.pools[p].capacity;
+      const double tol = 1e-9 * 1e3;
+      int added = 0;
+      for (int j = 0; j < num_jobs; ++j) {
+        l += allowed_scores(j, pi);
+        // Columns with a positive reduced cost: the best option of each
+        // pattern, the few best of those.
+        constexpr size_t kPerJob = 3;
+        const double dual = lp.row_duals[j];
+        const JobModel& job = model.jobs[j];
+        // Per pattern (index + 1; 0 for the stop option): (rc, option).
+        by_pattern.assign(job.patterns.size() + 1, {0.0, -1});
+        for (size_t o = 0; o < score.size(); ++o) {
+          const double rc = score[o] * scale - dual;
+          if (!(rc > tol)) continue;
+          auto& best = by_pattern[job.options[o].pattern + 1];
+          if (best.second < 0 || rc > best.first) best = {rc, static_cast<int>(o)};
+        }
+        picks.clear();
+        for (const auto& best : by_pattern) {
+          if (best.second >= 0) picks.push_back(best);
+        }
+        std::sort(picks.begin(), picks.end(), std::greater<>());
+        for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
+          const int o = picks[i].second;
+          added += add_column(j, o, pricer.Split(j, o, pi), kInf) ? 1 : 0;
+        }
+      }
+      bound = std::min(bound, l);
+      last_l = l;
+      if (bound <= threshold()) return bound;  // pruned
+      if (added == 0) {
+        x = std::move(lp.x);
+        return bound;
+      }
+      if (absl::Now() > settings.deadline) return bound;
+    }
+  };
+
+  // Incumbents by rounding: every job takes the mode of its heaviest LP
+  // column, the flow decides the counts.
+  int rounded = 0, rounded_better = 0;
+  auto flow_round = [&](const std::vector<double>& lp_x) {
+    std::vector<Mode> modes(num_jobs);
+    std::vector<double> weight(num_jobs, 0.0);
+    for (int c = 0; c < static_cast<int>(lp_x.size()); ++c) {
+      const Column& col = columns[c];
+      if (col.option < 0 || lp_x[c] <= weight[col.job]) continue;
+      weight[col.job] = lp_x[c];
+      const JobModel& job = model.jobs[col.job];
+      modes[col.job] = {job.options[col.option].pattern, OptionDirection(job, col.option)};
+    }
+    ++rounded;
+    std::optional<CountSolution> sol = FlowRound(model, pricer, modes);
+    if (sol && sol->objective > out.solution.objective && CheckSolution(model, *sol).ok()) {
+      out.solution = *std::move(sol);
+      ++rounded_better;
+    }
+  };
+
+  // Best-first over open nodes (largest bound first), plunging.
+  auto worse = [](const Node& a, const Node& b) { return a.bound < b.bound; };
+  std::vector<Node> open;
+  std::optional<Node> plunge = Node{{}, kInf, 0};
+  std::vector<double> x;
+  bool out_of_time = false;
+  while (plunge || !open.empty()) {
+    Node node;
+    if (plunge) {
+      node = std::move(*plunge);
+      plunge.reset();
+    } else {
+      std::pop_heap(open.begin(), open.end(), worse);
+      node = std::move(open.back());
+      open.pop_back();
+    }
+    if (node.bound <= threshold()) {
+      prune(node.bound);
+      continue;
+    }
+    if (absl::Now() > settings.deadline) {
+      open.push_back(std::move(node));
+      std::push_heap(open.begin(), open.end(), worse);
+      out_of_time = true;
+      break;
+    }
+    refresh_banned();
+    for (auto& r : rules) r.clear();
+    for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
+    for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
+      master.SetColumnUpper(c, allowed(columns[c].job, columns[c].option) ? kInf : 0.0);
+    }
+    MALLE_ASSIGN_OR_RETURN(const double bound, solve_node(x));
+    if (nodes_done == 0) {
+      root_bound = bound;
+      if (!x.empty()) {
+        // The root's final prices: L there is the LP's value.
+        root_l = last_l;
+        shortfall.assign(num_jobs, {});
+        for (int j = 0; j < num_jobs; ++j) {
+          pricer.Scores(j, pi, score);
+          const double best = *std::max_element(score.begin(), score.end());
+          shortfall[j].resize(score.size());
+          for (size_t o = 0; o < score.size(); ++o) shortfall[j][o] = best - score[o];
+        }
+      }
+    }
+    refresh_banned();
+    // Rounding costs about as much as a node: at the root, then every
+    // few nodes.
+    constexpr int kRoundEvery = 8;
+    if (!x.empty() && bound > threshold() && nodes_done % kRoundEvery == 0) flow_round(x);
+    ++nodes_done;
+    node.bound = std::min(node.bound, bound);
+    if (node.bound <= threshold()) {
+      prune(node.bound);
+      continue;
+    }
+    if (x.empty()) {  // out of time inside the node
+      open.push_back(std::move(node));
+      std::push_heap(open.begin(), open.end(), worse);
+      out_of_time = true;
+      break;
+    }
+    // Each job's columns in the LP optimum.
+    constexpr double kUsed = 1e-7;
+    std::vector<std::vector<std::pair<double, int>>> used(num_jobs);  // (weight, column)
+    for (int c = 0; c < static_cast<int>(x.size()); ++c) {
+      if (x[c] > kUsed) used[columns[c].job].emplace_back(x[c], c);
+    }
+    int branch_job = -1;
+    double branch_score = -1;
+    std::vector<int> option(num_jobs, 0);
+    for (int j = 0; j < num_jobs; ++j) {
+      auto& u = used[j];
+      std::sort(u.begin(), u.end(), std::greater<>());
+      bool one_option = !u.empty() && columns[u[0].second].option >= 0;
+      for (const auto& [w, c] : u) one_option = one_option && columns[c].option == columns[u[0].second].option;
+      if (one_option) {
+        option[j] = columns[u[0].second].option;
+        continue;
+      }
+      // The job whose LP mix gains the most over its options' own values
+      // would make a choice cost the most: the value dispersion of its
+      // columns, sum w |value - mean|.
+      double mean_value = 0, weight = 0;
+      for (const auto& [w, c] : u) {
+        const double v = columns[c].option >= 0 ? model.jobs[j].options[columns[c].option].value
+                                                : artificial / scale;
+        mean_value += w * v;
+        weight += w;
+      }
+      mean_value /= std::max(weight, 1e-12);
+      double s = 0;
+      for (const auto& [w, c] : u) {
+        const double v = columns[c].option >= 0 ? model.jobs[j].options[columns[c].option].value
+                                                : artificial / scale;
+        s += w * std::fabs(v - mean_value);
+      }
+      s += 1e-12;  // any split job beats none
+      if (s > branch_score) {
+        branch_score = s;
+        branch_job = j;
+      }
+    }
+    if (branch_job < 0) {
+      ++leaves;
+      absl::StatusOr<CountSolution> placed = PlaceOptions(model, option);
+      if (placed.ok() && placed->objective > out.solution.objective &&
+          CheckSolution(model, *placed).ok()) {
+        out.solution = *std::move(placed);
+      }
+      continue;  // the node's optimum is this allocation
+    }
+    // The partition: stay / move if the job's current option is among its
+    // columns; else count <= t / >= t + 1 if the counts differ; else this
+    // pattern / another. The heaviest column's side is plunged into.
+    const int j = branch_job;
+    const JobModel& job = model.jobs[j];
+    std::vector<int> opts;
+    double mean = 0, total = 0;
+    for (const auto& [w, c] : used[j]) {
+      if (columns[c].option < 0) continue;
+      opts.push_back(columns[c].option);
+      mean += w * job.options[columns[c].option].nodes;
+      total += w;
+    }
+    Decision in{j, Decision::kOnlyOption, 0}, out_d{j, Decision::kNotOption, 0};
+    const int heavy = opts.empty() ? 0 : opts[0];
+    const bool has_stay = job.current_option != 0 &&
+                          std::find(opts.begin(), opts.end(), job.current_option) != opts.end();
+    int lo = 1 << 30, hi = -1;
+    for (int o : opts) {
+      lo = std::min(lo, job.options[o].nodes);
+      hi = std::max(hi, job.options[o].nodes);
+    }
+    bool heavy_in;
+    if (opts.empty()) {
+      // Only the artificial column: nothing the node allows fits (its
+      // bound is the LP's, which the artificial column drags far down).
+      prune(-kInf);
+      continue;
+    } else if (has_stay && opts.size() > 1) {
+      in = {j, Decision::kOnlyOption, job.current_option};
+      out_d = {j, Decision::kNotOption, job.current_option};
+      heavy_in = heavy == job.current_option;
+    } else if (lo < hi) {
+      const int t = std::clamp(static_cast<int>(std::floor(mean / std::max(total, 1e-12))), lo, hi - 1);
+      in = {j, Decision::kCountAtMost, t};
+      out_d = {j, Decision::kCountAtLeast, t + 1};
+      heavy_in = job.options[heavy].nodes <= t;
+    } else if (opts.size() > 1) {
+      const int k = job.options[heavy].pattern;
+      in = {j, Decision::kOnlyPattern, k};
+      out_d = {j, Decision::kNotPattern, k};
+      heavy_in = true;
+    } else {
+      // One option and the artificial column: the option's column, or
+      // nothing (the artificial), by the pattern of that option.
+      const int k = job.options[heavy].pattern;
+      in = {j, Decision::kOnlyPattern, k};
+      out_d = {j, Decision::kNotPattern, k};
+      heavy_in = true;
+    }
+    Node a{node.decisions, node.bound, node.depth + 1};
+    a.decisions.push_back(in);
+    Node b{node.decisions, node.bound, node.depth + 1};
+    b.decisions.push_back(out_d);
+    if (!heavy_in) std::swap(a, b);
+    plunge = std::move(a);
+    open.push_back(std::move(b));
+    std::push_heap(open.begin(), open.end(), worse);
+  }
+  double open_bound = -kInf;
+  for (const Node& n : open) open_bound = std::max(open_bound, n.bound);
+  if (plunge) open_bound = std::max(open_bound, plunge->bound);
+  // Every allocation lies in an open node, a pruned one or a leaf (worth
+  // at most the incumbent), and under the root's bound.
+  out.bound = std::min({root_bound, free_bound,
+                        std::max({open_bound, pruned_bound, out.solution.objective})});
+  out.bound = std::max(out.bound, out.solution.objective);
+  out.proven = !out_of_time && Gap(out.bound, out.solution.objective) <= gap * (1 + 1e-9);
+  out.branch_nodes = nodes_done;
+  out.master_rows = num_jobs + num_pools;
+  out.master_columns = static_cast<int>(columns.size());
+  out.detail = absl::StrFormat(
+      "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
+      "%d LP solves, %d columns; %d roundings (%d improved); %s",
+      root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
+      lp_solves, columns.size(), rounded, rounded_better,
+      out.proven ? "proven" : out_of_time ? "out of time" : "search ended unproven");
+  return out;
+}
+
+}  // namespace malle::alloc::internal

@@ -1,0 +1,110 @@
+// Decomposition of the multi-pool count model by job (Dantzig-Wolfe /
+// Lagrangian relaxation of the pool capacities), for SolveMilp.
+//
+// The pools couple the jobs only through their capacities. Price each pool
+// (pi_p >= 0) and the jobs fall apart: each picks, on its own, the option and
+// per-pool split that maximise value - pi . split under the count model's
+// rules (keep, release, pattern), which takes a sort of at most P prices per
+// pattern. For any pi,
+//   L(pi) = pi . capacity + sum_j max_(option, split) [value - pi . split]
+// bounds every allocation from above (each job's chosen split is one of the
+// splits it maximises over, and sum_j split_j <= capacity with pi >= 0).
+// The best pi comes from column generation on the master LP (a convex
+// combination of splits per job, the pool capacities): J + P rows however
+// many nodes, warm re-solves. Its bound is that of the convex hull of each
+// job's allocations, at least as tight as the count formulation's LP.
+//
+// Branch-and-price (SolveByDecomposition): the master LP's optimum has
+// few jobs split between options (at most about one per binding pool row);
+// an LP optimum whose every job uses one option is an allocation (placing
+// the options is a flow problem, whose integral solutions the LP's
+// fractional split implies). Otherwise one split job is branched on
+// (stay / move; count <= t / > t; this pattern / another), columns the
+// branch forbids are bounded to 0, and the children are re-priced from the
+// parent's basis. Nodes whose bound is within the relative gap of the
+// incumbent are pruned. Best-first, plunging into the child that holds
+// the job's heaviest column, which also finds the incumbents.
+//
+// Thread-safety: pure functions; the caller serialises COIN (milp.cc).
+#ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
+#define MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "libmalle/alloc/count_model.h"
+
+namespace malle::alloc::internal {
+
+// Per-job pricing under pool prices: each option's best score and split.
+class JobPricer {
+ public:
+  explicit JobPricer(const CountModel& model);
+
+  // score[o] = value(o) - min over o's splits of pi . split, for every option
+  // of job j (-inf where the option has no split within the pools'
+  // capacities). `pi` has one non-negative price per pool.
+  void Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const;
+
+  // A split of option o of job j of least cost under `pi` (one count per
+  // pool); the cost is what Scores charged.
+  std::vector<int> Split(int j, int o, absl::Span<const double> pi) const;
+
+  // Job j's options of pattern k, by increasing count.
+  const std::vector<int>& PatternOptions(int j, int k) const { return by_pattern_[j][k]; }
+
+ private:
+  const CountModel& model_;
+  // by_pattern_[j][k]: job j's options of pattern k.
+  std::vector<std::vector<std::vector<int>>> by_pattern_;
+};
+
+// How a job moves: stops, stays as it is, grows (or changes pattern at its
+// count) or shrinks, inside one pattern.
+enum class Direction { kStop, kStay, kUp, kDown };
+struct Mode {
+  int pattern = -1;
+  Direction direction = Direction::kStop;
+};
+Direction OptionDirection(const JobModel& job, int o);
+
+// The best counts when every job's mode is fixed: a min-cost flow of the
+// jobs' counts into the pools, each job valued along the concave envelope
+// of its mode's options (exact where the values are concave in the count,
+// which they are but for the curves' own bumps). nullopt when the modes
+// cannot all be met (a mode's smallest count does not fit).
+std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
+                                       const std::vector<Mode>& modes);
+
+// L(pi) (see above); `best` (optional) receives each job's best score.
+double LagrangianBound(const CountModel& model, const JobPricer& pricer,
+                       absl::Span<const double> pi, std::vector<double>* best = nullptr);
+
+struct DecompositionSettings {
+  absl::Time deadline = absl::InfiniteFuture();
+  double relative_gap = 1e-4;
+};
+
+struct DecompositionResult {
+  CountSolution solution;  // checked (CheckSolution) before it is returned
+  double bound = 0.0;      // proven upper bound on the model's optimum
+  bool proven = false;     // bound - objective <= relative_gap * |objective|
+  long long branch_nodes = 0;
+  int master_rows = 0, master_columns = 0;  // the master LP's size at the end
+  std::string detail;      // rounds, columns, nodes, where the proof came from
+};
+
+// Starts from `start` (a feasible allocation: the best heuristic's, say),
+// never returns worse. Errors: Internal when Clp fails; DeadlineExceeded
+// never (at the deadline the best allocation so far is returned, unproven).
+absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model,
+                                                         const CountSolution& start,
+                                                         const DecompositionSettings& settings);
+
+}  // namespace malle::alloc::internal
+
+#endif  // MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_

@@ -1,0 +1,375 @@
+#include "libmalle/alloc/internal/decomposition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libmalle/alloc/count_model.h"
+#include "libmalle/alloc/milp.h"
+#include "libmalle/alloc/problem.h"
+#include "tests/cpp/testing/status_matchers.h"
+
+namespace malle::alloc::internal {
+namespace {
+
+using ::malle::testing::IsOk;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double Rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
+
+// A curve over [lo, hi] with 2-4 breakpoints; concave (diminishing returns)
+// or not (random values).
+Curve RandomCurve(std::mt19937& rng, int lo, int hi, double per_node, bool concave) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int> xs = {lo, hi};
+  const int extra = static_cast<int>(rng() % 3);
+  for (int i = 0; i < extra && hi - lo > 1; ++i) xs.push_back(lo + 1 + rng() % (hi - lo - 1));
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  Curve curve;
+  double slope = per_node;
+  double y = per_node * lo * (0.5 + u(rng));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i > 0) {
+      if (concave) {
+        slope *= 0.3 + 0.7 * u(rng);
+        y += slope * (xs[i] - xs[i - 1]);
+      } else {
+        y = per_node * xs[i] * (0.2 + 1.3 * u(rng));
+      }
+    }
+    curve.push_back({xs[i], y});
+  }
+  return curve;
+}
+
+// Eight pools (2 racks x 2 speeds x a long and a short idle window), 2-3
+// jobs, some holding nodes: small enough to search exhaustively.
+Problem EightPools(std::mt19937& rng, bool concave) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  Problem p;
+  p.forward_window = absl::Seconds(100 + rng() % 200);
+  p.objective = static_cast<Objective>(rng() % 2);  // throughput or speedup
+  p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
+  p.cross_locality_factor = 0.7 + 0.3 * u(rng);
+  int index = 0;
+  for (const char* rack : {"rackA", "rackB"}) {
+    for (double speed : {1.0, 0.6 + 0.3 * u(rng)}) {
+      const std::string cls = absl::StrCat(rack, "-", index++);
+      p.classes.push_back(NodeClass{cls, rack, speed});
+      const int long_nodes = 1 + static_cast<int>(rng() % 2);
+      for (int k = 0; k < long_nodes; ++k) p.nodes.push_back(Node{absl::StrCat(cls, "-l", k), cls});
+      p.nodes.push_back(Node{absl::StrCat(cls, "-s"), cls, p.forward_window * (0.15 + 0.6 * u(rng))});
+    }
+  }
+  std::vector<int> free_nodes(p.nodes.size());
+  for (size_t k = 0; k < free_nodes.size(); ++k) free_nodes[k] = static_cast<int>(k);
+  std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
+  const int num_jobs = 2 + static_cast<int>(rng() % 2);
+  for (int j = 0; j < num_jobs; ++j) {
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    job.min_nodes = 1 + static_cast<int>(rng() % 2);
+    job.max_nodes = job.min_nodes + static_cast<int>(rng() % 4);
+    job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 100 * (0.5 + u(rng)), concave);
+    job.resize_up_pause = absl::Seconds(rng() % 40);
+    job.resize_down_pause = absl::Seconds(rng() % 20);
+    if (rng() % 2 == 0) {
+      const int want = 1 + static_cast<int>(rng() % job.max_nodes);
+      for (int k = 0; k < want && !free_nodes.empty(); ++k) {
+        job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
+        free_nodes.pop_back();
+      }
+    }
+    p.jobs.push_back(job);
+  }
+  return p;
+}
+
+// The optimum by exhaustive search over every split of every pool's nodes
+// among the jobs (valued by JobVectorValue, the count model's rules), and
+// the option each job takes in it.
+struct Exhaustive {
+  double best = -kInf;
+  std::vector<int> options;
+};
+Exhaustive Search(const CountModel& model) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  std::vector<std::vector<int>> x(num_jobs, std::vector<int>(num_pools, 0));
+  Exhaustive out;
+  std::function<void(int, int, int)> split = [&](int pool, int job, int left) {
+    if (pool == num_pools) {
+      double total = 0;
+      std::vector<int> options(num_jobs);
+      for (int j = 0; j < num_jobs; ++j) {
+        const std::optional<double> v = JobVectorValue(model.jobs[j], x[j], &options[j]);
+        if (!v) return;
+        total += *v;
+      }
+      if (total > out.best) {
+        out.best = total;
+        out.options = options;
+      }
+      return;
+    }
+    if (job == num_jobs) {
+      split(pool + 1, 0, pool + 1 < num_pools ? model.pools[pool + 1].capacity : 0);
+      return;
+    }
+    for (int take = 0; take <= left; ++take) {
+      x[job][pool] = take;
+      split(pool, job + 1, left - take);
+    }
+    x[job][pool] = 0;
+  };
+  split(0, 0, model.pools[0].capacity);
+  return out;
+}
+
+std::vector<double> RandomPrices(std::mt19937& rng, const CountModel& model, double magnitude) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> pi(model.pools.size());
+  for (double& v : pi) v = rng() % 4 == 0 ? 0.0 : magnitude * u(rng);
+  return pi;
+}
+
+double LargestValue(const CountModel& model) {
+  double largest = 1;
+  for (const JobModel& job : model.jobs) {
+    for (const Option& o : job.options) largest = std::max(largest, std::fabs(o.value));
+  }
+  return largest;
+}
+
+// L(pi) bounds the optimum from above for every pi >= 0: the proof every
+// answer of the decomposition rests on.
+TEST(DecompositionTest, LagrangianBoundHoldsForAnyPrices) {
+  std::mt19937 rng(2701);
+  int instances = 0;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, rng() % 2 == 0)));
+    if (model.pools.size() < 2) continue;
+    ++instances;
+    const Exhaustive opt = Search(model);
+    ASSERT_TRUE(std::isfinite(opt.best));
+    JobPricer pricer(model);
+    const double magnitude = LargestValue(model);
+    for (int k = 0; k < 30; ++k) {
+      // Prices from none to far above any node's worth.
+      const std::vector<double> pi = RandomPrices(rng, model, magnitude * (k % 3) / 2.0);
+      const double bound = LagrangianBound(model, pricer, pi);
+      EXPECT_GE(bound, opt.best - 1e-9 * std::max(1.0, std::fabs(opt.best)))
+          << "instance " << i << " prices #" << k;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(instances, 30);
+}
+
+// Every per-pool vector a job may take for option o (the count model's
+// rules: sum = nodes, pattern pools only, keep when growing, release only
+// when shrinking, within capacities).
+void ForEachSplit(const CountModel& model, const JobModel& job, int o,
+                  const std::function<void(const std::vector<int>&)>& visit) {
+  const int num_pools = static_cast<int>(model.pools.size());
+  const Option& opt = job.options[o];
+  std::vector<int> x(num_pools, 0);
+  std::function<void(int, int)> rec = [&](int p, int left) {
+    if (p == num_pools) {
+      if (left == 0) visit(x);
+      return;
+    }
+    const std::vector<int>& pools = job.patterns[opt.pattern].pools;
+    const bool in = std::binary_search(pools.begin(), pools.end(), p);
+    const int held = job.current_per_pool[p];
+    int lo = 0, hi = in ? model.pools[p].capacity : 0;
+    if (opt.nodes >= job.current_nodes) lo = held;
+    if (opt.nodes <= job.current_nodes) hi = std::min(hi, held);
+    for (int v = lo; v <= std::min(hi, left); ++v) {
+      x[p] = v;
+      rec(p + 1, left - v);
+    }
+    x[p] = 0;
+  };
+  rec(0, opt.nodes);
+}
+
+// Scores charge each option its cheapest split, and Split returns it.
+TEST(DecompositionTest, ScoresChargeTheCheapestSplit) {
+  std::mt19937 rng(2702);
+  int checked = 0;
+  for (int i = 0; i < 25; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, false)));
+    JobPricer pricer(model);
+    const std::vector<double> pi = RandomPrices(rng, model, LargestValue(model) / 4);
+    std::vector<double> score;
+    for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+      const JobModel& job = model.jobs[j];
+      pricer.Scores(j, pi, score);
+      ASSERT_EQ(score.size(), job.options.size());
+      EXPECT_DOUBLE_EQ(score[0], job.options[0].value);
+      for (int o = 1; o < static_cast<int>(job.options.size()); ++o) {
+        double cheapest = kInf;
+        ForEachSplit(model, job, o, [&](const std::vector<int>& x) {
+          double cost = 0;
+          for (size_t p = 0; p < x.size(); ++p) cost += pi[p] * x[p];
+          cheapest = std::min(cheapest, cost);
+        });
+        const double expected = job.options[o].value - cheapest;
+        EXPECT_NEAR(score[o], expected, 1e-9 * std::max(1.0, std::fabs(expected)))
+            << "instance " << i << " job " << j << " option " << o;
+        const std::vector<int> x = pricer.Split(j, o, pi);
+        double cost = 0;
+        int n = 0;
+        for (size_t p = 0; p < x.size(); ++p) {
+          cost += pi[p] * x[p];
+          n += x[p];
+        }
+        EXPECT_EQ(n, job.options[o].nodes);
+        EXPECT_NEAR(cost, cheapest, 1e-9 * std::max(1.0, cheapest));
+        std::optional<double> v = JobVectorValue(job, x);
+        ASSERT_TRUE(v.has_value()) << "instance " << i << " job " << j << " option " << o
+                                   << ": the split breaks the count model's rules";
+        EXPECT_GE(*v, job.options[o].value - 1e-9 * std::max(1.0, std::fabs(*v)));
+        ++checked;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
+// With every job's mode (pattern and direction) fixed to the optimum's and
+// values concave in the count, the flow finds the optimum's value.
+TEST(DecompositionTest, FlowRoundIsExactOnTheOptimumsModes) {
+  std::mt19937 rng(2703);
+  int exact = 0;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, /*concave=*/true)));
+    const Exhaustive opt = Search(model);
+    JobPricer pricer(model);
+    std::vector<Mode> modes;
+    for (size_t j = 0; j < model.jobs.size(); ++j) {
+      const JobModel& job = model.jobs[j];
+      const int o = opt.options[j];
+      modes.push_back({job.options[o].pattern, OptionDirection(job, o)});
+    }
+    std::optional<CountSolution> s = FlowRound(model, pricer, modes);
+    ASSERT_TRUE(s.has_value()) << "instance " << i;
+    EXPECT_THAT(CheckSolution(model, *s), IsOk()) << "instance " << i;
+    EXPECT_LE(Rel(s->objective, opt.best), 1e-9)
+        << "instance " << i << ": flow " << s->objective << " exhaustive " << opt.best;
+    exact += Rel(s->objective, opt.best) <= 1e-9;
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_EQ(exact, 40);
+}
+
+// Modes whose smallest counts cannot all be placed: no allocation.
+TEST(DecompositionTest, FlowRoundRefusesModesThatDoNotFit) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.nodes = {Node{"a"}, Node{"b"}};
+  for (const char* id : {"x", "y"}) {
+    JobSpec job;
+    job.id = id;
+    job.min_nodes = 2;
+    job.max_nodes = 2;
+    job.throughput = {{2, 10.0}};
+    p.jobs.push_back(job);
+  }
+  p.classes = {NodeClass{"c0", "g", 1.0}, NodeClass{"c1", "g", 0.5}};
+  p.nodes[0].class_id = "c0";
+  p.nodes[1].class_id = "c1";
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_EQ(model.pools.size(), 2u);
+  JobPricer pricer(model);
+  // Both jobs up (from 0) in the pattern holding both pools: 4 nodes > 2.
+  const int both = model.jobs[0].options.back().pattern;
+  ASSERT_EQ(model.jobs[0].patterns[both].pools.size(), 2u);
+  std::vector<Mode> modes = {{both, Direction::kUp}, {both, Direction::kUp}};
+  EXPECT_FALSE(FlowRound(model, pricer, modes).has_value());
+  modes[1] = {};
+  std::optional<CountSolution> one = FlowRound(model, pricer, modes);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->option[1], 0);
+  EXPECT_DOUBLE_EQ(one->objective, 10.0 * 0.5 * 100);  // the slow node sets the pace
+}
+
+// A hand-checked instance: pool A (2 nodes, speed 1), pool B (2 nodes,
+// speed 0.5), one rack; job 1 makes 100 samples/s per node (max 2), job 2
+// 60 (max 4); window 100 s, no pauses. Job 1 on A and job 2 on B (valued at
+// B's speed): (200 + 60) x 100 = 26,000; the other way round 12,000 +
+// 10,000; everyone on A and B at speed 0.5 less still.
+TEST(DecompositionTest, HandCheckedTwoPools) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.resize_cost = ResizeCostModel::kLostWork;
+  p.classes = {NodeClass{"fast", "rack", 1.0}, NodeClass{"slow", "rack", 0.5}};
+  p.nodes = {Node{"a0", "fast"}, Node{"a1", "fast"}, Node{"b0", "slow"}, Node{"b1", "slow"}};
+  JobSpec one;
+  one.id = "one";
+  one.min_nodes = 1;
+  one.max_nodes = 2;
+  one.throughput = {{1, 100.0}, {2, 200.0}};
+  JobSpec two = one;
+  two.id = "two";
+  two.max_nodes = 4;
+  two.throughput = {{1, 60.0}, {4, 240.0}};
+  p.jobs = {one, two};
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_EQ(model.pools.size(), 2u);
+  const int fast = model.pools[0].speed == 1.0 ? 0 : 1;
+  DecompositionSettings settings;
+  settings.relative_gap = 1e-9;
+  ASSERT_OK_AND_ASSIGN(DecompositionResult r, SolveByDecomposition(model, CurrentSolution(model), settings));
+  EXPECT_TRUE(r.proven) << r.detail;
+  EXPECT_DOUBLE_EQ(r.solution.objective, 26000.0);
+  EXPECT_NEAR(r.bound, 26000.0, 1e-6);
+  EXPECT_EQ(r.solution.per_pool[0][fast], 2);
+  EXPECT_EQ(r.solution.per_pool[0][1 - fast], 0);
+  EXPECT_EQ(r.solution.per_pool[1][fast], 0);
+  EXPECT_EQ(r.solution.per_pool[1][1 - fast], 2);
+  EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+  // The public entry point gives the same (the decomposition is its default
+  // with several pools).
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.relative_gap = 1e-9;
+  ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
+  EXPECT_TRUE(milp.optimal) << milp.reason;
+  EXPECT_DOUBLE_EQ(milp.solution.objective, 26000.0);
+  EXPECT_THAT(milp.reason, ::testing::HasSubstr("decomposition"));
+}
+
+// Never worse than the start, and the bound is never below the answer, on
+// random instances with a deadline already past.
+TEST(DecompositionTest, PastDeadlineReturnsTheStart) {
+  std::mt19937 rng(2704);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, false)));
+    const CountSolution start = CurrentSolution(model);
+    DecompositionSettings settings;
+    settings.deadline = absl::Now() - absl::Seconds(1);
+    ASSERT_OK_AND_ASSIGN(DecompositionResult r, SolveByDecomposition(model, start, settings));
+    EXPECT_GE(r.solution.objective, start.objective - 1e-9 * std::max(1.0, std::fabs(start.objective)));
+    EXPECT_GE(r.bound, r.solution.objective);
+    EXPECT_TRUE(std::isfinite(r.bound)) << "no LP solved: the bound at zero prices";
+    EXPECT_FALSE(r.proven);
+    EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+  }
+}
+
+}  // namespace
+}  // namespace malle::alloc::internal
