@@ -43,7 +43,7 @@ namespace {
 // A refusal comes back in microseconds on a LAN; no answer at all (a host
 // that is down) gives no verdict, and the recovery waits out its grace.
 constexpr absl::Duration kLivenessProbeTimeout = absl::Milliseconds(50);
-constexpr absl::Duration kLivenessReprobe = absl::Milliseconds(200);
+constexpr absl::Duration kLivenessReprobe = absl::Milliseconds(20);
 
 std::string RandomHex() {
   std::random_device device;

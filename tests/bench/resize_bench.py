@@ -522,15 +522,16 @@ def run_malletrain_resizes(args, d: str) -> dict:
     return out
 
 
-def run_malletrain_kill_grace(args, d: str, grace: float) -> dict:
-    """3 ranks, L = 4, a smaller recovery_grace: one kill -9, not reported."""
+def run_malletrain_kill_grace(args, d: str, grace: Optional[float], report: bool = False) -> dict:
+    """3 ranks, L = 4, one kill -9 of rank 1 (reported by the parent or not); `grace`: the
+    recovery_grace (None: the default)."""
     j = MalleJob(args, d, "grace", workers=4, grace=grace)
     try:
         for i in range(3):
             j.start(f"g{i}", 3)
         wait_until(lambda: j.progress() >= 4, 180, "3 ranks to run 4 steps")
         leader = j.members()[0]
-        mark = j.kill(j.members()[1], report=False)
+        mark = j.kill(j.members()[1], report=report)
         j.settle(2, 2, 120, "the recovery from kill -9")
         codes = j.finish(60)
     finally:
@@ -539,6 +540,28 @@ def run_malletrain_kill_grace(args, d: str, grace: float) -> dict:
     if bad:
         raise RuntimeError(f"malletrain ranks failed: {bad}; logs in {d}")
     return change_row(j, mark, "recovered", 2, leader)
+
+
+def kill_reps(args) -> Dict[str, List[dict]]:
+    """--kill-reps: the two kill -9 paths of the full run, repeated, to see their spread."""
+    out: Dict[str, List[dict]] = {"kill -9 3->2": [], "kill -9 3->2, reported": []}
+    for r in range(args.kill_reps):
+        for name, report in (("kill -9 3->2", False), ("kill -9 3->2, reported", True)):
+            with tempfile.TemporaryDirectory(prefix="malle-kill-bench-") as d:
+                row = run_malletrain_kill_grace(args, d, None, report=report)
+            out[name].append(row)
+            ph = row["phases"]
+            print(f"  rep {r + 1} {name:24s} 1st step {row['first_step_s']:.3f} s  phases total "
+                  f"{ph['total'] * 1e3:6.1f} ms: detect {ph['detect'] * 1e3:5.1f} agree "
+                  f"{ph['agree'] * 1e3:5.1f} build {ph['build'] * 1e3:5.1f} sync "
+                  f"{ph['sync'] * 1e3:5.1f}", flush=True)
+    for name, rows in out.items():
+        med = lambda k: statistics.median(r["phases"][k] for r in rows) * 1e3  # noqa: E731
+        print(f"{name}: median of {len(rows)}: 1st step "
+              f"{statistics.median(r['first_step_s'] for r in rows):.3f} s, agree + build "
+              f"{statistics.median((r['phases']['agree'] + r['phases']['build']) for r in rows) * 1e3:.1f} ms "
+              f"(agree {med('agree'):.1f}, build {med('build'):.1f}, sync {med('sync'):.1f})")
+    return out
 
 
 # --------------------------------------------------------------------------- torchrun
@@ -762,6 +785,9 @@ def main() -> int:
                    help="seconds to wait for torchrun to recover (then it is reported as hung)")
     p.add_argument("--skip-torchrun-grow", action="store_true")
     p.add_argument("--report-from", default=None, help="print the report of a --json file")
+    p.add_argument("--kill-reps", type=int, default=0,
+                   help="only the kill -9 paths (default grace: unreported, reported), this many "
+                        "times each, alternating; prints each recovery's phases and their medians")
     args = p.parse_args()
     if args.report_from:
         with open(args.report_from) as f:
@@ -782,6 +808,12 @@ def main() -> int:
           f"{args.batch} per logical worker; torch {torch.__version__}; {os.cpu_count()} cores; "
           f"every rank a CPU process with 1 torch thread", flush=True)
     res: Dict[str, Any] = {"params": n_params, "torch": torch.__version__, "args": vars(args)}
+    if args.kill_reps:
+        res["kills"] = kill_reps(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1, default=str)
+        return 0
     if args.steady_only:
         with tempfile.TemporaryDirectory(prefix="malle-steady-bench-") as d:
             print(f"steady state, {args.steady_ranks} ranks ...", flush=True)
