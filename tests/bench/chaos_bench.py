@@ -7,18 +7,22 @@ micro-batch is traced) on four local nodes that follow the demo's idle trace
 (examples/demo_idle_trace.csv) and then stay offered, while a fault injector draws --faults
 faults at random (seeded) from:
 
-    rank        kill -9 of a running rank (found as its agent's child)
+    rank        kill -9 of a running rank (its agent's child, or its zygote's)
     agent       kill -9 of a node agent (its rank dies with it); the node comes back 3 s later
     allocator   kill -9 of the allocator daemon, restarted from its journal 2 s later
     store       kill -9 of a store member (etcd) or of the store process (tcp), back 3 s later
     sigstop     SIGSTOP of a running rank for 3 s, then SIGCONT (a hang)
+    zygote      kill -9 of a node agent's zygote (the warm interpreter its ranks are forked
+                from: they die with it, PR_SET_PDEATHSIG); the agent starts a new one
 
 Partitions between hosts are not drawn: this tree has no multi-host network namespaces yet.
 
-Reported, per job and in total: completed or not, samples lost or repeated within the
-incarnation that completed (must be 0), the final model against the same job's fixed-size run
-(relative L2 difference), restarts from scratch (a job that lost every rank starts a new
-incarnation: its earlier incarnations' work is lost, as documented), the recovery time after
+Reported, per job and in total: completed or not, its committed history (the chain of
+incarnations whose committed steps make up the final state: a new incarnation resumes from the
+state its predecessor parked or snapshotted, tests/python/committed_history.py), samples lost
+or repeated in that history and (step, worker) pairs whose samples differ from the fixed-size
+run's (all must be 0), the final model against the fixed-size run's (relative L2 difference),
+the number of incarnations, the recovery time after
 each fault (until every job that was training before it has committed a step again), and the
 held node time (productive vs held without training) from the allocator's status.
 
@@ -48,6 +52,8 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 from malletrain import _C, launcher  # noqa: E402
 from state_compare import differences  # noqa: E402  (tests/python: the whole saved state)
+from committed_history import (committed_history, differs_from,  # noqa: E402
+                               lost_and_repeated)
 from malletrain.cluster import LocalCluster, held_summary  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "train_digits.py"
@@ -108,21 +114,47 @@ class Etcd:
                 p.kill(timeout=10)
 
 
+def _children(pid: int):
+    """Pids whose parent is ``pid`` (any of its threads: LocalProcess forks on a spawner thread)."""
+    pids = []
+    for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            pids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def _is_zygote(pid: int) -> bool:
+    try:
+        return b"malletrain._zygote" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def rank_pids(cluster: LocalCluster):
-    """node -> pid of the rank its agent runs (the agent's child), for live agents."""
+    """node -> pid of a rank its agent runs, for live agents. A rank started cold is the
+    agent's child; a warm one is a child of the agent's zygote (which is the agent's child)."""
     out = {}
     for node, agent in list(cluster._agents.items()):
         if agent.poll() is not None:
             continue
-        # Any thread's children: LocalProcess forks on a spawner thread of its own.
-        pids = []
-        for task in pathlib.Path(f"/proc/{agent.pid}/task").glob("*"):
-            try:
-                pids += [int(x) for x in (task / "children").read_text().split()]
-            except OSError:
-                pass
-        if pids:
-            out[node] = pids[0]
+        ranks = []
+        for kid in _children(agent.pid):
+            ranks += _children(kid) if _is_zygote(kid) else [kid]
+        if ranks:
+            out[node] = ranks[0]
+    return out
+
+
+def zygote_pids(cluster: LocalCluster):
+    """node -> pid of its agent's zygote."""
+    out = {}
+    for node, agent in list(cluster._agents.items()):
+        if agent.poll() is None:
+            z = [k for k in _children(agent.pid) if _is_zygote(k)]
+            if z:
+                out[node] = z[0]
     return out
 
 
@@ -140,34 +172,29 @@ def traces(out: pathlib.Path, members=None):
     return rows
 
 
-def members_of(log_dir: pathlib.Path, runtime_id: str):
-    """The members the agents started for one incarnation (their logs say so)."""
+def incarnation_members(log_dir: pathlib.Path, job: str):
+    """runtime id (<job>.i<k>) -> the members the agents started for it (their logs say so)."""
     import re
-    found = set()
+    found = collections.defaultdict(set)
     for log in log_dir.glob("agent-*.log"):
         # "started rank <member> [(local rank i of n) ]of <job>.i<k> (pid ...)" (agent.cc)
-        found.update(re.findall(rf"started rank (\S+) (?:\(local rank \d+ of \d+\) )?of "
-                                rf"{re.escape(runtime_id)} \(",
-                                log.read_text(errors="replace")))
+        for m in re.finditer(rf"started rank (\S+) (?:\(local rank \d+ of \d+\) )?of "
+                             rf"({re.escape(job)}\.i\d+) \(", log.read_text(errors="replace")):
+            found[m.group(2)].add(m.group(1))
     return found
 
 
-def data_accounting(rows, steps: int, workers: int):
-    """(lost, repeated) samples of the committed attempts of every (step, worker)."""
-    by_step = collections.defaultdict(dict)
-    for r in rows:
-        if r["type"] == "micro" and r["step"] < steps:
-            by_step[r["step"]][r["worker"]] = r["indices"]
-    stream = [i for s in range(steps) for k in range(workers) for i in by_step[s].get(k, [])]
-    missing_slots = sum(1 for s in range(steps) for k in range(workers) if k not in by_step[s])
-    lost = repeated = 0
-    for e in range((len(stream) + N_TRAIN - 1) // N_TRAIN):
-        chunk = stream[e * N_TRAIN:(e + 1) * N_TRAIN]
-        counts = collections.Counter(chunk)
-        repeated += sum(c - 1 for c in counts.values() if c > 1)
-        if len(chunk) == N_TRAIN:
-            lost += N_TRAIN - len(counts)
-    return lost, repeated, missing_slots
+def account(out: pathlib.Path, log_dir: pathlib.Path, job: str, final: str, steps: int,
+            workers: int, reference):
+    """The job's committed history across its incarnations (tests/python/committed_history.py):
+    samples lost and repeated in it, (step, worker) whose samples differ from the fixed-size
+    run's, and what could not be accounted for."""
+    rows = {inc: traces(out, members) for inc, members in incarnation_members(log_dir, job).items()}
+    h = committed_history(rows, final, steps, workers)
+    lost, repeated = lost_and_repeated(h, steps, workers, N_TRAIN)
+    return dict(segments=h.segments, lost=lost, repeated=repeated,
+                differ_from_fixed=len(differs_from(h, reference)), problems=h.problems[:10],
+                incarnations_traced=len(rows))
 
 
 def main(argv=None) -> int:
@@ -189,16 +216,19 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
 
     # The fixed-size references: each job alone on as many ranks as it has logical workers.
-    fixed = {}
+    fixed, reference = {}, {}
     for job, (steps, lw, extra, _sleep) in JOBS.items():
         r = launcher.run_local(command(out / "fixed" / job, steps, lw, extra, 0.0), nodes=lw,
                                job_id=f"fixed-{job}", timeout=600, quiet=True,
                                log_dir=str(out / "fixed" / f"{job}-logs"))
         assert r.ok, f"fixed-size run of {job} failed"
         fixed[job] = torch.load(out / "fixed" / job / "final.pt")
+        reference[job] = committed_history({"fixed": traces(out / "fixed" / job)}, "fixed",
+                                           steps, lw)
+        assert reference[job].complete, (job, reference[job].problems)
 
     etcd = Etcd(out / "etcd") if args.store == "etcd" else None
-    kinds = ["rank", "agent", "allocator", "store", "sigstop"]
+    kinds = ["rank", "agent", "allocator", "store", "sigstop", "zygote"]
     faults, recoveries = [], []
     nodes = ["n0", "n1", "n2", "n3"]
     t_start = time.monotonic()
@@ -254,6 +284,11 @@ def main(argv=None) -> int:
                             except ProcessLookupError:
                                 pass
                             what = f"SIGSTOP 3 s rank pid {pid} on {node}"
+                    elif kind == "zygote" and zygote_pids(c):
+                        zps = zygote_pids(c)
+                        node = rng.choice(sorted(zps))
+                        os.kill(zps[node], signal.SIGKILL)
+                        what = f"kill -9 zygote pid {zps[node]} on {node} (its warm ranks die with it)"
                     elif kind == "agent" and c.live_nodes():
                         node = rng.choice(sorted(c.live_nodes()))
                         c.kill_agent(node)
@@ -308,32 +343,37 @@ def main(argv=None) -> int:
     rows = []
     for job, (steps, lw, extra, _s) in JOBS.items():
         j = final[job]
-        # Only the incarnation that completed (it wrote final.pt; it started from step 0).
-        tr = traces(out / job, members_of(out / "cluster" / "logs", str(j.get("runtime_id"))))
-        lost, repeated, missing = data_accounting(tr, steps, lw)
-        if j["phase"] != "succeeded":  # an unfinished run has nothing to account
-            lost = repeated = None
+        final_id = str(j.get("runtime_id"))
+        acc = account(out / job, out / "cluster" / "logs", job, final_id, steps, lw,
+                      reference[job])
+        if j["phase"] != "succeeded":  # an unfinished run has no committed history to account
+            acc.update(lost=None, repeated=None)
         # The whole final state (model, optimizer, schedule) against the fixed-size run's.
-        ndiff, diff = (len(differences(torch.load(out / job / "final.pt"), fixed[job])[0]),
-                       differences(torch.load(out / job / "final.pt"), fixed[job])[1]) \
-            if (out / job / "final.pt").exists() else (-1, float("nan"))
-        incarnation = int(str(j.get("runtime_id") or ".i0").rsplit(".i", 1)[1])
+        if (out / job / "final.pt").exists():
+            ndiff, diff = differences(torch.load(out / job / "final.pt"), fixed[job])
+            ndiff = len(ndiff)
+        else:
+            ndiff, diff = -1, float("nan")
         held = j.get("held") or {}
-        rows.append(dict(job=job, phase=j["phase"], incarnations=incarnation, lost=lost,
-                         repeated=repeated, missing_slots=missing, rel_diff=diff,
-                         state_entries_differing=ndiff,
+        rows.append(dict(job=job, phase=j["phase"], final_incarnation=final_id,
+                         incarnations=int(final_id.rsplit(".i", 1)[1]) + 1 if ".i" in final_id
+                         else 0, rel_diff=diff, state_entries_differing=ndiff,
                          productive_node_s=held.get("productive_node_s", 0),
-                         held_idle_node_s=held.get("held_idle_node_s", 0)))
+                         held_idle_node_s=held.get("held_idle_node_s", 0), **acc))
     rec = [r for r in recoveries if r is not None]
     by_kind = ", ".join(f"{k} {sum(f['kind'] == k for f in faults)}" for k in kinds)
     print(f"chaos campaign: {len(faults)} faults ({by_kind}), store {args.store}, "
           f"{time.monotonic() - t_start:.0f} s")
-    print(f"{'job':<9} {'phase':<10} {'incarn.':>7} {'lost':>5} {'repeat':>6} {'model vs fixed':>15} "
-          f"{'productive':>11} {'held idle':>10}")
+    print(f"{'job':<9} {'phase':<10} {'incarn.':>7} {'lost':>5} {'repeat':>6} {'!=fixed':>7} "
+          f"{'model vs fixed':>15} {'productive':>11} {'held idle':>10}  committed history")
     for r in rows:
+        chain = " ".join(f"{name.rsplit('.', 1)[-1]}[{a},{b})" for name, a, b in r["segments"])
         print(f"{r['job']:<9} {r['phase']:<10} {r['incarnations']:>7} {str(r['lost']):>5} "
-              f"{str(r['repeated']):>6} "
-              f"{r['rel_diff']:>15.2e} {r['productive_node_s']:>10.1f}s {r['held_idle_node_s']:>9.1f}s")
+              f"{str(r['repeated']):>6} {r['differ_from_fixed']:>7} "
+              f"{r['rel_diff']:>15.2e} {r['productive_node_s']:>10.1f}s {r['held_idle_node_s']:>9.1f}s"
+              f"  {chain}")
+        for problem in r["problems"]:
+            print(f"    {r['job']}: {problem}")
     if rec:
         q = statistics.quantiles(rec, n=20) if len(rec) >= 2 else [rec[0]] * 19
         print(f"recovery (until every training job committed again): n={len(rec)}, median "
@@ -344,6 +384,7 @@ def main(argv=None) -> int:
                                                     jobs=rows, held=status.get("held"),
                                                     allocator=status.get("allocator")), indent=1))
     ok = all(r["phase"] == "succeeded" and r["lost"] == 0 and r["repeated"] == 0
+             and r["differ_from_fixed"] == 0 and not r["problems"]
              and r["state_entries_differing"] == 0 for r in rows)
     print("result:", "every job completed with its fixed-size state; no sample lost or repeated"
           if ok else "FAILED")
