@@ -194,6 +194,8 @@ class _Local:
         self.store = _C.ControlStore.serve("127.0.0.1", 0)
         self.zygote = None
         if warm:
+            if log_dir:
+                os.makedirs(log_dir, exist_ok=True)
             # The rank program's interpreter, warm (libmalle/cluster/zygote.h): imports done
             # once, every member (the first ones and each joiner) is a fork of it.
             self.zygote = _C.Zygote.start(self.command[0], env=self.env,
