@@ -645,6 +645,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         argv.append(f"--slots={args.slots}")
     if args.gpus:
         argv.append(f"--gpus={args.gpus}")
+    if args.zygote_python:
+        argv.append(f"--zygote_python={args.zygote_python}")
+    if args.zygote_preload:
+        argv.append(f"--zygote_preload={args.zygote_preload}")
     return _exec_daemon("malle-agent", argv)
 
 
@@ -764,6 +768,13 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                    help="'auto': the GPUs of this node or its Slurm allocation "
                    "(CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS/SLURM_JOB_GPUS, SLURM_GPUS_ON_NODE, the "
                    "driver); a list such as 0,1: those")
+    p.add_argument("--zygote-python", default=None, metavar="PYTHON",
+                   help="warm rank starts: this interpreter imports --zygote-preload once, "
+                   "before the node is offered, and the ranks of jobs whose command runs it are "
+                   "forked from it (docs/operations.md, 'Warm rank starts')")
+    p.add_argument("--zygote-preload", default=None, metavar="MODULES",
+                   help="comma-separated modules the zygote imports (default: "
+                   "torch,torch._dynamo,malletrain)")
     p.set_defaults(func=_cmd_agent)
 
     p = commands.add_parser("submit", help="submit an elastic job to the allocator",

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from malletrain import _C
 from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
@@ -161,6 +161,10 @@ class LocalCluster:
             paid while a job holds the node. False: every rank is a new interpreter.
         preload: the modules the zygotes import (those the jobs' scripts import are worth
             adding: each rank then imports nothing heavy on the node's clock).
+        agent_prefix: a function of the node name giving a command the node's agent runs
+            under, e.g. ``lambda n: ["ip", "netns", "exec", f"host-{n}"]`` to run each node
+            in a network namespace of its own (the agent's pid is the prefix's, which must
+            exec the agent). The store address must then be reachable from there.
     """
 
     def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
@@ -171,12 +175,14 @@ class LocalCluster:
                  allocator: str = "thread", store: str = "embedded",
                  metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
                  slots: int = 1, zygote: bool = True,
-                 preload: Sequence[str] = ("torch", "torch._dynamo", "malletrain")) -> None:
+                 preload: Sequence[str] = ("torch", "torch._dynamo", "malletrain"),
+                 agent_prefix: Optional[Callable[[str], Sequence[str]]] = None) -> None:
         if allocator not in ("thread", "process"):
             raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
         _check_slots(slots)
         self.slots = slots
         self.zygote = bool(zygote)
+        self._agent_prefix = agent_prefix
         self.preload = [str(m) for m in preload]
         bad = [m for m in self.preload if not m or not all(c.isalnum() or c in "._" for c in m)]
         if zygote and (bad or not self.preload):
@@ -407,6 +413,8 @@ class LocalCluster:
             if self.zygote:
                 args += [f"--zygote_python={sys.executable}",
                          f"--zygote_preload={','.join(self.preload)}"]
+            if self._agent_prefix is not None:
+                args = [*self._agent_prefix(node), *args]
             p = _C.LocalProcess.spawn(args, stdout=str(self.log_dir / f"agent-{node}.log"),
                                       stderr_to_stdout=True)
             self._agents[node] = p

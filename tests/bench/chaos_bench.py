@@ -15,7 +15,8 @@ faults at random (seeded) from:
     zygote      kill -9 of a node agent's zygote (the warm interpreter its ranks are forked
                 from: they die with it, PR_SET_PDEATHSIG); the agent starts a new one
 
-Partitions between hosts are not drawn: this tree has no multi-host network namespaces yet.
+    partition   (with --partitions, where every node runs on a host of its own: a network
+                namespace on a bridge, tests/python/netns.py) a node's link down for 3 s
 
 Reported, per job and in total: completed or not, its committed history (the chain of
 incarnations whose committed steps make up the final state: a new incarnation resumes from the
@@ -26,8 +27,8 @@ the number of incarnations, the recovery time after
 each fault (until every job that was training before it has committed a step again), and the
 held node time (productive vs held without training) from the allocator's status.
 
-    PYTHONPATH=python .venv/bin/python tests/bench/chaos_bench.py --faults 100 --store etcd \\
-        --out out/chaos
+    .venv/bin/python tests/bench/chaos_bench.py --faults 100 --interval 2 --store etcd \\
+        --partitions --steps-scale 2.5 --out out/chaos
 
 Prints a table and writes <out>/chaos.json. Every process it starts is a _C.LocalProcess (or a
 child of one) and is stopped by pid when it ends.
@@ -84,26 +85,27 @@ def free_ports(n: int):
 
 
 class Etcd:
-    def __init__(self, tmp: pathlib.Path, members: int = 3):
+    def __init__(self, tmp: pathlib.Path, members: int = 3, host: str = "127.0.0.1"):
+        self.host = host
         ports = free_ports(2 * members)
         self.client = {f"e{i}": ports[2 * i] for i in range(members)}
         self.peer = {f"e{i}": ports[2 * i + 1] for i in range(members)}
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.procs = {}
-        self.cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in self.peer.items())
+        self.cluster = ",".join(f"{n}=http://{host}:{p}" for n, p in self.peer.items())
         for name in self.client:
             self.start(name, "new")
-        self.address = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client.values())
+        self.address = "etcd://" + ",".join(f"{host}:{p}" for p in self.client.values())
 
     def start(self, name: str, state: str) -> None:
-        c, p = self.client[name], self.peer[name]
+        c, p, h = self.client[name], self.peer[name], self.host
         self.procs[name] = _C.LocalProcess.spawn(
             ["etcd", "--name", name, "--data-dir", str(self.tmp / name),
-             "--listen-client-urls", f"http://127.0.0.1:{c}",
-             "--advertise-client-urls", f"http://127.0.0.1:{c}",
-             "--listen-peer-urls", f"http://127.0.0.1:{p}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+             "--listen-client-urls", f"http://{h}:{c}",
+             "--advertise-client-urls", f"http://{h}:{c}",
+             "--listen-peer-urls", f"http://{h}:{p}",
+             "--initial-advertise-peer-urls", f"http://{h}:{p}",
              "--initial-cluster", self.cluster, "--initial-cluster-state", state,
              "--initial-cluster-token", f"chaos-{os.getpid()}"],
             stdout=str(self.tmp / f"{name}.log"), stderr_to_stdout=True)
@@ -197,6 +199,50 @@ def account(out: pathlib.Path, log_dir: pathlib.Path, job: str, final: str, step
                 incarnations_traced=len(rows))
 
 
+def _ip(*args: str) -> None:
+    import subprocess
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+
+def _run_on_hosts(argv, args) -> int:
+    """--partitions: builds 5 hosts (network namespaces on one bridge, tests/python/netns.py)
+    and runs this program again on host 0, where it starts the store, the allocator and the
+    agents, each agent on its node's host. Every namespace is removed at the end."""
+    import subprocess
+    sys.path.insert(0, str(ROOT / "tests" / "python"))
+    import netns
+
+    why = netns.unavailable()
+    if why:
+        print(f"chaos_bench --partitions: {why}", file=sys.stderr)
+        return 2
+    netns.remove_stale()
+    out = pathlib.Path(args.out).resolve()
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with netns.Hosts(5) as hosts:
+        spec = out / "hosts.json"
+        spec.write_text(json.dumps({"names": hosts.names, "switch": hosts.switch,
+                                    "addrs": [hosts.addr(i) for i in range(len(hosts))]}))
+        inner = subprocess.Popen(["ip", "netns", "exec", hosts.names[0], sys.executable,
+                                  str(pathlib.Path(__file__).resolve()), *argv,
+                                  "--inside", str(spec)])
+        try:
+            return inner.wait()
+        finally:
+            if inner.poll() is None:  # interrupted: stopped by its pid
+                inner.send_signal(signal.SIGINT)
+                try:
+                    inner.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    inner.kill()
+                    inner.wait(timeout=10)
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -207,17 +253,29 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--out", default="out/chaos")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--steps-scale", type=float, default=1.0,
+                   help="the jobs' steps times this (longer jobs take more faults)")
+    p.add_argument("--partitions", action="store_true",
+                   help="every node on a host of its own (a network namespace, "
+                   "tests/python/netns.py; needs root), and draw partitions too: a node's link "
+                   "down for 3 s. The allocator, the store and this program run on host 0")
+    p.add_argument("--inside", default=None, help=argparse.SUPPRESS)  # hosts.json, on host 0
     args = p.parse_args(argv)
+    if args.partitions and args.inside is None:
+        return _run_on_hosts(argv if argv is not None else sys.argv[1:], args)
+    hosts = json.loads(pathlib.Path(args.inside).read_text()) if args.inside else None
+    jobs = {j: (max(1, int(steps * args.steps_scale)), lw, extra, sleep)
+            for j, (steps, lw, extra, sleep) in JOBS.items()}
     out = pathlib.Path(args.out).resolve()
-    if out.exists():
+    if out.exists() and hosts is None:  # inside the hosts, the outer run made it
         import shutil
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
 
     # The fixed-size references: each job alone on as many ranks as it has logical workers.
     fixed, reference = {}, {}
-    for job, (steps, lw, extra, _sleep) in JOBS.items():
+    for job, (steps, lw, extra, _sleep) in jobs.items():
         r = launcher.run_local(command(out / "fixed" / job, steps, lw, extra, 0.0), nodes=lw,
                                job_id=f"fixed-{job}", timeout=600, quiet=True,
                                log_dir=str(out / "fixed" / f"{job}-logs"))
@@ -227,15 +285,24 @@ def main(argv=None) -> int:
                                            steps, lw)
         assert reference[job].complete, (job, reference[job].problems)
 
-    etcd = Etcd(out / "etcd") if args.store == "etcd" else None
+    etcd = Etcd(out / "etcd", host=hosts["addrs"][0] if hosts else "127.0.0.1") \
+        if args.store == "etcd" else None
+    if hosts and not etcd:
+        raise SystemExit("--partitions needs --store etcd (a store on host 0's address)")
     kinds = ["rank", "agent", "allocator", "store", "sigstop", "zygote"]
+    if hosts:
+        kinds.append("partition")
+    node_host = {f"n{i}": i + 1 for i in range(4)}  # node n<i> runs on host i+1
     faults, recoveries = [], []
     nodes = ["n0", "n1", "n2", "n3"]
     t_start = time.monotonic()
     try:
+        prefix = (lambda n: ["ip", "netns", "exec", hosts["names"][node_host[n]]]) \
+            if hosts else None
         with LocalCluster(nodes, policy="milp", allocator="process", grace=5.0,
                           heartbeat_timeout=6.0, workdir=out / "cluster", keep_logs=True,
-                          store=etcd.address if etcd else "process") as c:
+                          store=etcd.address if etcd else "process",
+                          agent_prefix=prefix) as c:
             # The demo's idle trace for the first ~100 s, then every node stays offered.
             from malletrain.cluster import load_idle_trace
             trace = load_idle_trace(ROOT / "examples" / "demo_idle_trace.csv")
@@ -244,11 +311,11 @@ def main(argv=None) -> int:
             up_all = threading.Timer(last_t + 1.0, lambda: [c.node_up(n) for n in nodes])
             up_all.daemon = True
             up_all.start()
-            for job, (steps, lw, extra, sleep) in JOBS.items():
+            for job, (steps, lw, extra, sleep) in jobs.items():
                 c.submit(job, command(out / job, steps, lw, extra, sleep), max_nodes=lw,
                          logical_workers=lw)
             stop = threading.Event()
-            names = list(JOBS)
+            names = list(jobs)
 
             def progress():
                 res = {}
@@ -284,6 +351,13 @@ def main(argv=None) -> int:
                             except ProcessLookupError:
                                 pass
                             what = f"SIGSTOP 3 s rank pid {pid} on {node}"
+                    elif kind == "partition" and c.live_nodes():
+                        node = rng.choice(sorted(c.live_nodes()))
+                        link = f"v{node_host[node]}"
+                        _ip("-n", hosts["switch"], "link", "set", link, "down")
+                        time.sleep(3)
+                        _ip("-n", hosts["switch"], "link", "set", link, "up")
+                        what = f"partition of {node} (host {node_host[node]}) for 3 s"
                     elif kind == "zygote" and zygote_pids(c):
                         zps = zygote_pids(c)
                         node = rng.choice(sorted(zps))
@@ -341,7 +415,7 @@ def main(argv=None) -> int:
             etcd.close()
 
     rows = []
-    for job, (steps, lw, extra, _s) in JOBS.items():
+    for job, (steps, lw, extra, _s) in jobs.items():
         j = final[job]
         final_id = str(j.get("runtime_id"))
         acc = account(out / job, out / "cluster" / "logs", job, final_id, steps, lw,
@@ -356,7 +430,7 @@ def main(argv=None) -> int:
             ndiff, diff = -1, float("nan")
         held = j.get("held") or {}
         rows.append(dict(job=job, phase=j["phase"], final_incarnation=final_id,
-                         incarnations=int(final_id.rsplit(".i", 1)[1]) + 1 if ".i" in final_id
+                         incarnations=int(final_id.rsplit(".i", 1)[1]) if ".i" in final_id
                          else 0, rel_diff=diff, state_entries_differing=ndiff,
                          productive_node_s=held.get("productive_node_s", 0),
                          held_idle_node_s=held.get("held_idle_node_s", 0), **acc))
@@ -375,10 +449,15 @@ def main(argv=None) -> int:
         for problem in r["problems"]:
             print(f"    {r['job']}: {problem}")
     if rec:
-        q = statistics.quantiles(rec, n=20) if len(rec) >= 2 else [rec[0]] * 19
+        q = statistics.quantiles(rec, n=20, method="inclusive") if len(rec) >= 2 else [rec[0]] * 19
         print(f"recovery (until every training job committed again): n={len(rec)}, median "
               f"{statistics.median(rec):.2f} s, p95 {q[18]:.2f} s, max {max(rec):.2f} s; "
               f"not recovered within 120 s: {sum(r is None for r in recoveries)}")
+        for kind in kinds:
+            ks = [r for f, r in zip(faults, recoveries) if f["kind"] == kind and r is not None]
+            if ks:
+                print(f"  {kind:<10} n={len(ks):<3} median {statistics.median(ks):5.2f} s, "
+                      f"max {max(ks):5.2f} s")
     print(held_summary(status.get("held") or {}))
     (out / "chaos.json").write_text(json.dumps(dict(faults=faults, recoveries=recoveries,
                                                     jobs=rows, held=status.get("held"),
