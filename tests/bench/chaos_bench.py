@@ -166,9 +166,10 @@ def traces(out: pathlib.Path, members=None):
     for f in sorted(out.glob("trace-*.jsonl")):
         if members is not None and f.stem[len("trace-"):] not in members:
             continue
+        member = f.stem[len("trace-"):]
         for line in f.read_text().splitlines():
             try:
-                rows.append(json.loads(line))
+                rows.append(dict(json.loads(line), member=member))
             except ValueError:
                 pass  # a line cut by a kill -9
     return rows
@@ -196,7 +197,7 @@ def account(out: pathlib.Path, log_dir: pathlib.Path, job: str, final: str, step
     lost, repeated = lost_and_repeated(h, steps, workers, N_TRAIN)
     return dict(segments=h.segments, lost=lost, repeated=repeated,
                 differ_from_fixed=len(differs_from(h, reference)), problems=h.problems[:10],
-                incarnations_traced=len(rows))
+                incarnations_traced=len(rows), lost_commits=h.lost_commits)
 
 
 def _ip(*args: str) -> None:
@@ -446,6 +447,9 @@ def main(argv=None) -> int:
               f"{str(r['repeated']):>6} {r['differ_from_fixed']:>7} "
               f"{r['rel_diff']:>15.2e} {r['productive_node_s']:>10.1f}s {r['held_idle_node_s']:>9.1f}s"
               f"  {chain}")
+        if r["lost_commits"]:
+            print(f"    {r['job']}: {r['lost_commits']} step(s) committed by a rank killed right "
+                  f"after, redone by the others (not in the history)")
         for problem in r["problems"]:
             print(f"    {r['job']}: {problem}")
     if rec:

@@ -14,6 +14,12 @@ its begin state (step r, digest d) is the state after step r-1 of the incarnatio
 committed step r-1 with digest d (a park, or a snapshot); that one's own begin state links
 further back, down to an incarnation that began at step 0. A begin state that no incarnation
 committed breaks the chain (reported: the samples before it cannot be accounted for).
+
+Within an incarnation the ranks agree on every committed state, with one exception the design
+allows: a rank killed right after it committed a step, before the others did, takes its commit
+with it (they redo the step without it: at most one step is lost). Its digest may differ (the
+redo runs at another size: another summation order); the history follows the ranks that
+trained on (rows carry their ``member``), and such commits are counted, not errors.
 """
 
 from __future__ import annotations
@@ -29,19 +35,50 @@ class Incarnation:
     begins: Dict[int, set] = field(default_factory=lambda: collections.defaultdict(set))
     commits: Dict[int, set] = field(default_factory=lambda: collections.defaultdict(set))
     micro: Dict[Tuple[int, int], set] = field(default_factory=lambda: collections.defaultdict(set))
+    # step -> digest -> members that wrote it; member -> the last step it started training
+    committers: Dict[int, Dict[str, set]] = field(
+        default_factory=lambda: collections.defaultdict(lambda: collections.defaultdict(set)))
+    last_micro: Dict[str, int] = field(default_factory=dict)
 
     def add(self, row: dict) -> None:
         t = row.get("type")
+        member = str(row.get("member", "?"))
         if t == "begin":
             self.begins[int(row["step"])].add(row["digest"])
         elif t == "commit":
             self.commits[int(row["step"])].add(row["digest"])
+            self.committers[int(row["step"])][row["digest"]].add(member)
         elif t == "micro":
             self.micro[(int(row["step"]), int(row["worker"]))].add(tuple(row["indices"]))
+            self.last_micro[member] = max(self.last_micro.get(member, -1), int(row["step"]))
 
     @property
     def start(self) -> Optional[int]:
         return min(self.begins) if self.begins else None
+
+    def committed(self, step: int) -> Tuple[set, List[str]]:
+        """The digests of the state after `step` that the incarnation went on from, and what
+        is wrong with them. A rank lost right after its own commit (killed before the others
+        committed the step: they redo it without it, at most one step lost) may have written a
+        digest the survivors did not: that one is not part of the history. Ranks that
+        trained on after the step must agree."""
+        by_digest = self.committers.get(step, {})
+        if len(by_digest) <= 1:
+            return set(by_digest), []
+        went_on = {d for d, members in by_digest.items()
+                   if any(self.last_micro.get(m, -1) > step for m in members)}
+        if len(went_on) > 1:
+            return went_on, [f"{self.name}: ranks that trained on disagree on the state after "
+                             f"step {step}"]
+        if not went_on:  # the incarnation ended here: its successor's link decides
+            return set(by_digest), []
+        return went_on, []
+
+    def lost_commits(self, first: int, end: int) -> int:
+        """Steps in [first, end) some rank committed in a state the incarnation did not go on
+        from."""
+        return sum(1 for s in self.committers if first <= s < end
+                   and len(self.committed(s)[0]) < len(self.committers[s]))
 
 
 @dataclass
@@ -49,6 +86,7 @@ class History:
     segments: List[Tuple[str, int, int]]   # (incarnation, first step, end step), in step order
     samples: Dict[Tuple[int, int], tuple]  # (step, worker) -> the indices committed
     problems: List[str]
+    lost_commits: int = 0  # a rank's own commit of a step its survivors redid (it was lost)
 
     @property
     def complete(self) -> bool:
@@ -79,12 +117,13 @@ def committed_history(rows_by_incarnation: Dict[str, Iterable[dict]], final: str
         start = cur.start
         seen.add(cur.name)
         for s in range(start, end):
-            d = cur.commits.get(s)
+            d, wrong = cur.committed(s)
             if not d:
                 problems.append(f"{cur.name} did not commit step {s}")
                 break
-            if len(d) > 1:
-                problems.append(f"{cur.name}: ranks disagree on the state after step {s}")
+            problems += wrong
+            if len(d) > 1 and s == end - 1 and end == steps:
+                problems.append(f"{cur.name}: ranks disagree on the final state (step {s})")
         segments.append((cur.name, start, end))
         if start == 0:
             break
@@ -95,8 +134,8 @@ def committed_history(rows_by_incarnation: Dict[str, Iterable[dict]], final: str
         digest = next(iter(digests))
         # Who committed the state this incarnation began from? An earlier incarnation (never
         # one already in the chain) that committed step start-1 with that digest.
-        source = [i for i in incs.values() if i.name not in seen and digest in i.commits.get(start - 1, ())
-                  and i.start is not None and i.start < start]
+        source = [i for i in incs.values() if i.name not in seen
+                  and digest in i.committed(start - 1)[0] and i.start is not None and i.start < start]
         if not source:
             problems.append(f"{cur.name} began at step {start} from a state no incarnation "
                             f"committed (digest {digest[:12]}): the chain is broken")
@@ -117,7 +156,8 @@ def committed_history(rows_by_incarnation: Dict[str, Iterable[dict]], final: str
                     # attempt of a step (a redo after a failure) draws the same samples.
                     problems.append(f"{name}: attempts of step {s}, worker {k} drew different samples")
                 samples[(s, k)] = next(iter(attempts))
-    return History(segments, samples, problems)
+    lost = sum(incs[name].lost_commits(a, b) for name, a, b in segments)
+    return History(segments, samples, problems, lost)
 
 
 def lost_and_repeated(history: History, steps: int, workers: int, dataset_size: int) -> Tuple[int, int]:

@@ -114,3 +114,20 @@ def test_a_missing_micro_batch_is_reported(missing):
                                              and (r["step"], r["worker"]) == missing)]
     h, _ = account({"i_last": rows})
     assert any("no trace of step 3, worker 1" in p for p in h.problems), h.problems
+
+
+def test_a_commit_of_a_rank_lost_right_after_it_is_not_the_history():
+    # Two ranks; at step 4 rank b commits (its digest "x4") and is killed before a commits:
+    # a redoes step 4 alone ("d4") and trains on. b's commit is not part of the history.
+    rows = [dict(r, member="a") for r in run(0, STEPS)]
+    rows += [dict(r, member="b") for r in run(0, 4)]
+    rows += [{"type": "micro", "step": 4, "worker": k, "indices": indices(4, k), "member": "b"}
+             for k in range(WORKERS)]
+    rows.append({"type": "commit", "step": 4, "digest": "x4", "member": "b"})
+    h, (lost, repeated) = account({"i_last": rows})
+    assert h.complete, h.problems
+    assert h.lost_commits == 1 and (lost, repeated) == (0, 0)
+    # But two ranks that both trained on after disagreeing: a divergence, reported.
+    rows.append({"type": "micro", "step": 5, "worker": 0, "indices": indices(5, 0), "member": "b"})
+    h, _ = account({"i_last": rows})
+    assert any("trained on disagree on the state after step 4" in p for p in h.problems), h.problems
