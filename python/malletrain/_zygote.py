@@ -22,8 +22,9 @@ real directory, or the working directory for ``-m``, ahead of the interpreter's 
 fresh ``__main__``, stdout and stderr on the descriptors the client passed, signals at their
 defaults, ``PR_SET_PDEATHSIG`` (it dies with the zygote, which dies with its agent), its own
 process group if asked, fresh random seeds (Python's ``random`` through its at-fork hook,
-numpy's global generator here). Its exit follows the interpreter's rules (``sys.exit``, an
-uncaught exception prints its traceback and exits 1). What differs, and why it is safe, is in
+numpy's global generator here). It ends with the interpreter's exit codes (``sys.exit``, an
+uncaught exception prints its traceback and exits 1) and its exit's effects, except tearing
+down the preloaded modules (_finish). What differs, and why it is safe, is in
 docs/operations.md ("Warm rank starts").
 """
 
