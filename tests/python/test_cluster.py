@@ -226,6 +226,32 @@ def test_ranks_are_forked_warm_and_a_killed_zygote_is_replaced(tmp_path, fixed):
     assert_same_state(final_state(out), fixed["a"])
 
 
+def test_a_zygote_that_cannot_import_means_cold_starts_and_rarer_retries(tmp_path):
+    """A zygote whose imports fail does not keep the node from being offered: the agent says
+    why, its ranks start cold (the job trains), and it retries the zygote after 5 s, then 10 s
+    (not in a loop that would take the node's CPU)."""
+    out = tmp_path / "a"
+    with LocalCluster(["n0"], policy="dp", workdir=tmp_path / "cluster",
+                      preload=["torch", "no_such_module_for_the_test"]) as c:
+        try:
+            c.node_up("n0")
+            c.submit("a", train_cmd(out, 40, ["--logical-workers", "1"], 0.3), max_nodes=1,
+                     logical_workers=1)
+            wait_for("two failed zygotes", lambda: (c.log_dir / "agent-n0.log").read_text()
+                     .count("is unusable") >= 2, timeout=120)
+            final = c.wait(["a"], timeout=180)
+        except BaseException:
+            print(dump_logs(c))
+            raise
+    log = (c.log_dir / "agent-n0.log").read_text()
+    assert final["a"]["phase"] == "succeeded", final
+    assert "zygote failed (import no_such_module_for_the_test" in log, log[-3000:]
+    assert log.index("zygote failed") < log.index("offers node n0"), log[-3000:]
+    start = next(line for line in log.splitlines() if "started rank" in line)
+    assert ", cold: " in start, start
+    assert "a new one in 5s" in log and "a new one in 10s" in log, log[-3000:]
+
+
 def zygote_of_or_none(cluster, node: str):
     try:
         return zygote_of(cluster, node)

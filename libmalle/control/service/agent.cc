@@ -627,11 +627,26 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
 void Agent::EnsureZygote(absl::Time now) {
   if (options_.zygote_python.empty()) return;
   if (zygote_ != nullptr) {
-    if (zygote_->Ready() || zygote_->failure().empty()) return;  // ready, or still importing
+    if (zygote_->Ready()) {
+      if (zygote_failures_ > 0 || !zygote_ready_seen_) {
+        zygote_failures_ = 0;
+        zygote_ready_seen_ = true;
+        absl::MutexLock lock(&mu_);
+        counters_.zygote_warmup_s = zygote_->warmup_seconds().value_or(0);
+      }
+      return;
+    }
+    if (zygote_->failure().empty()) return;  // still importing
+    // A zygote that keeps failing (its imports do) is retried less and less
+    // often: 5 s after the first failure, doubling up to 5 min.
+    const absl::Duration backoff = std::min(absl::Seconds(5) * (1 << std::min(zygote_failures_, 6)),
+                                            absl::Minutes(5));
+    ++zygote_failures_;
     MALLE_LOG(WARNING) << "zygote " << zygote_->pid() << " is unusable (" << zygote_->failure()
-                       << "): ranks start cold until a new one is ready";
+                       << "): ranks start cold; a new one in " << absl::FormatDuration(backoff);
     zygote_.reset();
-    zygote_next_start_ = now + absl::Seconds(5);
+    zygote_ready_seen_ = false;
+    zygote_next_start_ = now + backoff;
   }
   if (now < zygote_next_start_) return;
   cluster::ZygoteOptions z;
@@ -661,6 +676,7 @@ void Agent::WaitForZygote() {
       if (stop_ || reclaim_) return;
     }
     if (zygote_->Ready()) {
+      zygote_ready_seen_ = true;
       absl::MutexLock lock(&mu_);
       counters_.zygote_warmup_s = zygote_->warmup_seconds().value_or(0);
       MALLE_LOG(INFO) << "zygote ready after " << counters_.zygote_warmup_s << " s: the node is offered";

@@ -59,7 +59,8 @@
 // agent, still stopped and reaped by pid through LocalProcess), so process
 // start and imports are not paid on the allocated node's clock. A rank the
 // zygote cannot start exactly as execve would is started cold (the log says
-// why); a zygote that dies is started again, meanwhile ranks start cold.
+// why); a zygote that dies is started again (after 5 s, doubling while
+// they keep failing, up to 5 min), meanwhile ranks start cold.
 //
 // Thread-safety: Run on one thread; Reclaim, Stop and running() from any.
 #ifndef MALLE_CONTROL_AGENT_H_
@@ -230,6 +231,8 @@ class Agent {
   std::map<std::string, JobSubmit> specs_;     // job specs read so far
   std::shared_ptr<cluster::Zygote> zygote_;    // null: none configured, or not started yet
   absl::Time zygote_next_start_ = absl::InfinitePast();
+  int zygote_failures_ = 0;         // in a row (its backoff)
+  bool zygote_ready_seen_ = false;  // the current zygote's readiness was noted
 
   mutable absl::Mutex mu_;
   std::optional<RunningRank> running_ ABSL_GUARDED_BY(mu_);
