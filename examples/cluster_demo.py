@@ -20,8 +20,13 @@ its parked state at exactly that step. A live table follows the run; at the end:
 result, what happened (nodes, parks, resumes), the allocation over time as a plot, and the
 digits job's scalability table learned by its advisor.
 
+Each node agent keeps a warm interpreter (a zygote that has imported torch, malletrain and
+scikit-learn's data sets) while its node is idle, and forks a job's rank from it when the
+allocator gives it the node, so a job holding a node trains on it within a fraction of a
+second; ``--cold`` starts every rank as a new interpreter instead (for comparison).
+
     python examples/cluster_demo.py [--out out/demo] [--policy milp] [--time-scale 1]
-                                    [--outage 10] [--outage-at 100]
+                                    [--outage 10] [--outage-at 100] [--cold]
 """
 
 from __future__ import annotations
@@ -79,6 +84,20 @@ def results(log_dir: Path) -> dict:
     return found
 
 
+def rank_starts(log_dir: Path) -> str:
+    """How the agents started ranks (warm: forked from their zygote) and how long their
+    zygotes took to be ready, before each agent offered its node (no job held it then)."""
+    text = "".join(log.read_text(errors="replace") for log in log_dir.glob("agent-*.log"))
+    warm = len(re.findall(r"started rank .*, warm: forked from the zygote\)", text))
+    started = len(re.findall(r"started rank ", text))
+    ready = [float(x) for x in re.findall(r"zygote ready after ([0-9.]+) s", text)]
+    line = f"rank starts: {started}, {warm} warm (forked from the node's zygote)"
+    if ready:
+        line += (f"; zygotes ready {len(ready)} times, {sum(ready):.1f} s in all (median "
+                 f"{sorted(ready)[len(ready) // 2]:.1f} s) before their agents offered the nodes")
+    return line
+
+
 def plot(samples: list, names: list, nodes_up: list, path: Path) -> None:
     """Per job, the nodes it trains on (solid) and the nodes it holds without training
     (hatched: starting, warming up, draining), stacked, with the idle nodes offered."""
@@ -126,6 +145,10 @@ def main(argv=None) -> int:
                         "(scaled by --time-scale); 0: no outage")
     p.add_argument("--outage-at", type=int, default=100, help="the digits job's step that "
                    "triggers the outage")
+    p.add_argument("--cold", action="store_true",
+                   help="no zygotes: every rank starts a new interpreter on its node's clock")
+    p.add_argument("--preload", default="torch,torch._dynamo,malletrain,sklearn.datasets",
+                   help="modules the agents' zygotes import (those the jobs import)")
     args = p.parse_args(argv)
     if args.outage < 0 or args.outage_at < 0:
         p.error("--outage and --outage-at must be >= 0")
@@ -144,7 +167,8 @@ def main(argv=None) -> int:
     nodes_up: list = []
     t_start = time.monotonic()
     with LocalCluster(["n0", "n1", "n2", "n3"], policy=args.policy, workdir=out / "cluster",
-                      grace=5.0, keep_logs=True) as cluster:
+                      grace=5.0, keep_logs=True, zygote=not args.cold,
+                      preload=[m for m in args.preload.split(",") if m]) as cluster:
         print(f"control store {cluster.address}; logs in {cluster.log_dir}", flush=True)
         cluster.follow_trace(events)
         for s in specs:
@@ -190,6 +214,7 @@ def main(argv=None) -> int:
                   f"{h.get('starting_node_s', 0):.1f}, warming {h.get('warming_node_s', 0):.1f}, "
                   f"draining {h.get('draining_node_s', 0):.1f})")
         print("  " + held_summary(status.get("held") or {}))
+        print("  " + rank_starts(cluster.log_dir))
         if reports.get("digits"):
             print()
             print("the digits job's scalability, as its profiling advisor learned it:")

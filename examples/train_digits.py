@@ -127,6 +127,7 @@ def main(argv=None) -> int:
                      buffering=1)  # line-buffered: a killed rank keeps its lines
     step_log = open(args.step_log, "a", buffering=1) if args.step_log else None
     seen_events = 0
+    began = False
     t0 = time.time()
     last_loss = float("nan")
     for x, y, idx in loader:
@@ -143,6 +144,13 @@ def main(argv=None) -> int:
                             if k != "total") + ")", flush=True)
         step = job.step
         micro = job.micro_batch
+        if trace is not None and not began:
+            # The state this rank starts training from (a resumed incarnation's is the state
+            # its predecessor parked or snapshotted): links the incarnations' traces into the
+            # job's committed history (tests/python/committed_history.py).
+            began = True
+            trace.write(json.dumps({"type": "begin", "step": step, "digest": job.state_digest(),
+                                    "job": os.environ.get("MALLE_JOB_ID", "")}) + "\n")
         if trace is not None:
             # What this micro-batch trains, written before its backward: the gradients reach
             # the other ranks during backward, so a rank killed right after it may already

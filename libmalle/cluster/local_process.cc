@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libmalle/base/status_macros.h"
+#include "libmalle/cluster/zygote.h"
 
 namespace malle::cluster {
 namespace {
@@ -88,6 +89,28 @@ pid_t OnSpawnerThread(const std::function<pid_t()>& fork_child) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
+  if (program.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+      struct stat st;
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          ::access(candidate.c_str(), X_OK) == 0) {
+        return candidate;
+      }
+    }
+    return absl::NotFoundError(absl::StrCat("'", program, "' is not in PATH"));
+  }
+  if (::access(program.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("'", program, "' is not an executable file"));
+  }
+  return program;
+}
+
+LocalProcess::LocalProcess(pid_t pid, bool group, std::shared_ptr<Zygote> zygote, std::string cold_reason)
+    : pid_(pid), group_(group), zygote_(std::move(zygote)), cold_reason_(std::move(cold_reason)) {}
+
 absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("ProcessSpec.argv is empty");
   if (spec.rank_env) {
@@ -95,23 +118,9 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
       return absl::InvalidArgumentError(absl::StrCat("ProcessSpec.rank_env: ", s.message()));
     }
   }
-  std::string program = spec.argv[0];
-  if (program.find('/') == std::string::npos) {
-    const char* path = std::getenv("PATH");
-    std::string found;
-    for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
-      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
-      struct stat st;
-      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-          ::access(candidate.c_str(), X_OK) == 0) {
-        found = std::move(candidate);
-        break;
-      }
-    }
-    if (found.empty()) return absl::NotFoundError(absl::StrCat("'", program, "' is not in PATH"));
-    program = std::move(found);
-  } else if (::access(program.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("'", program, "' is not an executable file"));
+  MALLE_ASSIGN_OR_RETURN(std::string program, ResolveProgram(spec.argv[0]));
+  if (spec.zygote != nullptr && !spec.inherit_fds.empty()) {
+    return absl::InvalidArgumentError("ProcessSpec: inherit_fds cannot be given with a zygote");
   }
   if (!spec.cwd.empty()) {
     struct stat st;
@@ -164,6 +173,27 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
   const pid_t parent = ::getpid();
   const bool group = spec.new_process_group;
 
+  std::string cold_reason;
+  if (spec.zygote != nullptr) {
+    std::string cwd = spec.cwd;
+    if (cwd.empty()) {
+      char buf[4096];
+      if (::getcwd(buf, sizeof(buf)) != nullptr) cwd = buf;
+    }
+    cold_reason = cwd.empty() ? "the working directory is unknown"
+                              : spec.zygote->Refusal(program, spec.argv, env_strings, cwd);
+    if (cold_reason.empty()) {
+      // Where the output goes: the spec's files, or this process's own
+      // stdout/stderr (what a child started here would inherit).
+      const int fork_out = out_fd >= 0 ? out_fd : STDOUT_FILENO;
+      const int fork_err = err_fd >= 0 ? err_fd : (err_to_out ? fork_out : STDERR_FILENO);
+      absl::StatusOr<pid_t> pid = spec.zygote->Fork(spec.argv, env_strings, cwd, group, fork_out, fork_err);
+      if (pid.ok()) return std::unique_ptr<LocalProcess>(new LocalProcess(*pid, group, spec.zygote, ""));
+      cold_reason = std::string(pid.status().message());
+    }
+  }
+  std::vector<int> inherit = spec.inherit_fds;
+
   int fork_errno = 0;
   const pid_t pid = OnSpawnerThread([&]() -> pid_t {
   const pid_t pid = ::fork();
@@ -180,6 +210,7 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
     if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
     if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
     if (err_to_out) ::dup2(STDOUT_FILENO, STDERR_FILENO);
+    for (int fd : inherit) ::fcntl(fd, F_SETFD, 0);
     if (!spec.cwd.empty() && ::chdir(spec.cwd.c_str()) != 0) ::_exit(127);
     ::execve(program.c_str(), argv.data(), envp.data());
     ::_exit(127);
@@ -190,14 +221,18 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Spawn(const ProcessS
   // Also in the parent, so that a signal to the group right after Spawn
   // cannot race the child's own setpgid.
   if (group) ::setpgid(pid, pid);
-  return std::unique_ptr<LocalProcess>(new LocalProcess(pid, group));
+  return std::unique_ptr<LocalProcess>(new LocalProcess(pid, group, nullptr, std::move(cold_reason)));
 }
 
 LocalProcess::~LocalProcess() {
   if (!PollStatus().has_value()) {
     ::kill(group_ ? -pid_ : pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);  // SIGKILL cannot be ignored: this returns
+    if (zygote_ != nullptr) {
+      (void)WaitStatus(absl::Seconds(10));  // the zygote reports it, then reaps it
+    } else {
+      int status = 0;
+      ::waitpid(pid_, &status, 0);  // SIGKILL cannot be ignored: this returns
+    }
   }
 }
 
@@ -216,6 +251,11 @@ absl::Status LocalProcess::Signal(int signal) {
 
 std::optional<ExitStatus> LocalProcess::PollStatus() {
   if (exit_.has_value()) return exit_;
+  if (zygote_ != nullptr) {
+    exit_ = zygote_->PollExit(pid_);
+    if (exit_.has_value()) zygote_->Release(pid_);
+    return exit_;
+  }
   int status = 0;
   const pid_t r = ::waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {

@@ -12,7 +12,10 @@
 // its environment can be the parent's plus additions or only what the spec
 // gives, with the rank environment contract (rank_env.h) added last; it can
 // lead a process group of its own, so that a signal reaches whatever it
-// started too.
+// started too. With a zygote (zygote.h) in the spec, a Python process is
+// forked from that warm interpreter instead, when that gives exactly what
+// execve would (else it is started cold, and cold_reason() says why); the
+// object behaves the same either way.
 //
 //   ProcessSpec spec{{"/bin/sleep", "10"}};
 //   spec.rank_env = env;                   // MALLE_STORE, MALLE_JOB_ID, ...
@@ -41,6 +44,12 @@
 
 namespace malle::cluster {
 
+class Zygote;
+
+// `program` as execvp would find it: a path containing '/' must be an
+// executable file; a bare name is looked up in PATH. kNotFound otherwise.
+absl::StatusOr<std::string> ResolveProgram(const std::string& program);
+
 struct ProcessSpec {
   // argv[0] is the executable: a path, or a bare name looked up in PATH
   // (as execvp would, but before fork, so a missing program is an error of
@@ -59,6 +68,11 @@ struct ProcessSpec {
   // The child leads a new process group (setpgid): Signal and Kill reach
   // every process it starts, not only itself.
   bool new_process_group = false;
+  // Descriptors the child keeps (their close-on-exec flag is cleared in it).
+  std::vector<int> inherit_fds;
+  // Start it through this warm interpreter when it can (zygote.h); its
+  // inherit_fds must be empty then.
+  std::shared_ptr<Zygote> zygote;
 };
 
 // How a child ended: by itself with `code`, or killed by `signal` (then code is 0).
@@ -82,6 +96,10 @@ class LocalProcess {
 
   pid_t pid() const { return pid_; }
   bool leads_group() const { return group_; }
+  // Forked from the spec's zygote (not a new interpreter).
+  bool warm() const { return zygote_ != nullptr; }
+  // Why the spec's zygote did not start it (empty: warm, or no zygote given).
+  const std::string& cold_reason() const { return cold_reason_; }
   // Sends `signal` to this child (to its whole group if it leads one).
   // kFailedPrecondition once it has exited. Does not block.
   absl::Status Signal(int signal);
@@ -96,9 +114,11 @@ class LocalProcess {
   absl::StatusOr<int> Kill(absl::Duration timeout = absl::Seconds(10));
 
  private:
-  LocalProcess(pid_t pid, bool group) : pid_(pid), group_(group) {}
+  LocalProcess(pid_t pid, bool group, std::shared_ptr<Zygote> zygote, std::string cold_reason);
   pid_t pid_;
   bool group_;
+  std::shared_ptr<Zygote> zygote_;  // the parent, when warm
+  std::string cold_reason_;
   std::optional<ExitStatus> exit_;
 };
 

@@ -55,6 +55,13 @@ ABSL_FLAG(std::string, gpus, "",
           "'auto': the GPUs of this node or its Slurm allocation (CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, "
           "SLURM_JOB_GPUS, SLURM_GPUS_ON_NODE, then the driver's devices); a list such as 0,1: those "
           "(the ranks' CUDA_VISIBLE_DEVICES); empty: CPU ranks");
+ABSL_FLAG(std::string, zygote_python, "",
+          "warm rank starts: this interpreter, with --zygote_preload imported, forks the ranks of jobs whose "
+          "command runs it (cluster/zygote.h); the node is offered once it is ready. Empty: ranks start cold");
+ABSL_FLAG(std::string, zygote_preload, "torch,torch._dynamo,malletrain",
+          "modules the zygote imports (comma-separated; torch._dynamo: torch imports it when a job builds its optimizer)");
+ABSL_FLAG(absl::Duration, zygote_ready_timeout, absl::Seconds(120),
+          "the node is offered after this even if the zygote is not ready (ranks start cold until it is)");
 
 namespace {
 
@@ -96,6 +103,9 @@ int main(int argc, char** argv) {
   o.leave_timeout = absl::GetFlag(FLAGS_leave_timeout);
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
   o.park_root = absl::GetFlag(FLAGS_park_dir);
+  o.zygote_python = absl::GetFlag(FLAGS_zygote_python);
+  o.zygote_preload = absl::StrSplit(absl::GetFlag(FLAGS_zygote_preload), ',', absl::SkipEmpty());
+  o.zygote_ready_timeout = absl::GetFlag(FLAGS_zygote_ready_timeout);
   std::optional<malle::cluster::NodeGpus> gpus;
   if (const std::string g = absl::GetFlag(FLAGS_gpus); !g.empty()) {
     // No /dev/nvidia<N> (a container may map devices elsewhere): unknown, not zero.

@@ -609,6 +609,27 @@ def open_store(address: str, timeout: float = 30.0) -> ControlStore:
     """'host:port' (a TCPStore server) or 'etcd://h1:p1,h2:p2,...[/ns]' (an etcd cluster)."""
 def store_address(store: ControlStore) -> str: ...
 
+class Zygote:
+    """A warm interpreter (libmalle/cluster/zygote.h) that has imported ``preload`` and
+    forks Python processes from that state: LocalProcess.spawn(..., zygote=z) uses it when
+    that gives exactly what a new interpreter would (else the process starts cold)."""
+    @staticmethod
+    def start(python: str, *, preload: list[str] = ..., env: dict[str, str] = ...,
+              log: str = "", import_time_env: list[str] = ...) -> Zygote: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def failure(self) -> str: ...
+    @property
+    def warmup_s(self) -> Optional[float]: ...
+    def wait_ready(self, timeout: float) -> None: ...
+
+def import_time_variable(name: str) -> bool: ...
+
 class LocalProcess:
     """A child process owned by this object (libmalle/cluster/local_process.h): it gets
     PR_SET_PDEATHSIG(SIGKILL) and is killed (with its group) when the object goes away.
@@ -617,12 +638,17 @@ class LocalProcess:
     def spawn(argv: list[str], *, env: dict[str, str] = ..., clear_env: bool = False,
               rank_env: Optional[RankEnv] = None, stdout: str = "", stderr: str = "",
               stderr_to_stdout: bool = False, truncate: bool = False, cwd: str = "",
-              new_process_group: bool = False) -> LocalProcess:
+              new_process_group: bool = False, zygote: Optional[Zygote] = None) -> LocalProcess:
         """Starts argv[0] (a path, or a name looked up in PATH). ``env`` is added to this
         process's environment (or replaces it: ``clear_env``), ``rank_env``'s variables last.
-        Log files are opened before the fork; MalleValueError / MalleError name what is wrong."""
+        Log files are opened before the fork; MalleValueError / MalleError name what is wrong.
+        With ``zygote``, forked from it when it can start the process exactly (``warm``)."""
     @property
     def pid(self) -> int: ...
+    @property
+    def warm(self) -> bool: ...
+    @property
+    def cold_reason(self) -> str: ...
     @property
     def leads_group(self) -> bool: ...
     def poll(self) -> Optional[int]: ...

@@ -436,9 +436,17 @@ def _cmd_local(args: argparse.Namespace) -> int:
             print("malletrain local: --schedule and --idle-trace exclude each other (a trace "
                   "makes the allocator decide who runs where)", file=sys.stderr)
             return 2
+        if args.warm:
+            print("malletrain local: with --idle-trace ranks start warm already (--cold: not)",
+                  file=sys.stderr)
+            return 2
         from malletrain import cluster
 
         return cluster.run_local_cli(args)
+    if args.cold:
+        print("malletrain local: --cold needs --idle-trace (without it, ranks start cold "
+              "unless --warm)", file=sys.stderr)
+        return 2
     if args.slots is not None:
         print("malletrain local: --slots needs --idle-trace (node agents run the slots; without "
               "a trace --nodes counts ranks)", file=sys.stderr)
@@ -497,6 +505,13 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
                    "node goes, and snapshots are kept; a later run with the same DIR resumes "
                    "from it (with --idle-trace: DIR/<job id>; default there: the cluster's "
                    "work directory)")
+    p.add_argument("--warm", action="store_true",
+                   help="without --idle-trace: fork every member from a zygote, an interpreter "
+                   "of COMMAND's (a Python that imports malletrain) that has imported torch and "
+                   "malletrain once (docs/launcher.md)")
+    p.add_argument("--cold", action="store_true",
+                   help="with --idle-trace: no zygotes, every rank starts a new interpreter "
+                   "(default there: warm starts, docs/operations.md)")
     # Not dest="command": the top-level subcommand already uses that name.
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the rank program and its arguments, after --")
@@ -630,6 +645,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         argv.append(f"--slots={args.slots}")
     if args.gpus:
         argv.append(f"--gpus={args.gpus}")
+    if args.zygote_python:
+        argv.append(f"--zygote_python={args.zygote_python}")
+    if args.zygote_preload:
+        argv.append(f"--zygote_preload={args.zygote_preload}")
     return _exec_daemon("malle-agent", argv)
 
 
@@ -749,6 +768,13 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                    help="'auto': the GPUs of this node or its Slurm allocation "
                    "(CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS/SLURM_JOB_GPUS, SLURM_GPUS_ON_NODE, the "
                    "driver); a list such as 0,1: those")
+    p.add_argument("--zygote-python", default=None, metavar="PYTHON",
+                   help="warm rank starts: this interpreter imports --zygote-preload once, "
+                   "before the node is offered, and the ranks of jobs whose command runs it are "
+                   "forked from it (docs/operations.md, 'Warm rank starts')")
+    p.add_argument("--zygote-preload", default=None, metavar="MODULES",
+                   help="comma-separated modules the zygote imports (default: "
+                   "torch,torch._dynamo,malletrain)")
     p.set_defaults(func=_cmd_agent)
 
     p = commands.add_parser("submit", help="submit an elastic job to the allocator",

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from malletrain import _C
 from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
@@ -154,6 +154,17 @@ class LocalCluster:
         slots: ranks per node (every agent's ``--slots``; :meth:`node_up` may give a node
             another count): a job on k nodes runs k x slots ranks, ``LOCAL_RANK`` 0..slots-1
             on each; a node that leaves takes its ranks out in one generation change.
+        zygote: warm rank starts (the default): each agent starts a zygote, an interpreter
+            (this one, ``sys.executable``) that has imported ``preload``, offers its node once
+            that is ready, and forks the ranks of jobs whose command runs this interpreter
+            from it (libmalle/cluster/zygote.h), so that process start and imports are not
+            paid while a job holds the node. False: every rank is a new interpreter.
+        preload: the modules the zygotes import (those the jobs' scripts import are worth
+            adding: each rank then imports nothing heavy on the node's clock).
+        agent_prefix: a function of the node name giving a command the node's agent runs
+            under, e.g. ``lambda n: ["ip", "netns", "exec", f"host-{n}"]`` to run each node
+            in a network namespace of its own (the agent's pid is the prefix's, which must
+            exec the agent). The store address must then be reachable from there.
     """
 
     def __init__(self, nodes: int | Sequence[str] = 4, *, policy: str = "milp",
@@ -163,11 +174,20 @@ class LocalCluster:
                  objective: str = "throughput", keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
                  metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
-                 slots: int = 1) -> None:
+                 slots: int = 1, zygote: bool = True,
+                 preload: Sequence[str] = ("torch", "torch._dynamo", "malletrain"),
+                 agent_prefix: Optional[Callable[[str], Sequence[str]]] = None) -> None:
         if allocator not in ("thread", "process"):
             raise MalleValueError(f"allocator: 'thread' or 'process', got {allocator!r}")
         _check_slots(slots)
         self.slots = slots
+        self.zygote = bool(zygote)
+        self._agent_prefix = agent_prefix
+        self.preload = [str(m) for m in preload]
+        bad = [m for m in self.preload if not m or not all(c.isalnum() or c in "._" for c in m)]
+        if zygote and (bad or not self.preload):
+            raise MalleValueError(f"preload: module names ([A-Za-z0-9_.]), at least one, got "
+                                  f"{list(preload)!r}")
         names = [f"n{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         if not names or len(set(names)) != len(names):
             raise MalleValueError(f"nodes: give a positive count or distinct names, got {nodes!r}")
@@ -390,6 +410,11 @@ class LocalCluster:
                 args.append(f"--idle_until={idle_until}")
             if self._metrics:
                 args.append("--metrics=127.0.0.1:0")
+            if self.zygote:
+                args += [f"--zygote_python={sys.executable}",
+                         f"--zygote_preload={','.join(self.preload)}"]
+            if self._agent_prefix is not None:
+                args = [*self._agent_prefix(node), *args]
             p = _C.LocalProcess.spawn(args, stdout=str(self.log_dir / f"agent-{node}.log"),
                                       stderr_to_stdout=True)
             self._agents[node] = p
@@ -733,7 +758,8 @@ def run_local_cli(args: Any) -> int:
         slots = 1 if getattr(args, "slots", None) is None else args.slots
         with LocalCluster(nodes, policy=args.policy, grace=args.grace,
                           workdir=args.log_dir, keep_logs=args.log_dir is not None,
-                          park_dir=args.park_dir, slots=slots) as cluster:
+                          park_dir=args.park_dir, slots=slots,
+                          zygote=not getattr(args, "cold", False)) as cluster:
             cluster.follow_trace(events)
             lw = args.logical_workers
             cluster.submit(args.job_id, command, min_nodes=1,

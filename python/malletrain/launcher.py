@@ -180,7 +180,7 @@ def _generation(record: dict, seen_t: float) -> Generation:
 class _Local:
     def __init__(self, command: Sequence[str], nodes: int, job_id: str, log_dir: Optional[str],
                  env: Optional[dict[str, str]], seed: Optional[int], quiet: bool,
-                 park_dir: Optional[str] = None) -> None:
+                 park_dir: Optional[str] = None, warm: bool = False) -> None:
         self.command = list(command)
         self.park_dir = os.fspath(park_dir) if park_dir else ""
         self.nodes = nodes
@@ -192,6 +192,14 @@ class _Local:
         self.rng = random.Random(seed) if seed is not None else None
         self.quiet = quiet
         self.store = _C.ControlStore.serve("127.0.0.1", 0)
+        self.zygote = None
+        if warm:
+            if log_dir:
+                os.makedirs(log_dir, exist_ok=True)
+            # The rank program's interpreter, warm (libmalle/cluster/zygote.h): imports done
+            # once, every member (the first ones and each joiner) is a fork of it.
+            self.zygote = _C.Zygote.start(self.command[0], env=self.env,
+                                          log=os.path.join(log_dir, "zygote.log") if log_dir else "")
         self.procs: dict[str, _C.LocalProcess] = {}
         self.killed: list[str] = []
         self.unadmitted: list[str] = []
@@ -229,9 +237,11 @@ class _Local:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             log = os.path.join(self.log_dir, f"{member}.log")
-        self.procs[member] = _C.LocalProcess.spawn(
+        self.procs[member] = p = _C.LocalProcess.spawn(
             self.command, env=self.env, clear_env=True, rank_env=rank, stdout=log,
-            stderr_to_stdout=True, truncate=True, new_process_group=True)
+            stderr_to_stdout=True, truncate=True, new_process_group=True, zygote=self.zygote)
+        if self.zygote is not None and not p.warm:
+            self.say(f"{member} started cold: {p.cold_reason}")
         return member
 
     def poll_generations(self, force: bool = False) -> list[str]:
@@ -332,7 +342,7 @@ class _SignalsDeferred:
 def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id: str = "local",
               timeout: float = 600.0, seed: Optional[int] = None, log_dir: Optional[str] = None,
               env: Optional[dict[str, str]] = None, quiet: bool = False,
-              park_dir: Optional[str] = None) -> LocalResult:
+              park_dir: Optional[str] = None, warm: bool = False) -> LocalResult:
     """Runs ``command`` as an elastic job of ``nodes`` local members, following ``schedule``.
 
     Blocks until every started process has exited, or ``timeout`` seconds after the launch,
@@ -342,7 +352,10 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
     ``os.environ`` for the children; the launcher adds the ``MALLE_*`` variables.
     ``park_dir``: the job's park store (``MALLE_PARK_DIR``): where its last member parks the
     state and snapshots go; a later ``run_local`` with the same directory resumes from it.
-    Raises MalleValueError for a bad schedule or argument; KeyboardInterrupt (SIGINT)
+    ``warm``: start a zygote of the command's interpreter first (``command[0]``, which must
+    be a Python that can import malletrain) and fork every member from it once it is ready,
+    instead of starting each as a new interpreter (a member it cannot start exactly as a new
+    interpreter would is started cold, and the launcher says why). Raises MalleValueError for a bad schedule or argument; KeyboardInterrupt (SIGINT)
     propagates after every child has been killed.
     """
     if not command:
@@ -354,10 +367,16 @@ def run_local(command: Sequence[str], nodes: int, schedule: str = "", *, job_id:
     if not timeout > 0:
         raise MalleValueError(f"timeout: must be a positive number of seconds, got {timeout}")
     events = parse_schedule(schedule)
-    run = _Local(command, nodes, job_id, log_dir, env, seed, quiet, park_dir)
+    run = _Local(command, nodes, job_id, log_dir, env, seed, quiet, park_dir, warm)
     timed_out = False
     last = None
     try:
+        if run.zygote is not None:
+            try:
+                run.zygote.wait_ready(timeout=max(1.0, timeout / 2))
+                run.say(f"zygote ready after {run.zygote.warmup_s:.1f} s")
+            except MalleError as e:
+                run.say(f"no warm starts: {e}")
         for _ in range(nodes):
             run.spawn(nodes)
         run.say(f"job {job_id!r}: store 127.0.0.1:{run.store.port}, "
@@ -468,7 +487,7 @@ def main(args) -> int:
     try:
         result = run_local(command, args.nodes, args.schedule, job_id=args.job_id,
                            timeout=args.timeout, seed=args.seed, log_dir=args.log_dir,
-                           park_dir=args.park_dir)
+                           park_dir=args.park_dir, warm=getattr(args, "warm", False))
     except MalleValueError as e:
         print(f"malletrain local: error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@
 #include "libmalle/cluster/local_process.h"
 #include "libmalle/cluster/node_slots.h"
 #include "libmalle/cluster/rank_env.h"
+#include "libmalle/cluster/zygote.h"
 #include "python/src/bind_common.h"
 
 namespace py = pybind11;
@@ -101,6 +102,47 @@ void BindCluster(py::module_& m) {
   }
   m.def("generated_member_id", &cluster::GeneratedMemberId);
 
+  using cluster::Zygote;
+  py::class_<Zygote, std::shared_ptr<Zygote>>(
+      m, "Zygote", "A warm interpreter that forks Python processes (libmalle/cluster/zygote.h).")
+      .def_static(
+          "start",
+          [](const std::string& python, const std::vector<std::string>& preload,
+             const std::map<std::string, std::string>& env, const std::string& log,
+             const std::vector<std::string>& import_time_env) {
+            cluster::ZygoteOptions o;
+            o.python = python;
+            o.preload = preload;
+            o.env.assign(env.begin(), env.end());
+            o.log_path = log;
+            o.import_time_env = import_time_env;
+            py::gil_scoped_release release;
+            return ValueOrThrow(Zygote::Start(std::move(o)));
+          },
+          py::arg("python"), py::kw_only(),
+          py::arg("preload") = std::vector<std::string>{"torch", "torch._dynamo", "malletrain"},
+          py::arg("env") = std::map<std::string, std::string>{}, py::arg("log") = "",
+          py::arg("import_time_env") = std::vector<std::string>{},
+          "Starts the zygote; does not wait for its imports (wait_ready).")
+      .def_property_readonly("pid", &Zygote::pid)
+      .def_property_readonly("python", &Zygote::python)
+      .def_property_readonly("ready", [](Zygote& z) { return z.Ready(); })
+      .def_property_readonly("failure", [](Zygote& z) { return z.failure(); },
+                             "Why it is unusable ('' while importing or ready).")
+      .def_property_readonly("warmup_s", &Zygote::warmup_seconds)
+      .def(
+          "wait_ready",
+          [](Zygote& z, double timeout_s) {
+            if (!(timeout_s >= 0)) {
+              throw StatusError(absl::InvalidArgumentError("timeout: must be >= 0 seconds"));
+            }
+            py::gil_scoped_release release;
+            ThrowIfError(z.WaitReady(absl::Seconds(timeout_s)));
+          },
+          py::arg("timeout"), "Blocks until ready; MalleTimeoutError, or MalleError if it failed.");
+  m.def("import_time_variable", &cluster::ImportTimeVariable, py::arg("name"),
+        "Whether a warm process must have the zygote's value of this variable.");
+
   using cluster::LocalProcess;
   // Exit codes follow subprocess.Popen: the code, or -signal.
   py::class_<LocalProcess>(m, "LocalProcess", "A child process owned by this object (PDEATHSIG).")
@@ -109,8 +151,9 @@ void BindCluster(py::module_& m) {
           [](const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
              bool clear_env, std::optional<RankEnv> rank_env, const std::string& stdout_path,
              const std::string& stderr_path, bool stderr_to_stdout, bool truncate_logs,
-             const std::string& cwd, bool new_process_group) {
+             const std::string& cwd, bool new_process_group, std::shared_ptr<Zygote> zygote) {
             cluster::ProcessSpec spec;
+            spec.zygote = std::move(zygote);
             spec.argv = argv;
             spec.env.assign(env.begin(), env.end());
             spec.clear_env = clear_env;
@@ -127,8 +170,12 @@ void BindCluster(py::module_& m) {
           py::arg("argv"), py::kw_only(), py::arg("env") = std::map<std::string, std::string>{},
           py::arg("clear_env") = false, py::arg("rank_env") = std::nullopt, py::arg("stdout") = "",
           py::arg("stderr") = "", py::arg("stderr_to_stdout") = false, py::arg("truncate") = false,
-          py::arg("cwd") = "", py::arg("new_process_group") = false)
+          py::arg("cwd") = "", py::arg("new_process_group") = false,
+          py::arg("zygote") = std::shared_ptr<Zygote>())
       .def_property_readonly("pid", &LocalProcess::pid)
+      .def_property_readonly("warm", &LocalProcess::warm, "Forked from the zygote given to spawn.")
+      .def_property_readonly("cold_reason", &LocalProcess::cold_reason,
+                             "Why the zygote given to spawn did not start it ('' if it did or none was given).")
       .def_property_readonly("leads_group", &LocalProcess::leads_group)
       .def(
           "poll",

@@ -60,7 +60,7 @@ def check_replicas_and_data(rows, steps=STEPS, workers=4):
     for r in rows:
         if r["type"] == "micro":
             by_step[r["step"]][r["worker"]] = r["indices"]
-        else:
+        elif r["type"] == "commit":
             digests[r["step"]].add(r["digest"])
     assert sorted(by_step) == list(range(steps))
     for s in range(steps):

@@ -10,6 +10,7 @@ checked sample by sample from the ranks' traces.
 from __future__ import annotations
 
 import json
+import re
 import os
 import pathlib
 import signal
@@ -167,6 +168,95 @@ def test_two_jobs_share_nodes_that_come_and_go(tmp_path, fixed):
 
 def node_view(cluster, node):
     return next((n for n in cluster.status()["nodes"] if n["node"] == node), {})
+
+
+def zygote_of(cluster, node: str) -> int:
+    """Pid of the zygote the node's agent runs (its child running malletrain._zygote)."""
+    agent = cluster._agents[node].pid
+    for task in pathlib.Path(f"/proc/{agent}/task").glob("*"):
+        for kid in (task / "children").read_text().split():
+            try:
+                if b"malletrain._zygote" in pathlib.Path(f"/proc/{kid}/cmdline").read_bytes():
+                    return int(kid)
+            except OSError:
+                pass
+    raise AssertionError(f"no zygote under {node}'s agent {agent}")
+
+
+def test_ranks_are_forked_warm_and_a_killed_zygote_is_replaced(tmp_path, fixed):
+    """Issue 26: an agent offers its node once its zygote (an interpreter that has imported
+    torch, malletrain and the script's data module) is ready, and starts the job's ranks as
+    forks of it. kill -9 of a zygote takes its node's warm rank with it (a crash, from which
+    the job recovers); the agent starts a new zygote, and ranks start cold until it is ready.
+    The job ends with its fixed-size model and exact data either way."""
+    out = tmp_path / "a"
+    with LocalCluster(["n0", "n1"], policy="dp", grace=8.0, heartbeat_timeout=5.0,
+                      workdir=tmp_path / "cluster",
+                      preload=["torch", "torch._dynamo", "malletrain", "sklearn.datasets"]) as c:
+        try:
+            c.node_up("n0")
+            c.node_up("n1")
+            c.submit("a", train_cmd(out, A_STEPS, A_ARGS, 0.15), max_nodes=2, logical_workers=4)
+            wait_for("a on both nodes", lambda: progress(c, "a.i1") >= 5 and len(
+                [n for n in ("n0", "n1") if node_view(c, n).get("rank_phase") == "training"]) == 2,
+                timeout=180)
+            first = zygote_of(c, "n1")
+            os.kill(first, signal.SIGKILL)
+            wait_for("a new zygote on n1", lambda: zygote_of_or_none(c, "n1") not in (None, first),
+                     timeout=60)
+            final = c.wait(["a"], timeout=300)
+            status = c.status()
+        except BaseException:
+            print(dump_logs(c))
+            raise
+    assert final["a"]["phase"] == "succeeded", status
+    logs = {n: (c.log_dir / f"agent-{n}.log").read_text() for n in ("n0", "n1")}
+    for n, log in logs.items():
+        # The node was offered only once its zygote was ready, and its first rank was warm.
+        assert log.index("zygote ready after") < log.index(f"offers node {n}"), log[-3000:]
+        starts = [line for line in log.splitlines() if "started rank" in line]
+        assert starts and "warm: forked from the zygote" in starts[0], starts
+    # n1's rank died with its zygote (reported like any crash) and the agent replaced both.
+    assert "is unusable" in logs["n1"], logs["n1"][-3000:]
+    assert len(re.findall(r"zygote \d+ started \(", logs["n1"])) >= 2, logs["n1"][-3000:]
+    assert len(re.findall(r"zygote \d+ ready in", logs["n1"])) >= 2, logs["n1"][-3000:]
+    assert "ended with status 137 (exited)" in logs["n1"], logs["n1"][-3000:]  # SIGKILL
+    rows = read_traces(out)
+    check_replicas_and_data(rows, steps=A_STEPS, workers=4)
+    assert_same_state(final_state(out), fixed["a"])
+
+
+def test_a_zygote_that_cannot_import_means_cold_starts_and_rarer_retries(tmp_path):
+    """A zygote whose imports fail does not keep the node from being offered: the agent says
+    why, its ranks start cold (the job trains), and it retries the zygote after 5 s, then 10 s
+    (not in a loop that would take the node's CPU)."""
+    out = tmp_path / "a"
+    with LocalCluster(["n0"], policy="dp", workdir=tmp_path / "cluster",
+                      preload=["torch", "no_such_module_for_the_test"]) as c:
+        try:
+            c.node_up("n0")
+            c.submit("a", train_cmd(out, 40, ["--logical-workers", "1"], 0.3), max_nodes=1,
+                     logical_workers=1)
+            wait_for("two failed zygotes", lambda: (c.log_dir / "agent-n0.log").read_text()
+                     .count("is unusable") >= 2, timeout=120)
+            final = c.wait(["a"], timeout=180)
+        except BaseException:
+            print(dump_logs(c))
+            raise
+    log = (c.log_dir / "agent-n0.log").read_text()
+    assert final["a"]["phase"] == "succeeded", final
+    assert "zygote failed (import no_such_module_for_the_test" in log, log[-3000:]
+    assert log.index("zygote failed") < log.index("offers node n0"), log[-3000:]
+    start = next(line for line in log.splitlines() if "started rank" in line)
+    assert ", cold: " in start, start
+    assert "a new one in 5s" in log and "a new one in 10s" in log, log[-3000:]
+
+
+def zygote_of_or_none(cluster, node: str):
+    try:
+        return zygote_of(cluster, node)
+    except (AssertionError, OSError, KeyError):
+        return None
 
 
 def test_a_warming_joiner_never_holds_its_node(tmp_path):

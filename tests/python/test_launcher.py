@@ -382,3 +382,30 @@ def test_a_child_outlives_the_thread_that_started_it():
         assert box["p"].poll() is None, "the child died with the thread that started it"
     finally:
         assert box["p"].kill(timeout=10) == -9
+
+
+def test_warm_members_are_forked_from_a_zygote_and_train_the_same_model(tmp_path, capsys):
+    """`malletrain local --warm`: every member, the first ones and a joiner, is a fork of a
+    zygote of the command's interpreter (no "started cold" line), and the job ends with the
+    same model as the same schedule run cold."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_digits.py")
+    import torch
+
+    states = {}
+    for warm in (False, True):
+        out = tmp_path / ("warm" if warm else "cold")
+        code = cli.main(["local", "--nodes", "2", "--schedule", "step=5 join 1", "--timeout",
+                         "240", "--log-dir", str(out / "logs"), *(["--warm"] if warm else []),
+                         "--", sys.executable, example, "--steps", "25", "--logical-workers",
+                         "3", "--out", str(out)])
+        text = capsys.readouterr().out
+        assert code == 0, text
+        if warm:
+            assert "zygote ready after" in text and "started cold" not in text, text
+            assert (out / "logs" / "zygote.log").exists()
+        states[warm] = torch.load(out / "final.pt")
+    from state_compare import assert_same_state
+    assert_same_state(states[True], states[False])
+    assert cli.main(["local", "--nodes", "1", "--warm", "--idle-trace", "x.csv", "--",
+                     sys.executable, "-c", "pass"]) == 2
+    assert "start warm already" in capsys.readouterr().err

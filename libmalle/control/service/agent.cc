@@ -10,6 +10,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "libmalle/base/log.h"
@@ -48,11 +49,18 @@ absl::Status AgentOptions::Validate() const {
                          std::pair{"stop_timeout", stop_timeout},
                          std::pair{"finish_timeout", finish_timeout},
                          std::pair{"member_poll", member_poll},
-                         std::pair{"respawn_backoff", respawn_backoff}}) {
+                         std::pair{"respawn_backoff", respawn_backoff},
+                         std::pair{"zygote_ready_timeout", zygote_ready_timeout}}) {
     if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(absl::StrCat("AgentOptions.", name, " must be finite and > 0, got ",
                                                      absl::FormatDuration(d)));
     }
+  }
+  if (!zygote_python.empty()) {
+    if (absl::StatusOr<std::string> p = cluster::ResolveProgram(zygote_python); !p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions.zygote_python: ", p.status().message()));
+    }
+    if (zygote_preload.empty()) return absl::InvalidArgumentError("AgentOptions.zygote_preload is empty");
   }
   if (slots < 1 || slots > kMaxSlots) {
     return absl::InvalidArgumentError(
@@ -459,6 +467,11 @@ std::string Agent::MetricsText() const {
     m.Gauge("malle_agent_rank_phase", "1 for the phase of the ranks running here, the least advanced one (none: all 0).", now ? 1 : 0,
             {{"phase", std::string(RankPhaseName(p))}});
   }
+  m.Counter("malle_agent_warm_rank_starts_total", "Ranks forked from the zygote (of malle_agent_rank_starts_total).",
+            counters_.warm_starts);
+  m.Counter("malle_agent_zygote_starts_total", "Zygotes this agent started.", counters_.zygote_starts);
+  m.Gauge("malle_agent_zygote_warmup_seconds", "The zygote's start to ready (0: none ready yet).",
+          counters_.zygote_warmup_s);
   m.Gauge("malle_agent_slots", "Ranks per job this node runs (--slots).", options_.slots);
   m.Gauge("malle_agent_ranks", "Ranks of the node's current job running here.", counters_.ranks);
   m.Gauge("malle_agent_finishing_ranks", "Ranks of succeeded jobs writing their results.", counters_.finishing);
@@ -557,6 +570,7 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
     }
     // Its own process group: stopping the rank stops what it started too.
     p.new_process_group = true;
+    p.zygote = zygote_;
     absl::StatusOr<std::unique_ptr<cluster::LocalProcess>> process = cluster::LocalProcess::Spawn(p);
     if (!process.ok()) {
       MALLE_LOG(WARNING) << "job " << w.job << ": cannot start its command: " << process.status();
@@ -585,7 +599,17 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
     r.process = *std::move(process);
     MALLE_LOG(INFO) << "started rank " << r.member << " (local rank " << local << " of " << slots << ") of "
                     << w.runtime_id << " (pid " << r.process->pid()
-                    << (bootstrap ? ", bootstraps the job)" : ", joins)");
+                    << (bootstrap ? ", bootstraps the job" : ", joins")
+                    << (r.process->warm() ? ", warm: forked from the zygote"
+                        : options_.zygote_python.empty()
+                            ? ""
+                            : absl::StrCat(", cold: ", zygote_ ? r.process->cold_reason()
+                                                               : "no zygote (a new one starts after its predecessor died)"))
+                    << ")";
+    if (r.process->warm()) {
+      absl::MutexLock lock(&mu_);
+      ++counters_.warm_starts;
+    }
     r.phase_since = now;
     started.push_back(std::move(r));
   }
@@ -600,7 +624,79 @@ absl::Status Agent::Spawn(const Wanted& w, absl::Time now) {
   return absl::OkStatus();
 }
 
+void Agent::EnsureZygote(absl::Time now) {
+  if (options_.zygote_python.empty()) return;
+  if (zygote_ != nullptr) {
+    if (zygote_->Ready()) {
+      if (zygote_failures_ > 0 || !zygote_ready_seen_) {
+        zygote_failures_ = 0;
+        zygote_ready_seen_ = true;
+        absl::MutexLock lock(&mu_);
+        counters_.zygote_warmup_s = zygote_->warmup_seconds().value_or(0);
+      }
+      return;
+    }
+    if (zygote_->failure().empty()) return;  // still importing
+    // A zygote that keeps failing (its imports do) is retried less and less
+    // often: 5 s after the first failure, doubling up to 5 min.
+    const absl::Duration backoff = std::min(absl::Seconds(5) * (1 << std::min(zygote_failures_, 6)),
+                                            absl::Minutes(5));
+    ++zygote_failures_;
+    MALLE_LOG(WARNING) << "zygote " << zygote_->pid() << " is unusable (" << zygote_->failure()
+                       << "): ranks start cold; a new one in " << absl::FormatDuration(backoff);
+    zygote_.reset();
+    zygote_ready_seen_ = false;
+    zygote_next_start_ = now + backoff;
+  }
+  if (now < zygote_next_start_) return;
+  cluster::ZygoteOptions z;
+  z.python = options_.zygote_python;
+  z.preload = options_.zygote_preload;
+  if (!options_.log_dir.empty()) z.log_path = absl::StrCat(options_.log_dir, "/zygote-", options_.node, ".log");
+  absl::StatusOr<std::shared_ptr<cluster::Zygote>> started = cluster::Zygote::Start(z);
+  absl::MutexLock lock(&mu_);
+  ++counters_.zygote_starts;
+  if (!started.ok()) {
+    MALLE_LOG(WARNING) << "cannot start a zygote (" << started.status() << "): ranks start cold";
+    zygote_next_start_ = now + absl::Seconds(30);
+    return;
+  }
+  zygote_ = *std::move(started);
+  MALLE_LOG(INFO) << "zygote " << zygote_->pid() << " started (" << options_.zygote_python << ", preloads "
+                  << absl::StrJoin(options_.zygote_preload, ",") << ")";
+}
+
+void Agent::WaitForZygote() {
+  EnsureZygote(absl::Now());
+  if (zygote_ == nullptr) return;
+  const absl::Time deadline = absl::Now() + options_.zygote_ready_timeout;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_ || reclaim_) return;
+    }
+    if (zygote_->Ready()) {
+      zygote_ready_seen_ = true;
+      absl::MutexLock lock(&mu_);
+      counters_.zygote_warmup_s = zygote_->warmup_seconds().value_or(0);
+      MALLE_LOG(INFO) << "zygote ready after " << counters_.zygote_warmup_s << " s: the node is offered";
+      return;
+    }
+    if (!zygote_->failure().empty()) {
+      MALLE_LOG(WARNING) << "zygote failed (" << zygote_->failure() << "): the node is offered, ranks start cold";
+      return;
+    }
+    if (absl::Now() >= deadline) {
+      MALLE_LOG(WARNING) << "zygote not ready after " << absl::FormatDuration(options_.zygote_ready_timeout)
+                         << ": the node is offered, ranks start cold until it is";
+      return;
+    }
+    absl::SleepFor(options_.poll_interval);
+  }
+}
+
 absl::Status Agent::Reconcile(absl::Time now) {
+  EnsureZygote(now);
   MALLE_RETURN_IF_ERROR(Reap(now));
   MALLE_RETURN_IF_ERROR(ReapFinishing(now));
   MALLE_RETURN_IF_ERROR(CheckMembership(now));
@@ -666,6 +762,7 @@ absl::Status Agent::Vacate(absl::Time deadline, bool reclaim) {
 }
 
 absl::Status Agent::Run() {
+  WaitForZygote();
   MALLE_RETURN_IF_ERROR(Register());
   MALLE_LOG(INFO) << "agent " << options_.agent_id << " offers node " << options_.node << " (" << options_.slots
                   << " slot(s))";

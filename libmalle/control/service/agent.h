@@ -52,6 +52,16 @@
 // dies with the agent, leads its own process group, gets the rank
 // environment contract of cluster/rank_env.h) and is stopped by pid.
 //
+// Warm starts (zygote_python set): before it offers the node, the agent
+// starts a zygote (cluster/zygote.h: an interpreter that has imported
+// zygote_preload) and waits for it, up to zygote_ready_timeout; a rank whose
+// command runs that interpreter is then forked from it (a grandchild of the
+// agent, still stopped and reaped by pid through LocalProcess), so process
+// start and imports are not paid on the allocated node's clock. A rank the
+// zygote cannot start exactly as execve would is started cold (the log says
+// why); a zygote that dies is started again (after 5 s, doubling while
+// they keep failing, up to 5 min), meanwhile ranks start cold.
+//
 // Thread-safety: Run on one thread; Reclaim, Stop and running() from any.
 #ifndef MALLE_CONTROL_AGENT_H_
 #define MALLE_CONTROL_AGENT_H_
@@ -69,6 +79,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libmalle/cluster/local_process.h"
+#include "libmalle/cluster/zygote.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/control/service/channel.h"
 #include "libmalle/control/wire/messages.h"
@@ -103,6 +114,12 @@ struct AgentOptions {
   absl::Duration finish_timeout = absl::Seconds(60); // job succeeded -> the rank must end by then
   absl::Duration member_poll = absl::Milliseconds(250);  // a starting rank: is it a member yet?
   absl::Duration respawn_backoff = absl::Seconds(1); // after a crash, times the crash count (max 30 s)
+  // Warm starts: the interpreter of the zygote (empty: every rank starts
+  // cold), what it imports, and how long the node waits for it before it is
+  // offered anyway (ranks then start cold until it is ready).
+  std::string zygote_python;
+  std::vector<std::string> zygote_preload = {"torch", "torch._dynamo", "malletrain"};
+  absl::Duration zygote_ready_timeout = absl::Seconds(120);
 
   absl::Status Validate() const;  // kInvalidArgument naming the field
 };
@@ -181,6 +198,10 @@ class Agent {
   // The job's phase in the allocator's status document ("" if unknown).
   std::string JobPhase(absl::string_view job, absl::Time now);
   void SetRunning();
+  // Starts the zygote (again) if one is configured and none is usable.
+  void EnsureZygote(absl::Time now);
+  // Before the node is offered: waits for the zygote (or its timeout, Stop, Reclaim).
+  void WaitForZygote();
 
   std::shared_ptr<comm::ControlStore> store_;
   Secret secret_;
@@ -208,11 +229,18 @@ class Agent {
   // updated) still lists the job here.
   std::map<std::string, bool> finished_;
   std::map<std::string, JobSubmit> specs_;     // job specs read so far
+  std::shared_ptr<cluster::Zygote> zygote_;    // null: none configured, or not started yet
+  absl::Time zygote_next_start_ = absl::InfinitePast();
+  int zygote_failures_ = 0;         // in a row (its backoff)
+  bool zygote_ready_seen_ = false;  // the current zygote's readiness was noted
 
   mutable absl::Mutex mu_;
   std::optional<RunningRank> running_ ABSL_GUARDED_BY(mu_);
   struct Counters {
     int64_t rank_starts = 0;
+    int64_t warm_starts = 0;     // forked from the zygote
+    int64_t zygote_starts = 0;
+    double zygote_warmup_s = 0;  // the latest zygote's start to ready
     std::map<std::string, int64_t> rank_exits;  // by cause
     int64_t store_errors = 0;
     int64_t unsent = 0;
