@@ -205,6 +205,11 @@ absl::Status Run() {
     MALLE_ASSIGN_OR_RETURN(std::optional<elastic::StepPlan> plan, trainer->NextStep());
     for (; shown < trainer->history().size(); ++shown) {
       const elastic::ResizeEvent& e = trainer->history()[shown];
+      if (shown == 0 && !trainer->resumed_from().empty()) {  // a parked job's new incarnation
+        std::cout << absl::StrFormat("[%s] resumed from %s at step %d", trainer->member_id(),
+                                     trainer->resumed_from(), trainer->step())
+                  << std::endl;
+      }
       std::cout << absl::StrFormat("[%s] generation %d: %s, size %d, rank %d, resumes at step %d, "
                                    "pause %.1f ms (state %.1f ms, %.2f MB)",
                                    trainer->member_id(), e.generation,
@@ -233,7 +238,9 @@ absl::Status Run() {
 
   last_size = trainer->size();
   if (trainer->left()) {
-    std::cout << absl::StrFormat("[%s] left at step %d", trainer->member_id(), trainer->step()) << std::endl;
+    std::cout << absl::StrFormat("[%s] left at step %d%s", trainer->member_id(), trainer->step(),
+                                 trainer->parked() ? ", the job's last member: parked its state" : "")
+              << std::endl;
     return absl::OkStatus();
   }
   MALLE_ASSIGN_OR_RETURN(std::string digest, trainer->StateDigest());

@@ -472,7 +472,7 @@ def _add_local_parser(commands: argparse._SubParsersAction) -> None:
         help="run an elastic job on this machine with scripted joins, leaves and kills",
         description="Hosts the job's control store, starts NODES rank processes running "
         "COMMAND and follows SCHEDULE: comma-separated events 'step=K ACTION [COUNT]' or "
-        "'t=SECONDS ACTION [COUNT]' with ACTION one of join, leave, kill, stop, cont "
+        "'t=SECONDS ACTION [COUNT]' with ACTION one of join, leave, kill, term, stop, cont "
         "(docs/launcher.md). Example: --schedule \"step=10 leave 2, step=20 join 1, "
         "step=30 kill 1\". Exit codes: 0 every rank not killed by the schedule exited 0, "
         "1 one did not, 2 bad input, 124 timeout, 130 SIGINT/SIGTERM.",

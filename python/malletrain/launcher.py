@@ -45,7 +45,7 @@ from malletrain.errors import MalleError, MalleTimeoutError, MalleValueError
 __all__ = ["Event", "Generation", "LocalResult", "choose_members", "parse_schedule",
            "progress_key", "run_local"]
 
-ACTIONS = ("join", "leave", "kill", "stop", "cont")
+ACTIONS = ("join", "leave", "kill", "term", "stop", "cont")
 _EVENT = re.compile(r"^(step|t)=([0-9]+(?:\.[0-9]*)?)\s+([a-z]+)(?:\s+([0-9]+))?$")
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # the library's id rule
 _POLL_S = 0.02  # step triggers and exits are polled this often
@@ -63,7 +63,7 @@ class Event:
 
     trigger: str      # "step" or "t"
     at: float         # steps or seconds
-    action: str       # join, leave, kill, stop, cont
+    action: str       # join, leave, kill, term, stop, cont
     count: int = 1
     # Filled in when it fires:
     fired_t: Optional[float] = None     # seconds after the launch
@@ -125,22 +125,22 @@ def choose_members(action: str, count: int, members: Sequence[str], *,
 
     ``members`` is the latest generation in rank order, ``alive`` the members whose process
     runs, ``stopped`` those the schedule stopped and has not continued, oldest first.
-    leave: the highest ranks, never rank 0 (so never the last member). kill, stop: the
-    highest ranks, rank 0 included; with ``rng``, a random sample of the non-leaders.
+    leave: the highest ranks, never rank 0 (so never the last member). kill, term, stop:
+    the highest ranks, rank 0 included; with ``rng``, a random sample of the non-leaders.
     stop skips members already stopped. cont: the members stopped first (they may have
     been excluded from the generation meanwhile). Returns fewer than ``count`` when there
     are not enough candidates.
     """
-    if action not in ("leave", "kill", "stop", "cont"):
+    if action not in ("leave", "kill", "term", "stop", "cont"):
         raise MalleValueError(f"action: {action!r} does not choose members")
     if action == "cont":
         return [m for m in stopped if m in alive][:count]
     candidates = [m for m in members if m in alive]
     if action == "stop":
         candidates = [m for m in candidates if m not in stopped]
-    if action == "leave" or (rng is not None and action in ("kill", "stop")):
+    if action == "leave" or (rng is not None and action in ("kill", "term", "stop")):
         candidates = [m for m in candidates if members and m != members[0]]
-    if rng is not None and action in ("kill", "stop"):
+    if rng is not None and action in ("kill", "term", "stop"):
         return rng.sample(candidates, min(count, len(candidates)))
     return list(reversed(candidates))[:count]
 
@@ -291,8 +291,9 @@ class _Local:
         if ev.action == "leave":
             for m in ev.members:
                 _C.request_leave(self.store, self.job_id, m)
-        elif ev.action in ("kill", "stop", "cont"):
-            sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+        elif ev.action in ("kill", "term", "stop", "cont"):
+            sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP,
+                   "cont": signal.SIGCONT}
             for m in ev.members:
                 try:
                     self.procs[m].signal(sig[ev.action])
@@ -308,8 +309,9 @@ class _Local:
                 self.report_exits()
             elif ev.action == "stop":
                 self.stopped.extend(ev.members)
-            else:
+            elif ev.action == "cont":
                 self.stopped = [m for m in self.stopped if m not in ev.members]
+            # term: the process leaves (or parks) and exits by itself, like any member
         self.say(f"step={ev.fired_step}: {ev.action} {' '.join(ev.members) or '(nobody)'}")
 
     def stop_all(self) -> None:

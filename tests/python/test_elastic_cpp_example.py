@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -29,11 +30,12 @@ pytestmark = pytest.mark.skipif(not BINARY.exists(),
                                 reason=f"{BINARY} not built (run tests/run_all.sh)")
 
 
-def run(tmp: pathlib.Path, nodes: int, schedule: str = "", *extra: str):
+def run(tmp: pathlib.Path, nodes: int, schedule: str = "", *extra: str, park_dir=None):
     out = tmp / "out"
     out.mkdir(parents=True)
     res = launcher.run_local([str(BINARY), f"--data={DATA}", f"--out={out}", *extra], nodes,
-                             schedule, timeout=240, log_dir=str(tmp / "logs"), quiet=True)
+                             schedule, timeout=240, log_dir=str(tmp / "logs"), quiet=True,
+                             park_dir=str(park_dir) if park_dir else None)
     logs = "\n".join(p.read_text() for p in sorted((tmp / "logs").glob("*.log")))
     assert res.ok, logs
     # A joiner still waiting when the job ended means the schedule's later events hit a
@@ -76,6 +78,39 @@ def test_resizes_and_a_kill_end_with_the_fixed_size_model(tmp_path, deterministi
         assert rel < 1e-5, (name, rel)
     assert elastic["accuracy"] > 0.85, elastic["accuracy"]
     assert "test accuracy" in logs
+
+
+def test_a_cpp_job_that_loses_every_rank_parks_and_resumes_at_its_step(tmp_path):
+    """The C++ rank's engine comes from its environment (elastic::CreateRankEngine), as a Python
+    rank's does: MALLE_PARK_DIR gives it the park store. SIGTERM to both members at step 20
+    (what a reclaim with a grace period does; the example turns it into a leave): the last
+    one parks the job state and exits; a new incarnation resumes at that step and ends with
+    the fixed-size run's whole state, bit for bit (deterministic mode)."""
+    fixed, p_fixed, _, _ = run(tmp_path / "fixed", 2, "", "--deterministic")
+    park = tmp_path / "park"
+    out = tmp_path / "parked" / "out"
+    out.mkdir(parents=True)
+    res = launcher.run_local([str(BINARY), f"--data={DATA}", f"--out={out}", "--deterministic",
+                              "--step_sleep=50ms"], 2, "step=20 term 2", timeout=240,
+                             log_dir=str(tmp_path / "parked" / "logs"), quiet=True,
+                             park_dir=str(park))
+    logs = "\n".join(p.read_text() for p in sorted((tmp_path / "parked" / "logs").glob("*.log")))
+    assert res.ok, logs
+    assert not (out / "result.json").exists(), "the job trained to its end instead of parking"
+    parked = re.findall(r"left at step (\d+), the job's last member: parked its state", logs)
+    assert len(parked) == 1, logs
+    at = int(parked[0])
+    assert 20 <= at < 60
+    # The newest state is the parked one (an earlier adaptive snapshot may be kept beside it).
+    assert [f.name[:len("state-") + 12] for f in sorted(park.glob("state-*"))][-1] == \
+        f"state-{at:012d}", list(park.iterdir())
+
+    resumed, p_resumed, logs2, _ = run(tmp_path / "resumed", 2, "", "--deterministic",
+                                       park_dir=park)
+    assert re.search(rf"resumed from \S*{park.name}\S* at step {at}\b", logs2), logs2
+    assert resumed["steps"] == fixed["steps"] == 60
+    assert resumed["digest"] == fixed["digest"]
+    assert np.array_equal(p_resumed, p_fixed)
 
 
 def test_bad_data_names_the_file_and_line(tmp_path):

@@ -38,7 +38,7 @@ def test_schedule_grammar():
 @pytest.mark.parametrize("spec, message", [
     ("step=10 explode 1",
      "schedule: item 1 'step=10 explode 1': unknown action 'explode'; expected one of "
-     "join, leave, kill, stop, cont"),
+     "join, leave, kill, term, stop, cont"),
     ("step=10 leave 2,, step=3 join", "schedule: item 2 is empty in 'step=10 leave 2,, "
      "step=3 join'"),
     ("step=1 join,", "schedule: item 2 is empty in 'step=1 join,'"),
@@ -70,6 +70,7 @@ ALL = set(MEMBERS)
     ("kill", 2, ALL - {"d"}, [], ["c", "b"]),     # a dead process is not killed again
     ("kill", 9, ALL, [], ["d", "c", "b", "a"]),   # without a seed the leader may go too
     ("kill", 1, ALL, ["d"], ["d"]),               # a stopped process can be killed
+    ("term", 9, ALL, [], ["d", "c", "b", "a"]),   # SIGTERM, like a reclaim: the leader too
     ("stop", 2, ALL, ["d"], ["c", "b"]),          # but not stopped twice
     ("cont", 1, ALL, ["c", "x"], ["c"]),          # stopped first, continued first
     ("cont", 5, ALL | {"x"}, ["c", "x"], ["c", "x"]),  # x was excluded meanwhile: still woken
@@ -255,7 +256,7 @@ def test_cli_reports_bad_input_with_exit_code_2(capsys):
                      sys.executable, "-c", "pass"]) == 2
     assert capsys.readouterr().err == (
         "malletrain local: error: schedule: item 1 'step=1 fly': unknown action 'fly'; "
-        "expected one of join, leave, kill, stop, cont\n")
+        "expected one of join, leave, kill, term, stop, cont\n")
     assert cli.main(["local", "--nodes", "2"]) == 2
     assert "give the program to run after --" in capsys.readouterr().err
     for bad in (["--nodes", "0"], ["--nodes", "2", "--timeout", "-1"]):
