@@ -281,10 +281,10 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     const std::vector<const Curve*> curves = JobCurves(spec);
     const double scale = JobScale(problem, spec) * rank_weights[job_index];
     // Completion and rank weights: no job is worth more than finishing it.
-    const double work_cap = problem.objective == Objective::kCompletion ||
-                                    problem.rank_weight_exponent > 0
-                                ? spec.remaining_samples
-                                : std::numeric_limits<double>::infinity();
+    const double work_cap =
+        problem.objective == Objective::kCompletion || problem.rank_weight_exponent > 0
+            ? spec.remaining_samples
+            : std::numeric_limits<double>::infinity();
     const double up = Seconds(spec.resize_up_pause) * problem.resize_hysteresis;
     const double down = Seconds(spec.resize_down_pause) * problem.resize_hysteresis;
     // The forced shrink a reclaim causes is not the policy's choice: its

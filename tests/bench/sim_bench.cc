@@ -848,7 +848,9 @@ int main(int argc, char** argv) {
               const std::string stem = absl::StrCat(dump_dir, "/", machine.name, "_", regime, "_",
                                                     mix_name, "_", row.policy, "_", row.curves);
               std::ofstream(stem + ".jobs.csv") << sim::JobsToCsv(r->jobs);
-              if (o.record_events) std::ofstream(stem + ".events.csv") << sim::EventsToCsv(r->events);
+              if (o.record_events) {
+                std::ofstream(stem + ".events.csv") << sim::EventsToCsv(r->events);
+              }
             }
             row.s = r->summary;
             row.wall_s = r->summary.wall_s - audit.audit_s;
