@@ -51,6 +51,34 @@ double JobScale(const Problem& problem, const JobSpec& job) {
   return 1.0;
 }
 
+// Per job, rank^exponent (Problem::rank_weight_exponent): rank = 1 + the
+// jobs with more work left in node-seconds at their per-node rate at
+// min_nodes; ties rank by problem order, the later job counting as the
+// larger. All ones when the exponent is 0. O(jobs log jobs).
+std::vector<double> RankWeights(const Problem& problem) {
+  const size_t n = problem.jobs.size();
+  std::vector<double> weights(n, 1.0);
+  if (problem.rank_weight_exponent <= 0) return weights;
+  std::vector<double> left(n);
+  for (size_t j = 0; j < n; ++j) {
+    const JobSpec& job = problem.jobs[j];
+    // > 0: ValidateProblem checks the rate and the remaining samples.
+    const double at_min = Interpolate(*JobCurves(job)[0], job.min_nodes);
+    left[j] = job.remaining_samples * job.min_nodes / at_min;
+  }
+  // Largest work first; of equal ones, the later job first. Then the k-th in
+  // this order (k = 0, 1, ...) has k jobs ranked above it: rank k + 1.
+  std::vector<size_t> order(n);
+  for (size_t j = 0; j < n; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(), [&left](size_t a, size_t b) {
+    return left[a] != left[b] ? left[a] > left[b] : a > b;
+  });
+  for (size_t k = 0; k < n; ++k) {
+    weights[order[k]] = std::pow(static_cast<double>(k + 1), problem.rank_weight_exponent);
+  }
+  return weights;
+}
+
 bool IsSubset(const std::vector<int>& sorted_small, const std::vector<int>& sorted_big) {
   return std::includes(sorted_big.begin(), sorted_big.end(), sorted_small.begin(),
                        sorted_small.end());
@@ -233,7 +261,9 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
   absl::flat_hash_map<std::string, int> node_index;
   for (size_t i = 0; i < problem.nodes.size(); ++i) node_index[problem.nodes[i].id] = i;
 
-  for (const JobSpec& spec : problem.jobs) {
+  const std::vector<double> rank_weights = RankWeights(problem);
+  for (size_t job_index = 0; job_index < problem.jobs.size(); ++job_index) {
+    const JobSpec& spec = problem.jobs[job_index];
     JobModel job;
     job.min_nodes = spec.min_nodes;
     job.max_nodes = std::min(spec.max_nodes, model.total_nodes);
@@ -249,11 +279,12 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
       if (job.current_per_pool[p] > 0) current_pools.push_back(p);
     }
     const std::vector<const Curve*> curves = JobCurves(spec);
-    const double scale = JobScale(problem, spec);
-    // Completion: no job is worth more than finishing it.
-    const double work_cap = problem.objective == Objective::kCompletion
-                                ? spec.remaining_samples
-                                : std::numeric_limits<double>::infinity();
+    const double scale = JobScale(problem, spec) * rank_weights[job_index];
+    // Completion and rank weights: no job is worth more than finishing it.
+    const double work_cap =
+        problem.objective == Objective::kCompletion || problem.rank_weight_exponent > 0
+            ? spec.remaining_samples
+            : std::numeric_limits<double>::infinity();
     const double up = Seconds(spec.resize_up_pause) * problem.resize_hysteresis;
     const double down = Seconds(spec.resize_down_pause) * problem.resize_hysteresis;
     // The forced shrink a reclaim causes is not the policy's choice: its

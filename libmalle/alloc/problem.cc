@@ -133,6 +133,10 @@ absl::Status ValidateProblem(const Problem& problem) {
     return Invalid("reclaim_rate",
                    absl::StrCat("must be finite and >= 0, got ", problem.reclaim_rate));
   }
+  if (!std::isfinite(problem.rank_weight_exponent) || problem.rank_weight_exponent < 0) {
+    return Invalid("rank_weight_exponent",
+                   absl::StrCat("must be finite and >= 0, got ", problem.rank_weight_exponent));
+  }
 
   absl::flat_hash_set<std::string> class_ids;
   for (size_t c = 0; c < problem.classes.size(); ++c) {
@@ -238,6 +242,11 @@ absl::Status ValidateProblem(const Problem& problem) {
                      "must be > 0 for the completion objective (it values work as a share of "
                      "what is left)");
     }
+    if (problem.rank_weight_exponent > 0 && job.remaining_samples <= 0) {
+      return Invalid(name + ".remaining_samples",
+                     "must be > 0 with rank_weight_exponent > 0 (jobs are ranked by the work "
+                     "they have left)");
+    }
     if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
       return Invalid(name + ".stop_penalty",
                      absl::StrCat("must be finite and >= 0, got ", job.stop_penalty));
@@ -262,14 +271,17 @@ absl::Status ValidateProblem(const Problem& problem) {
       }
     }
   }
-  if (problem.objective == Objective::kSpeedup) {
+  if (problem.objective == Objective::kSpeedup || problem.rank_weight_exponent > 0) {
     for (size_t j = 0; j < problem.jobs.size(); ++j) {
       const JobSpec& job = problem.jobs[j];
       const Curve& curve = job.batch_options.empty() ? job.throughput
                                                      : job.batch_options[0].throughput;
       if (Interpolate(curve, job.min_nodes) <= 0) {
         return Invalid(JobName(j, job) + ".throughput",
-                       "throughput at min_nodes is 0, so the speedup objective is undefined");
+                       problem.objective == Objective::kSpeedup
+                           ? "throughput at min_nodes is 0, so the speedup objective is undefined"
+                           : "throughput at min_nodes is 0, so the work left cannot be ranked "
+                             "(rank_weight_exponent > 0)");
       }
     }
   }

@@ -143,6 +143,25 @@ struct Problem {
   // batch change) this many times its pause, so that a change must pay off
   // by a margin before it is made (1 = the pause as it is). Finite, >= 1.
   double resize_hysteresis = 1.0;
+  // The order of finishing (JCT-aware; 0 = off, the default). When > 0,
+  // every job's objective scale is multiplied by rank^rank_weight_exponent,
+  // where rank = 1 + the number of jobs of the problem with more work left.
+  // Work left is counted in node-seconds at the job's own per-node rate at
+  // min_nodes (remaining_samples * min_nodes / r(min_nodes), first batch
+  // option), so that a fast model and a slow one compare by time, not
+  // samples; equal amounts rank by problem order (the later job counts as
+  // the larger, so that of identical jobs the older finishes first). The job
+  // closest to done weighs most, the one furthest from it 1. With the
+  // speedup objective this is a shortest-remaining-first order that keeps
+  // efficiency: a node still goes to whichever job turns it into the most
+  // weighted speedup, so short jobs grow only while their speedup holds up
+  // (the trade-off heSRPT solves: Berg, Vesilo, Harchol-Balter, "heSRPT:
+  // Optimal Parallel Scheduling of Jobs With Known Sizes", arXiv:1903.09346).
+  // The work a job is credited with over the window is capped at its
+  // remaining samples (finishing it is all it can be worth). Needs
+  // remaining_samples > 0 and a positive rate at min_nodes for every job.
+  // Finite, >= 0.
+  double rank_weight_exponent = 0.0;
 };
 
 // Checks every field; the error (InvalidArgument) names the offending field

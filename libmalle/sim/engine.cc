@@ -129,6 +129,10 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("resize_hysteresis: must be finite and >= 1, got ", o.resize_hysteresis));
   }
+  if (!std::isfinite(o.rank_weight_exponent) || o.rank_weight_exponent < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank_weight_exponent: must be finite and >= 0, got ", o.rank_weight_exponent));
+  }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return ValidatePreemption(o.preemption);
 }
@@ -445,6 +449,7 @@ absl::Status Replay::Decide() {
   problem.objective = options_.objective;
   problem.resize_cost = options_.resize_cost;
   problem.resize_hysteresis = options_.resize_hysteresis;
+  problem.rank_weight_exponent = options_.rank_weight_exponent;
   if (options_.reclaim_hazard && reclaims_seen_ >= 32) {
     // Idle node-seconds so far: the history before the start and the replay.
     const double idle_s = history_idle_node_s_ + idle_node_s_;

@@ -142,6 +142,9 @@ struct SimOptions {
   alloc::Objective objective = alloc::Objective::kThroughput;
   alloc::ResizeCostModel resize_cost = alloc::ResizeCostModel::kBftrainer;
   double resize_hysteresis = 1.0;  // alloc::Problem::resize_hysteresis
+  // alloc::Problem::rank_weight_exponent: jobs closer to done weigh more (the
+  // engine gives every job its remaining samples). 0 = off.
+  double rank_weight_exponent = 0.0;
   absl::Duration forward_window = absl::Minutes(2);
   absl::Duration debounce = absl::ZeroDuration();
   int max_waiting = 64;

@@ -65,11 +65,15 @@ ABSL_FLAG(std::string, curves_for, "milp,dp",
           "policies that run every mode in --curves; the others run only the first one "
           "('all' for every policy)");
 ABSL_FLAG(std::string, forecast, "none", "none, oracle, estimated or reservation");
+ABSL_FLAG(double, rank_weights, 0,
+          "rank weights: each job's objective times rank^P, rank 1 for the job with the most "
+          "work left (alloc::Problem::rank_weight_exponent); 0 = off");
 ABSL_FLAG(double, hysteresis, 1, "the policies charge each resize this many times its pause");
 ABSL_FLAG(double, terms_t_fwd_s, 0,
           "forward window of the policies in --terms_for, seconds (0: --t_fwd_s)");
 ABSL_FLAG(std::string, terms_for, "milp,dp",
-          "policies that get --reclaim_hazard, --hysteresis and --objective; the others run with "
+          "policies that get --reclaim_hazard, --hysteresis, --rank_weights and --objective; the "
+          "others run with "
           "the plain throughput objective, BFTrainer's settings ('all' for every policy)");
 ABSL_FLAG(bool, reclaim_hazard, false,
           "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
@@ -97,6 +101,11 @@ ABSL_FLAG(bool, milp_dp_start, false,
 ABSL_FLAG(bool, audit_all, false,
           "audit every MILP decision against the DP, not only those not proven optimal");
 ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
+ABSL_FLAG(std::string, dump_dir, "",
+          "write every replay's per-job outcomes (and, with --dump_events, its events) to "
+          "DIR/<machine>_<regime>_<mix>_<policy>_<curves>.{jobs,events}.csv, to trace why a "
+          "policy wins or loses");
+ABSL_FLAG(bool, dump_events, false, "with --dump_dir: record and write every replay's events");
 ABSL_FLAG(bool, summit, true, "replay the Summit idle trace (--trace) as one machine");
 ABSL_FLAG(std::string, swf, "",
           "SWF logs replayed as further machines, comma-separated, each "
@@ -236,6 +245,7 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   o.learned_warmup = absl::Seconds(warmup);
   o.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
   o.resize_hysteresis = absl::GetFlag(FLAGS_hysteresis);
+  o.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weights);
   o.record_events = false;
   absl::StatusOr<sim::PreemptionCost> preemption =
       sim::ParsePreemptionCost(absl::GetFlag(FLAGS_preemption_cost));
@@ -694,6 +704,9 @@ int main(int argc, char** argv) {
       absl::StrCat(absl::GetFlag(FLAGS_reclaim_hazard) ? " + reclaim hazard" : "",
                    absl::GetFlag(FLAGS_hysteresis) != 1
                        ? absl::StrFormat(", hysteresis %.3g", absl::GetFlag(FLAGS_hysteresis))
+                       : "",
+                   absl::GetFlag(FLAGS_rank_weights) > 0
+                       ? absl::StrFormat(", rank weights ^%.3g", absl::GetFlag(FLAGS_rank_weights))
                        : ""),
       absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_preemption_cost),
       absl::GetFlag(FLAGS_objective), absl::GetFlag(FLAGS_resize_cost),
@@ -767,6 +780,7 @@ int main(int argc, char** argv) {
                 std::find(terms_for.begin(), terms_for.end(), policy_name) == terms_for.end()) {
               o.reclaim_hazard = false;
               o.resize_hysteresis = 1;
+              o.rank_weight_exponent = 0;
               o.objective = alloc::Objective::kThroughput;
             } else if (absl::GetFlag(FLAGS_terms_t_fwd_s) > 0) {
               o.forward_window = absl::Seconds(absl::GetFlag(FLAGS_terms_t_fwd_s));
@@ -775,6 +789,8 @@ int main(int argc, char** argv) {
             o.end = end;
             o.decide.policy = policy;
             o.curves = curves[c];
+            const std::string dump_dir = absl::GetFlag(FLAGS_dump_dir);
+            o.record_events = !dump_dir.empty() && absl::GetFlag(FLAGS_dump_events);
             MilpAudit& audit = row.audit;
             if (row.milp) {
               const bool audit_all = absl::GetFlag(FLAGS_audit_all);
@@ -827,6 +843,14 @@ int main(int argc, char** argv) {
               std::cerr << " failed: " << r.status() << "\n";
               ++failures;
               continue;
+            }
+            if (!dump_dir.empty()) {
+              const std::string stem = absl::StrCat(dump_dir, "/", machine.name, "_", regime, "_",
+                                                    mix_name, "_", row.policy, "_", row.curves);
+              std::ofstream(stem + ".jobs.csv") << sim::JobsToCsv(r->jobs);
+              if (o.record_events) {
+                std::ofstream(stem + ".events.csv") << sim::EventsToCsv(r->events);
+              }
             }
             row.s = r->summary;
             row.wall_s = r->summary.wall_s - audit.audit_s;

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,103 @@ TEST(CompileCountModelTest, CompletionObjectiveValuesShareOfRemainingWork) {
   EXPECT_THAT(CompileCountModel(p).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("jobs[1] (\"b\").remaining_samples: must be finite and >= 0")));
+}
+
+// Rank weights on a hand-checked instance: 2 nodes, speedup objective,
+// window 100 s, no pauses. a: 10 and 19 samples/s on 1 and 2 nodes, 10,000
+// samples left (1,000 node-s at its rate on 1 node); b: 10 and 16, 2,000
+// left (200 node-s). Speedups: a 1 and 1.9, b 1 and 1.6, so options are
+// worth 100 x speedup: (a, b) = (2, 0) 190, (1, 1) 200, (0, 2) 160.
+// Exponent 1: b has less work left, rank 2 (weight 2), a rank 1: (1, 1)
+// 100 + 200 = 300, (0, 2) 2 x 160 = 320, b takes both nodes. Exponent 0.5:
+// b weighs sqrt(2): (1, 1) 100 + 141.42 = 241.42 beats (0, 2) 226.27.
+TEST(CompileCountModelTest, RankWeightsFavourTheJobClosestToDone) {
+  Problem p = SingleClass(2);
+  p.objective = Objective::kSpeedup;
+  JobSpec a = Job("a", 1, 2, {{0, 0}, {1, 10}, {2, 19}});
+  a.remaining_samples = 10000;
+  JobSpec b = Job("b", 1, 2, {{0, 0}, {1, 10}, {2, 16}});
+  b.remaining_samples = 2000;
+  p.jobs = {a, b};
+  auto best = [](const Problem& problem) {
+    DecideOptions o;
+    o.policy = PolicyKind::kDp;
+    absl::StatusOr<Decision> d = Decide(problem, o);
+    EXPECT_THAT(d.status(), IsOk());
+    return std::make_pair(d->allocation.jobs[0].nodes.size(), d->allocation.jobs[1].nodes.size());
+  };
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 160);
+  EXPECT_EQ(best(p), std::make_pair(size_t{1}, size_t{1}));
+
+  p.rank_weight_exponent = 1;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 100);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 200);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
+  for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
+    DecideOptions o;
+    o.policy = policy;
+    o.milp.isolation = SolveIsolation::kInProcess;
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    EXPECT_NEAR(d.objective, 320, 1e-9) << PolicyName(policy);
+    EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 0u) << PolicyName(policy);
+    EXPECT_EQ(d.allocation.jobs[1].nodes.size(), 2u) << PolicyName(policy);
+  }
+
+  p.rank_weight_exponent = 0.5;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, std::sqrt(2.0) * 160);
+  EXPECT_EQ(best(p), std::make_pair(size_t{1}, size_t{1}));
+
+  // The work credited is capped at what is left: with 1,200 samples left, b
+  // on 2 nodes trains 1,600 in the window but is credited 1,200, speedup
+  // units 1,200 / 10 = 120, weight 2: 240, and (1, 1) = 100 + 200 wins.
+  p.rank_weight_exponent = 1;
+  p.jobs[1].remaining_samples = 1200;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 200);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 240);
+  EXPECT_EQ(best(p), std::make_pair(size_t{1}, size_t{1}));
+
+  // Work left is compared in time, not samples: a 10x faster job with 5x the
+  // samples left (1,000 node-s vs 2,000) ranks as the shorter one.
+  p.jobs[1].remaining_samples = 2000;
+  p.jobs[0].throughput = {{0, 0}, {1, 100}, {2, 190}};
+  p.jobs[0].remaining_samples = 100000;
+  p.jobs[1].remaining_samples = 20000;
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 200);  // speedup 1 x 100 s x weight 2
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 100);
+
+  // Equal work left: the earlier job ranks as the shorter (weight 2).
+  p.jobs[0] = a;
+  p.jobs[1] = a;
+  p.jobs[1].id = "a2";
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 200);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 100);
+
+  // Bad input.
+  p.rank_weight_exponent = -1;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_weight_exponent: must be finite and >= 0, got -1")));
+  p.rank_weight_exponent = 1;
+  p.jobs[1].remaining_samples = 0;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("jobs[1] (\"a2\").remaining_samples: must be > 0 with "
+                                 "rank_weight_exponent > 0")));
+  p.jobs[1].remaining_samples = 1;
+  p.objective = Objective::kThroughput;
+  p.jobs[1].throughput = {{0, 0}, {1, 0}, {2, 10}};
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("throughput at min_nodes is 0, so the work left cannot be "
+                                 "ranked")));
 }
 
 // Reclaim hazard and hysteresis on a hand-checked instance: 2 nodes, a

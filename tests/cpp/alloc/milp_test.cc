@@ -276,6 +276,43 @@ TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
   EXPECT_GT(multi, 150);  // the generator really makes several pools
 }
 
+// Rank weights (Problem::rank_weight_exponent) only change option values,
+// so the MILP must still equal the DP, on one pool and on several. Work left
+// is random with ties (copies keep the copied amount) and amounts small
+// enough for the finishing cap to bind.
+TEST(MilpTest, RankWeightsMatchDpOnRandomProblems) {
+  std::mt19937 rng(2727);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  GenOptions multi;
+  multi.multi_pool = true;
+  multi.max_nodes = 10;
+  multi.max_jobs = 4;
+  int capped = 0;
+  for (int i = 0; i < 400; ++i) {
+    Problem problem = RandomProblem(rng, i < 300 ? GenOptions{} : multi);
+    problem.rank_weight_exponent = std::vector<double>{0.5, 1, 2}[rng() % 3];
+    for (size_t j = 0; j < problem.jobs.size(); ++j) {
+      JobSpec& job = problem.jobs[j];
+      if (j > 0 && rng() % 4 == 0) {
+        job.remaining_samples = problem.jobs[j - 1].remaining_samples;
+        continue;
+      }
+      const Curve& c = job.batch_options.empty() ? job.throughput : job.batch_options[0].throughput;
+      // Between a tenth of and twice what the job trains at max size in the window.
+      const double window_work =
+          c.back().samples_per_s * absl::ToDoubleSeconds(problem.forward_window);
+      job.remaining_samples = std::max(1.0, window_work * (0.1 + 1.9 * u(rng)));
+      capped += job.remaining_samples < window_work ? 1 : 0;
+    }
+    ExpectAgrees(problem, options, absl::StrCat("rank-weighted instance ", i));
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(capped, 100);  // the cap really binds on some
+}
+
 // Eight pools (2 speeds x 2 locality groups x 2 idle-window buckets), a few
 // jobs: the MILP's optimum equals an exhaustive search over every way of
 // splitting every pool's nodes among the jobs, valued by JobVectorValue

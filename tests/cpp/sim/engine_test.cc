@@ -754,6 +754,42 @@ TEST(EngineTest, ReclaimHazardFromTheHistory) {
   EXPECT_THAT(rates(false), ElementsAre(0.0));
 }
 
+// Rank weights end to end (alloc::Problem::rank_weight_exponent), by hand:
+// 2 nodes from 0 to 1000 s, two jobs at 0, 10 samples/s on 1 node and 18 on
+// 2, long L (4,000 samples) and short S (1,000); speedup objective, 30-s
+// window. Without weights (1, 1) is worth 30 + 30 = 60 against 1.8 x 30 = 54
+// for one job on both: S finishes at 100 s, L grows then (paying 10/s x 10 s
+// of up pause: 3,100 left at 18/s) and finishes at 100 + 3100 / 18. With
+// exponent 1, S (100 node-s left against L's 400) weighs 2: S on both nodes
+// is worth 2 x 54 = 108 > 30 + 60, so S finishes at 1000 / 18 and L starts
+// then on both (a start is free) and finishes 4000 / 18 later. The mean JCT
+// falls from 186.1 s to 166.7 s, the last finish moves from 272.2 s to
+// 277.8 s: finishing the short job first, what rank weights are for.
+TEST(EngineTest, RankWeightsFinishTheShortJobFirst) {
+  std::vector<MixJob> jobs = {Job("L", 1, 2, 4000), Job("S", 1, 2, 1000)};
+  for (MixJob& j : jobs) j.throughput = {{0, 0}, {1, 10}, {2, 18}};
+  SimOptions o = Dp();
+  o.objective = alloc::Objective::kSpeedup;
+  o.forward_window = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(SimResult plain, Simulate(Trace(kTwoNodes), jobs, o));
+  EXPECT_EQ(plain.jobs[1].finish, T(100));
+  EXPECT_NEAR(absl::ToDoubleSeconds(plain.jobs[0].finish - T(0)), 100 + 3100.0 / 18, 1e-6);
+  EXPECT_NEAR(plain.summary.jct_mean_s, (100 + 100 + 3100.0 / 18) / 2, 1e-6);
+
+  o.rank_weight_exponent = 1;
+  ASSERT_OK_AND_ASSIGN(SimResult ranked, Simulate(Trace(kTwoNodes), jobs, o));
+  EXPECT_THAT(EventsOf(ranked, "resize"), ElementsAre("0 S 0->2", "55 L 0->2"));
+  EXPECT_NEAR(absl::ToDoubleSeconds(ranked.jobs[1].finish - T(0)), 1000.0 / 18, 1e-6);
+  EXPECT_NEAR(absl::ToDoubleSeconds(ranked.jobs[0].finish - T(0)), 5000.0 / 18, 1e-6);
+  EXPECT_NEAR(ranked.summary.jct_mean_s, (1000.0 / 18 + 5000.0 / 18) / 2, 1e-6);
+  EXPECT_LT(ranked.summary.jct_mean_s, plain.summary.jct_mean_s);
+
+  o.rank_weight_exponent = -0.5;
+  EXPECT_THAT(Simulate(Trace(kTwoNodes), jobs, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_weight_exponent: must be finite and >= 0, got -0.5")));
+}
+
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {
   IdleTrace t;
   t.nodes = {"a", "b"};
