@@ -48,6 +48,14 @@ MESSAGES = {
     "job_complete": sign("job_complete", "j1.m0", 8,
                          {"job": "j1", "status": "succeeded", "steps": 1000, "samples": 64000,
                           "message": ""}),
+    # job_saved (protocol.md): kind park|snapshot, step and bytes in [0, 2^53],
+    # write_s in [0, 86400]; the snapshot seed sits on the upper bounds.
+    "job_saved": sign("job_saved", "j1.m0", 9,
+                      {"job": "j1", "runtime_id": "j1.i2", "kind": "park", "step": 1200,
+                       "bytes": 84213760, "write_s": 0.75}),
+    "job_saved_snapshot": sign("job_saved", "j1.m1", 10,
+                               {"job": "j1", "runtime_id": "j1.i2", "kind": "snapshot",
+                                "step": 2**53, "bytes": 2**53, "write_s": 86400}),
     "allocation_plan": sign("allocation_plan", "allocator", 17,
                             {"plan": 3, "decided_at": 1700000000.125, "policy": "milp", "reason": "submit",
                              "assignments": [{"node": "n1", "job": "j1"}, {"node": "n2", "job": None}],
@@ -59,7 +67,23 @@ MESSAGES = {
                     b"agent-n1 5 1700000000250000\nallocator 17 1700000001000000\n",
 }
 
+# The test vector of protocol.md ("Wire format"): secret = 32 x "k". If this
+# implementation drifts from the documented MAC scheme, the seeds would all be
+# refused at the MAC check and the fuzzer would never reach the parser.
+DOC_VECTOR = (b'{"v":1,"type":"node_leave","sender":"agent-1","seq":5,"ts":1700000000.25,'
+              b'"body":{"node":"n1","reason":"drained"}} '
+              b'b5774f2e395e0784713908153886c2061051b7e531f9419d5faa496fd1ae9100')
+
+
+def check_doc_vector():
+    data, mac = DOC_VECTOR.rsplit(b" ", 1)
+    ours = hmac.new(b"k" * 32, CONTEXT + data, hashlib.sha256).hexdigest().encode()
+    if ours != mac:
+        sys.exit("make_corpus.py: the MAC of protocol.md's test vector does not match")
+
+
 if __name__ == "__main__":
+    check_doc_vector()
     out = sys.argv[1] if len(sys.argv) > 1 else "corpus/control_message"
     os.makedirs(out, exist_ok=True)
     for name, data in MESSAGES.items():
