@@ -23,7 +23,8 @@
 // branch forbids are bounded to 0, and the children are re-priced from the
 // parent's basis. Nodes whose bound is within the relative gap of the
 // incumbent are pruned. Best-first, plunging into the child that holds
-// the job's heaviest column, which also finds the incumbents.
+// the job's heaviest column, which also finds incumbents; after the root,
+// a local search over the jobs' modes (ImproveModes) finds better ones.
 //
 // Thread-safety: pure functions; the caller serialises COIN (milp.cc).
 #ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
