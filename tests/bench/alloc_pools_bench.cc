@@ -372,7 +372,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cross_locality), 100 * absl::GetFlag(FLAGS_short_share),
       absl::GetFlag(FLAGS_short_windows),
       absl::GetFlag(FLAGS_milp_decomposition)
-          ? "decomposition (branch-and-price)"
+          ? absl::StrCat("decomposition (branch-and-price; local search over modes: ",
+                         absl::GetFlag(FLAGS_milp_local_search), ")")
           : absl::StrCat("CBC on the count formulation (", absl::GetFlag(FLAGS_milp_pools),
                          absl::GetFlag(FLAGS_milp_pricing) ? ", pricing" : "", ")"),
       absl::GetFlag(FLAGS_milp_fork) ? "forked child" : "in process", absl::GetFlag(FLAGS_gap),
