@@ -1220,6 +1220,8 @@ absl::StatusOr<MipResult> SolveDecomposed(const CountModel& model, const CountSo
   internal::DecompositionSettings ds;
   ds.deadline = absl::Now() + options.time_limit;
   ds.relative_gap = options.relative_gap;
+  ds.local_search = options.decomposition_local_search;
+  ds.local_search_share = options.decomposition_local_search_share;
   MALLE_ASSIGN_OR_RETURN(internal::DecompositionResult d,
                          internal::SolveByDecomposition(model, start, ds));
   MipResult r;
@@ -1480,7 +1482,12 @@ absl::StatusOr<MipResult> SolveSerialised(const SolveFn& solve, const MilpOption
 }  // namespace
 
 absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOptions& options) {
-
+  if (!(options.decomposition_local_search_share >= 0 &&
+        options.decomposition_local_search_share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("MilpOptions::decomposition_local_search_share must be in [0, 1], got %g",
+                        options.decomposition_local_search_share));
+  }
   const absl::Time start = absl::Now();
   // The DP's answer as the start (dp_start), kept for the fallback too.
   std::optional<absl::StatusOr<PolicyResult>> dp;

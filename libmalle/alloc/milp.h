@@ -104,17 +104,23 @@ struct MilpOptions {
   // Several pools, with segments and use_mip_start: solve by decomposition
   // (internal/decomposition.h): column generation over the jobs with the
   // pools priced, whose Lagrangian bound proves most answers without any
-  // branching; an incumbent from CBC on the generated columns; then
-  // reduced-cost fixing and CBC on the count formulation of the options
-  // left (`pools` chooses it). Exact: the answer is proven within
-  // relative_gap or the time limit is reached. False: CBC on the whole
-  // count formulation (or `pricing`).
+  // branching, then branch-and-price, no CBC. Exact: the answer is proven
+  // within relative_gap or the time limit is reached. False: CBC on the
+  // whole count formulation (`pools`, `pricing`).
   bool decomposition = true;
+  // With decomposition: after the root, a local search over the jobs'
+  // modes (stop, stay, grow or shrink in a pattern; each switch re-balanced
+  // by a min-cost flow) for at most decomposition_local_search_share of the
+  // time left. It finds incumbents the roundings miss, which the search
+  // then needs to prune (docs/allocator.md); never changes exactness.
+  bool decomposition_local_search = true;
+  double decomposition_local_search_share = 0.3;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };
 
-// Never returns an error for solver trouble (it falls back); returns an
+// Never returns an error for solver trouble (it falls back); InvalidArgument
+// for a decomposition_local_search_share outside [0, 1]; returns an
 // error only if the fallback fails too and there is no start to answer with
 // (use_mip_start = false and ResourceExhausted from a multi-pool DP; then
 // the caller may use a heuristic).

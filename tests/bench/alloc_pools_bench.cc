@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -71,6 +72,9 @@ ABSL_FLAG(bool, milp_pricing, false,
 ABSL_FLAG(bool, milp_decomposition, true,
           "several pools: branch-and-price on the decomposition by job (the default); false: CBC "
           "on the count formulation (--milp_pools, --milp_pricing)");
+ABSL_FLAG(std::string, milp_local_search, "true",
+          "decomposition: the local search over modes after the root: true, false, or both "
+          "(each instance solved both ways, back to back, one row each)");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
@@ -193,6 +197,8 @@ absl::StatusOr<Problem> MakeInstance(const std::vector<MixJob>& mix, int n, int 
 
 struct Row {
   int n = 0, j = 0;
+  std::string variant;       // "" or "ls" / "no-ls" (--milp_local_search=both)
+  bool local_search = true;  // MilpOptions::decomposition_local_search
   int min_pools = 1 << 30, max_pools = 0;
   std::vector<double> milp_ms, greedy_ms, equal_ms, static_ms, dp_ms;
   int proven = 0, fell_back = 0, reps = 0;
@@ -202,6 +208,7 @@ struct Row {
   double sum_gain = 0;
   int dp_refused = 0, dp_disagree = 0;
   int milp_cols = 0, milp_rows = 0;
+  std::vector<double> objectives;  // the MILP's, per instance
   std::vector<std::string> notes;
 };
 
@@ -212,8 +219,12 @@ void Note(Row& row, const std::string& note) {
   }
 }
 
+// Every row has the same N x J; each instance is solved by every row's MILP
+// variant back to back, the heuristics and the DP once (their figures go to
+// every row).
 absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>& windows,
-                       Row& row) {
+                       std::vector<Row>& rows) {
+  Row& first_row = rows.front();
   alloc::MilpOptions mo;
   mo.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
   mo.relative_gap = absl::GetFlag(FLAGS_gap);
@@ -223,7 +234,8 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
   mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
   mo.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
-    MALLE_ASSIGN_OR_RETURN(Problem problem, MakeInstance(mix, row.n, row.j, rep, windows));
+    MALLE_ASSIGN_OR_RETURN(Problem problem,
+                           MakeInstance(mix, first_row.n, first_row.j, rep, windows));
     auto timed = [&](auto solve) -> absl::StatusOr<std::pair<PolicyResult, double>> {
       const absl::Time t0 = absl::Now();
       MALLE_ASSIGN_OR_RETURN(CountModel model, alloc::CompileCountModel(problem));
@@ -234,62 +246,74 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
     };
     MALLE_ASSIGN_OR_RETURN(CountModel model, alloc::CompileCountModel(problem));
     const int pools = static_cast<int>(model.pools.size());
-    row.min_pools = std::min(row.min_pools, pools);
-    row.max_pools = std::max(row.max_pools, pools);
-    MALLE_ASSIGN_OR_RETURN(auto milp,
-                           timed([&](const CountModel& m) { return alloc::SolveMilp(m, mo); }));
+    std::vector<std::pair<PolicyResult, double>> milps;
+    for (Row& row : rows) {
+      mo.decomposition_local_search = row.local_search;
+      MALLE_ASSIGN_OR_RETURN(auto milp,
+                             timed([&](const CountModel& m) { return alloc::SolveMilp(m, mo); }));
+      milps.push_back(std::move(milp));
+    }
     MALLE_ASSIGN_OR_RETURN(auto greedy,
                            timed([](const CountModel& m) { return alloc::SolveGreedy(m); }));
     MALLE_ASSIGN_OR_RETURN(auto equal,
                            timed([](const CountModel& m) { return alloc::SolveEqualShare(m); }));
     MALLE_ASSIGN_OR_RETURN(auto fixed,
                            timed([](const CountModel& m) { return alloc::SolveStatic(m); }));
-    ++row.reps;
-    row.milp_ms.push_back(milp.second);
-    row.greedy_ms.push_back(greedy.second);
-    row.equal_ms.push_back(equal.second);
-    row.static_ms.push_back(fixed.second);
-    const PolicyResult& m = milp.first;
-    row.milp_cols = std::max(row.milp_cols, m.columns);
-    row.milp_rows = std::max(row.milp_rows, m.rows);
-    const double obj = m.solution.objective;
-    if (m.fell_back) {
-      ++row.fell_back;
-      Note(row, m.reason);
-    } else {
-      const double gap = (m.best_bound - obj) / std::max(std::fabs(obj), 1e-12);
-      row.max_gap = std::max(row.max_gap, gap);
-      if (m.optimal && gap <= absl::GetFlag(FLAGS_gap) * (1 + 1e-9)) {
-        ++row.proven;
-      } else {
+    std::optional<absl::StatusOr<std::pair<PolicyResult, double>>> dp;
+    if (absl::GetFlag(FLAGS_dp)) dp = timed([](const CountModel& c) { return alloc::SolveDp(c); });
+    for (size_t v = 0; v < rows.size(); ++v) {
+      Row& row = rows[v];
+      const auto& milp = milps[v];
+      row.min_pools = std::min(row.min_pools, pools);
+      row.max_pools = std::max(row.max_pools, pools);
+      ++row.reps;
+      row.milp_ms.push_back(milp.second);
+      row.greedy_ms.push_back(greedy.second);
+      row.equal_ms.push_back(equal.second);
+      row.static_ms.push_back(fixed.second);
+      const PolicyResult& m = milp.first;
+      row.milp_cols = std::max(row.milp_cols, m.columns);
+      row.milp_rows = std::max(row.milp_rows, m.rows);
+      const double obj = m.solution.objective;
+      if (m.fell_back) {
+        ++row.fell_back;
         Note(row, m.reason);
-      }
-    }
-    const double best_h = std::max({greedy.first.solution.objective, equal.first.solution.objective,
-                                    fixed.first.solution.objective});
-    const double gain = (obj - best_h) / std::max(std::fabs(best_h), 1e-12);
-    row.min_gain = std::isnan(row.min_gain) ? gain : std::min(row.min_gain, gain);
-    row.sum_gain += gain;
-    if (obj < best_h - 1e-9 * std::max(1.0, std::fabs(best_h))) ++row.below_heuristic;
-    if (absl::GetFlag(FLAGS_dp)) {
-      absl::StatusOr<std::pair<PolicyResult, double>> dp =
-          timed([](const CountModel& c) { return alloc::SolveDp(c); });
-      if (!dp.ok()) {
-        ++row.dp_refused;
-        Note(row, absl::StrCat("dp: ", dp.status().message()));
       } else {
-        row.dp_ms.push_back(dp->second);
-        const double d = dp->first.solution.objective;
-        if (obj < d - absl::GetFlag(FLAGS_gap) * std::max(1.0, std::fabs(d))) ++row.dp_disagree;
+        const double gap = (m.best_bound - obj) / std::max(std::fabs(obj), 1e-12);
+        row.max_gap = std::max(row.max_gap, gap);
+        if (m.optimal && gap <= absl::GetFlag(FLAGS_gap) * (1 + 1e-9)) {
+          ++row.proven;
+        } else {
+          Note(row, m.reason);
+        }
       }
+      const double best_h =
+          std::max({greedy.first.solution.objective, equal.first.solution.objective,
+                    fixed.first.solution.objective});
+      const double gain = (obj - best_h) / std::max(std::fabs(best_h), 1e-12);
+      row.min_gain = std::isnan(row.min_gain) ? gain : std::min(row.min_gain, gain);
+      row.sum_gain += gain;
+      row.objectives.push_back(obj);
+      if (obj < best_h - 1e-9 * std::max(1.0, std::fabs(best_h))) ++row.below_heuristic;
+      if (dp.has_value()) {
+        if (!dp->ok()) {
+          ++row.dp_refused;
+          Note(row, absl::StrCat("dp: ", dp->status().message()));
+        } else {
+          row.dp_ms.push_back((*dp)->second);
+          const double d = (*dp)->first.solution.objective;
+          if (obj < d - absl::GetFlag(FLAGS_gap) * std::max(1.0, std::fabs(d))) ++row.dp_disagree;
+        }
+      }
+      std::cerr << absl::StrFormat(
+          "  N=%d J=%d rep %d%s: %d pools, MILP %.1f ms (%s), objective %.9g, greedy %.1f ms\n",
+          row.n, row.j, rep, row.variant.empty() ? "" : absl::StrCat(" ", row.variant), pools,
+          milp.second,
+          m.fell_back ? "fell back"
+          : m.optimal ? "proven"
+                      : "limit",
+          obj, greedy.second);
     }
-    std::cerr << absl::StrFormat(
-        "  N=%d J=%d rep %d: %d pools, MILP %.1f ms (%s), greedy %.1f ms\n", row.n, row.j, rep,
-        pools, milp.second,
-        m.fell_back ? "fell back"
-        : m.optimal ? "proven"
-                    : "limit",
-        greedy.second);
   }
   return absl::OkStatus();
 }
@@ -348,7 +372,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cross_locality), 100 * absl::GetFlag(FLAGS_short_share),
       absl::GetFlag(FLAGS_short_windows),
       absl::GetFlag(FLAGS_milp_decomposition)
-          ? "decomposition (branch-and-price)"
+          ? absl::StrCat("decomposition (branch-and-price; local search over modes: ",
+                         absl::GetFlag(FLAGS_milp_local_search), ")")
           : absl::StrCat("CBC on the count formulation (", absl::GetFlag(FLAGS_milp_pools),
                          absl::GetFlag(FLAGS_milp_pricing) ? ", pricing" : "", ")"),
       absl::GetFlag(FLAGS_milp_fork) ? "forked child" : "in process", absl::GetFlag(FLAGS_gap),
@@ -363,22 +388,55 @@ int main(int argc, char** argv) {
   }
   std::vector<Row> rows;
   bool ok = true;
+  const std::string ls = absl::GetFlag(FLAGS_milp_local_search);
+  std::vector<std::pair<std::string, bool>> variants;
+  if (ls == "true") {
+    variants = {{"", true}};
+  } else if (ls == "false") {
+    variants = {{"", false}};
+  } else if (ls == "both") {
+    variants = {{"no-ls", false}, {"ls", true}};
+  } else {
+    std::cerr << "--milp_local_search must be true, false or both, got '" << ls << "'\n";
+    return 2;
+  }
   for (int n : *nodes) {
     for (int j : *jobs) {
-      Row row;
-      row.n = n;
-      row.j = j;
-      absl::Status s = RunConfig(mix->jobs, windows, row);
+      std::vector<Row> group;
+      for (const auto& [name, on] : variants) {
+        Row row;
+        row.n = n;
+        row.j = j;
+        row.variant = name;
+        row.local_search = on;
+        group.push_back(std::move(row));
+      }
+      absl::Status s = RunConfig(mix->jobs, windows, group);
       if (!s.ok()) {
         std::cerr << "N=" << n << " J=" << j << ": " << s << "\n";
-        Note(row, absl::StrCat("FAILED: ", s.message()));
+        for (Row& row : group) Note(row, absl::StrCat("FAILED: ", s.message()));
         ok = false;
       }
-      rows.push_back(std::move(row));
+      // With two variants: how often the second's answer is better / worse.
+      if (group.size() == 2 && group[0].objectives.size() == group[1].objectives.size()) {
+        int better = 0, worse = 0;
+        for (size_t i = 0; i < group[0].objectives.size(); ++i) {
+          const double a = group[0].objectives[i], b = group[1].objectives[i];
+          const double tol = 1e-9 * std::max(1.0, std::fabs(a));
+          better += b > a + tol;
+          worse += b < a - tol;
+        }
+        Note(group[1],
+             absl::StrFormat("answer vs %s on the same instances: %d better, %d worse, "
+                             "%d equal",
+                             group[0].variant, better, worse,
+                             static_cast<int>(group[0].objectives.size()) - better - worse));
+      }
+      for (Row& row : group) rows.push_back(std::move(row));
     }
   }
   const std::string header = absl::StrFormat(
-      "%-13s | %-6s | %-15s | %-13s | %-9s | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s",
+      "%-19s | %-6s | %-15s | %-13s | %-9s | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s",
       "N x J", "pools", "MILP p50/p99", "proven<=gap", "max gap", "MILP vs best heur.", "greedy",
       "equal_share", "static", "DP", "MILP c/r");
   std::cout << "\n" << header << "\n" << std::string(header.size(), '-') << "\n";
@@ -386,9 +444,9 @@ int main(int argc, char** argv) {
     std::string dp = P50P99(r.dp_ms);
     if (r.dp_refused > 0) dp = absl::StrCat(dp, " R", r.dp_refused, "/", r.reps);
     std::cout << absl::StrFormat(
-        "%-13s | %-6s | %-15s | %-13s | %-9.1e | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s\n",
-        absl::StrCat(r.n, " x ", r.j), absl::StrCat(r.min_pools, "-", r.max_pools),
-        P50P99(r.milp_ms),
+        "%-19s | %-6s | %-15s | %-13s | %-9.1e | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s\n",
+        absl::StrCat(r.n, " x ", r.j, r.variant.empty() ? "" : absl::StrCat(" ", r.variant)),
+        absl::StrCat(r.min_pools, "-", r.max_pools), P50P99(r.milp_ms),
         absl::StrCat(r.proven, "/", r.reps, r.fell_back ? absl::StrCat(" fb", r.fell_back) : ""),
         r.max_gap,
         absl::StrFormat("%+.2e min %+.2e", r.reps ? r.sum_gain / r.reps : kNaN, r.min_gain),
@@ -402,7 +460,8 @@ int main(int argc, char** argv) {
          "refused (state limit) in k of n\n";
   for (const Row& r : rows) {
     for (const std::string& note : r.notes)
-      std::cout << "  note " << r.n << " x " << r.j << ": " << note << "\n";
+      std::cout << "  note " << r.n << " x " << r.j
+                << (r.variant.empty() ? "" : absl::StrCat(" ", r.variant)) << ": " << note << "\n";
   }
   std::cout << "\ntargets:\n";
   for (const Row& r : rows) {
@@ -422,10 +481,11 @@ int main(int argc, char** argv) {
     }
     if (limit == 0) continue;
     std::cout << absl::StrFormat(
-        "  %d nodes x %d jobs, %d-%d pools: MILP p99 %s ms < %.0f ms %s; gap <= %.0e proven "
+        "  %d nodes x %d jobs%s, %d-%d pools: MILP p99 %s ms < %.0f ms %s; gap <= %.0e proven "
         "%d/%d %s; never below the best heuristic (%d below) %s%s\n",
-        r.n, r.j, r.min_pools, r.max_pools, Ms(p99), limit, p99 < limit ? "MET" : "MISSED",
-        absl::GetFlag(FLAGS_gap), r.proven, r.reps, gap_ok ? "MET" : "MISSED", r.below_heuristic,
+        r.n, r.j, r.variant.empty() ? "" : absl::StrCat(" (", r.variant, ")"), r.min_pools,
+        r.max_pools, Ms(p99), limit, p99 < limit ? "MET" : "MISSED", absl::GetFlag(FLAGS_gap),
+        r.proven, r.reps, gap_ok ? "MET" : "MISSED", r.below_heuristic,
         never_worse ? "MET" : "MISSED",
         pools_ok ? "" : " (fewer than 8 pools: not the target's instance)");
   }

@@ -110,7 +110,10 @@ class MinCostFlow {
           }
         }
       }
-      if (!(dist[t] < 0)) return;  // no path, or none that pays
+      if (!(dist[t] < 0)) {  // no path, or none that pays
+        dist_ = std::move(dist);
+        return;
+      }
       long long push = std::numeric_limits<long long>::max();
       for (int v = t; v != s; v = arcs_[via[v] ^ 1].to) push = std::min(push, arcs_[via[v]].capacity);
       for (int v = t; v != s; v = arcs_[via[v] ^ 1].to) {
@@ -121,6 +124,9 @@ class MinCostFlow {
   }
 
   long long Flow(int arc) const { return arcs_[arc ^ 1].capacity; }
+  // After Run: the least cost of a path from s to v in the final residual
+  // graph (+inf where none), i.e. minus the value of one more unit at v.
+  double Dist(int v) const { return dist_.empty() ? kInf : dist_[v]; }
 
  private:
   struct Arc {
@@ -130,6 +136,7 @@ class MinCostFlow {
   };
   std::vector<std::vector<int>> adj_;
   std::vector<Arc> arcs_;
+  std::vector<double> dist_;
 };
 
 double HeldCost(const JobModel& job, absl::Span<const double> pi) {
@@ -230,7 +237,8 @@ Direction OptionDirection(const JobModel& job, int o) {
 }
 
 std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
-                                       const std::vector<Mode>& modes) {
+                                       const std::vector<Mode>& modes,
+                                       std::vector<double>* pool_prices) {
   const int num_jobs = static_cast<int>(model.jobs.size());
   const int num_pools = static_cast<int>(model.pools.size());
   double largest = 1;
@@ -308,6 +316,13 @@ std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer&
     if (room[p] > 0) flow.AddArc(pool_v(p), t, room[p], 0.0);
   }
   flow.Run(s, t);
+  if (pool_prices != nullptr) {
+    pool_prices->assign(num_pools, 0.0);
+    for (int p = 0; p < num_pools; ++p) {
+      const double d = flow.Dist(pool_v(p));
+      if (d < 0) (*pool_prices)[p] = std::min(-d, must);
+    }
+  }
   CountSolution sol;
   sol.option.assign(num_jobs, 0);
   sol.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
@@ -337,6 +352,112 @@ std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer&
   }
   sol.objective = SolutionObjective(model, sol.option);
   return sol;
+}
+
+Mode OptionMode(const JobModel& job, int o) {
+  return {o == 0 ? -1 : job.options[o].pattern, OptionDirection(job, o)};
+}
+
+namespace {
+
+bool SameMode(const Mode& a, const Mode& b) {
+  return a.direction == b.direction && (a.direction == Direction::kStop || a.pattern == b.pattern);
+}
+
+// Every mode of job j: stop, stay (when it runs), and up / down in each
+// pattern that has such an option.
+std::vector<Mode> AllModes(const JobModel& job, const JobPricer& pricer, int j) {
+  std::vector<Mode> modes = {{-1, Direction::kStop}};
+  if (job.current_option != 0) modes.push_back(OptionMode(job, job.current_option));
+  for (int k = 0; k < static_cast<int>(job.patterns.size()); ++k) {
+    bool up = false, down = false;
+    for (int o : pricer.PatternOptions(j, k)) {
+      const Direction d = OptionDirection(job, o);
+      up = up || d == Direction::kUp;
+      down = down || d == Direction::kDown;
+    }
+    if (up) modes.push_back({k, Direction::kUp});
+    if (down) modes.push_back({k, Direction::kDown});
+  }
+  return modes;
+}
+
+}  // namespace
+
+CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
+                           const CountSolution& start,
+                           const std::vector<std::vector<ModeCandidate>>& candidates,
+                           absl::Span<const int> order, absl::Time deadline, int* flows) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  CountSolution best = start;
+  std::vector<Mode> modes(num_jobs);
+  for (int j = 0; j < num_jobs; ++j) modes[j] = OptionMode(model.jobs[j], start.option[j]);
+  int count = 0;
+  std::vector<ModeCandidate> all;
+  // Prices of the pools in the best allocation's flow (the value of one
+  // more node in each): a switch whose gain at these prices is negative
+  // is not tried. A screen, not a bound (the flow re-balances).
+  std::vector<double> prices;
+  (void)FlowRound(model, pricer, modes, &prices);
+  std::vector<double> score, mode_profit;
+  bool gained = true;
+  while (gained && absl::Now() < deadline) {
+    gained = false;
+    for (int i = 0; i < num_jobs && absl::Now() < deadline; ++i) {
+      const int j = order.empty() ? i : order[i];
+      const bool given = !candidates.empty() && !candidates[j].empty();
+      if (!given) {
+        all.clear();
+        for (const Mode& m : AllModes(model.jobs[j], pricer, j)) all.push_back({m});
+      }
+      const Mode was = modes[j];
+      const JobModel& job = model.jobs[j];
+      bool scored = false;
+      double now_profit = 0;
+      for (const ModeCandidate& c : given ? candidates[j] : all) {
+        if (!(c.bound > best.objective)) break;  // nor any later one
+        if (SameMode(c.mode, was)) continue;
+        if (!prices.empty()) {
+          // Mode (pattern k, direction d) at 1 + 4 k + d; the stop mode at 0.
+          auto key = [](const Mode& m) {
+            return m.direction == Direction::kStop
+                       ? 0
+                       : 1 + 4 * m.pattern + static_cast<int>(m.direction);
+          };
+          if (!scored) {
+            pricer.Scores(j, prices, score);
+            now_profit = job.options[best.option[j]].value;
+            for (size_t p = 0; p < prices.size(); ++p)
+              now_profit -= prices[p] * best.per_pool[j][p];
+            mode_profit.assign(1 + 4 * job.patterns.size(), -kInf);
+            for (int o = 0; o < static_cast<int>(score.size()); ++o) {
+              double& m = mode_profit[key(OptionMode(job, o))];
+              m = std::max(m, score[o]);
+            }
+            scored = true;
+          }
+          const double profit = mode_profit[key(c.mode)];
+          if (!(profit > now_profit - 1e-9 * std::max(1.0, std::fabs(now_profit)))) continue;
+        }
+        modes[j] = c.mode;
+        ++count;
+        std::vector<double> new_prices;
+        std::optional<CountSolution> sol = FlowRound(model, pricer, modes, &new_prices);
+        if (sol &&
+            sol->objective > best.objective + 1e-9 * std::max(1.0, std::fabs(best.objective)) &&
+            CheckSolution(model, *sol).ok()) {
+          // The flow may have changed other jobs' counts within their modes.
+          best = *std::move(sol);
+          prices = std::move(new_prices);
+          gained = true;
+          break;
+        }
+        modes[j] = was;
+      }
+    }
+  }
+  if (flows != nullptr) *flows = count;
+  return best;
 }
 
 double LagrangianBound(const CountModel& model, const JobPricer& pricer,
@@ -574,6 +695,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // Incumbents by rounding: every job takes the mode of its heaviest LP
   // column, the flow decides the counts.
   int rounded = 0, rounded_better = 0;
+  int ls_flows = 0;
+  double ls_gain = 0;
   auto flow_round = [&](const std::vector<double>& lp_x) {
     std::vector<Mode> modes(num_jobs);
     std::vector<double> weight(num_jobs, 0.0);
@@ -644,6 +767,51 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     // few nodes.
     constexpr int kRoundEvery = 8;
     if (!x.empty() && bound > threshold() && nodes_done % kRoundEvery == 0) flow_round(x);
+    if (nodes_done == 0 && !shortfall.empty() && bound > threshold() && settings.local_search) {
+      // Modes worth trying: those with an option the root's reduced costs
+      // do not rule out.
+      // Each job's modes that some option of the root's reduced costs
+      // leaves, best first, bounded by the root's L less their shortfall.
+      std::vector<std::vector<ModeCandidate>> candidates(num_jobs);
+      for (int j = 0; j < num_jobs; ++j) {
+        const JobModel& job = model.jobs[j];
+        std::vector<ModeCandidate>& mine = candidates[j];
+        for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
+          const double b = root_l - shortfall[j][o];
+          if (!(b > out.solution.objective)) continue;
+          const Mode m = OptionMode(job, o);
+          auto it = std::find_if(mine.begin(), mine.end(),
+                                 [&m](const ModeCandidate& c) { return SameMode(c.mode, m); });
+          if (it == mine.end()) {
+            mine.push_back({m, b});
+          } else {
+            it->bound = std::max(it->bound, b);
+          }
+        }
+        std::stable_sort(
+            mine.begin(), mine.end(),
+            [](const ModeCandidate& a, const ModeCandidate& b) { return a.bound > b.bound; });
+        // A job with nothing left keeps its mode (no empty list: that
+        // would mean every mode).
+        if (mine.empty()) mine.push_back({OptionMode(job, out.solution.option[j]), -kInf});
+      }
+      // The jobs the incumbent serves worst (largest shortfall) first.
+      std::vector<int> order(num_jobs);
+      for (int j = 0; j < num_jobs; ++j) order[j] = j;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return shortfall[a][out.solution.option[a]] > shortfall[b][out.solution.option[b]];
+      });
+      const absl::Time now = absl::Now();
+      const absl::Time until = settings.deadline == absl::InfiniteFuture()
+                                   ? absl::InfiniteFuture()
+                                   : now + (settings.deadline - now) * settings.local_search_share;
+      int flows = 0;
+      const double before = out.solution.objective;
+      out.solution = ImproveModes(model, pricer, out.solution, candidates, order, until, &flows);
+      ls_flows += flows;
+      ls_gain += out.solution.objective - before;
+      refresh_banned();
+    }
     ++nodes_done;
     node.bound = std::min(node.bound, bound);
     if (node.bound <= threshold()) {
@@ -779,10 +947,12 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves, %d columns; %d roundings (%d improved); %s",
+      "%d LP solves, %d columns; %d roundings (%d improved); mode search %d flows, +%.6g; %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), rounded, rounded_better,
-      out.proven ? "proven" : out_of_time ? "out of time" : "search ended unproven");
+      lp_solves, columns.size(), rounded, rounded_better, ls_flows, ls_gain,
+      out.proven    ? "proven"
+      : out_of_time ? "out of time"
+                    : "search ended unproven");
   return out;
 }
 

@@ -23,12 +23,14 @@
 // branch forbids are bounded to 0, and the children are re-priced from the
 // parent's basis. Nodes whose bound is within the relative gap of the
 // incumbent are pruned. Best-first, plunging into the child that holds
-// the job's heaviest column, which also finds the incumbents.
+// the job's heaviest column, which also finds incumbents; after the root,
+// a local search over the jobs' modes (ImproveModes) finds better ones.
 //
 // Thread-safety: pure functions; the caller serialises COIN (milp.cc).
 #ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
 #define MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,8 +79,42 @@ Direction OptionDirection(const JobModel& job, int o);
 // of its mode's options (exact where the values are concave in the count,
 // which they are but for the curves' own bumps). nullopt when the modes
 // cannot all be met (a mode's smallest count does not fit).
+// `pool_prices` (optional) receives each pool's price in the flow's optimum:
+// the value one more node there would add (0 where nodes are left over).
 std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
-                                       const std::vector<Mode>& modes);
+                                       const std::vector<Mode>& modes,
+                                       std::vector<double>* pool_prices = nullptr);
+
+// The mode of option o of job j (pattern -1 for the stop option).
+Mode OptionMode(const JobModel& job, int o);
+
+// A mode to try in ImproveModes, with an upper bound on every allocation
+// that puts the job in it (+inf if none is known): a Lagrangian bound less
+// the mode's shortfall from the job's best score at the same prices.
+struct ModeCandidate {
+  Mode mode;
+  double bound = std::numeric_limits<double>::infinity();
+};
+
+// Local search over modes: from `start` (feasible), switch one job at a
+// time (in `order`; empty: by index) to another of its `candidates` (tried
+// in their order, which must be by decreasing bound; empty: every mode of
+// the job, unbounded) and let FlowRound set every count; a switch is kept
+// when the allocation gains more than 1e-9 relative. A candidate whose
+// bound is not above the best allocation so far is not tried (nor are the
+// job's later ones): no allocation with the job in that mode is better.
+// Passes over the jobs until one gains nothing or `deadline`. Never returns
+// worse than `start`; every allocation it returns passes CheckSolution.
+// `flows` (optional) counts the FlowRounds.
+// Why: the roundings fix every job's mode from one LP optimum; where the LP
+// mixes a job's staying with its growing, or two patterns, the rounding's
+// choice is often not the best one, and one switch (with the counts the
+// flow re-balances) gains what the search would otherwise have to find
+// node by node (docs/allocator.md).
+CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
+                           const CountSolution& start,
+                           const std::vector<std::vector<ModeCandidate>>& candidates,
+                           absl::Span<const int> order, absl::Time deadline, int* flows = nullptr);
 
 // L(pi) (see above); `best` (optional) receives each job's best score.
 double LagrangianBound(const CountModel& model, const JobPricer& pricer,
@@ -87,6 +123,10 @@ double LagrangianBound(const CountModel& model, const JobPricer& pricer,
 struct DecompositionSettings {
   absl::Time deadline = absl::InfiniteFuture();
   double relative_gap = 1e-4;
+  // After the root: ImproveModes over the modes the root's reduced costs
+  // leave, for at most this share of the time left.
+  bool local_search = true;
+  double local_search_share = 0.3;
 };
 
 struct DecompositionResult {

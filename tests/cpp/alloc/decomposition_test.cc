@@ -353,6 +353,143 @@ TEST(DecompositionTest, HandCheckedTwoPools) {
   EXPECT_THAT(milp.reason, ::testing::HasSubstr("decomposition"));
 }
 
+// Pool prices from the flow: one pool of 3 nodes, job a makes 10 samples/s
+// per node (up to 3), job b 5 (up to 3); window 100 s, no pauses, nobody
+// running. Both up: b must get its smallest count (1), a the other 2, worth
+// (20 + 5) x 100 = 2,500; one more node would go to a: 1,000 (its third).
+TEST(DecompositionTest, FlowRoundPricesThePools) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.resize_cost = ResizeCostModel::kLostWork;
+  p.nodes = {Node{"n0"}, Node{"n1"}, Node{"n2"}};
+  for (auto [id, rate] : {std::make_pair("a", 10.0), std::make_pair("b", 5.0)}) {
+    JobSpec job;
+    job.id = id;
+    job.min_nodes = 1;
+    job.max_nodes = 3;
+    job.throughput = {{1, rate}, {3, 3 * rate}};
+    job.resize_up_pause = absl::ZeroDuration();
+    job.resize_down_pause = absl::ZeroDuration();
+    p.jobs.push_back(job);
+  }
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_EQ(model.pools.size(), 1u);
+  JobPricer pricer(model);
+  std::vector<Mode> modes = {{0, Direction::kUp}, {0, Direction::kUp}};
+  std::vector<double> prices;
+  std::optional<CountSolution> s = FlowRound(model, pricer, modes, &prices);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_DOUBLE_EQ(s->objective, 2500.0);
+  EXPECT_EQ(model.jobs[0].options[s->option[0]].nodes, 2);
+  EXPECT_EQ(model.jobs[1].options[s->option[1]].nodes, 1);
+  ASSERT_EQ(prices.size(), 1u);
+  EXPECT_NEAR(prices[0], 1000.0, 1e-9);
+  // Only a, up: it takes all 3 nodes, its largest option (the model has no
+  // option beyond the nodes there are), so no job could use one more: 0.
+  modes[1] = {};
+  s = FlowRound(model, pricer, modes, &prices);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_DOUBLE_EQ(s->objective, 3000.0);
+  EXPECT_EQ(prices[0], 0.0);
+  // Only b, at 1 node: nodes are left over, they are worth nothing.
+  modes = {{}, {0, Direction::kUp}};
+  s = FlowRound(model, pricer, modes, &prices);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_DOUBLE_EQ(s->objective, 1500.0);
+  EXPECT_EQ(prices[0], 0.0);
+}
+
+// ImproveModes on a hand-checked instance: one job on 2 of 4 nodes, 10
+// samples/s per node, a 10 s pause to grow, window 100 s (lost work).
+// Staying is worth 20 x 100 = 2,000; growing to 4 is worth 40 x 90 =
+// 3,600, the best. From the stay the search switches to "up" and the flow
+// gives it all 4 nodes. With the up mode's bound at 2,000 (not above the
+// start) it is not tried.
+TEST(DecompositionTest, ImproveModesSwitchesAndRespectsBounds) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.resize_cost = ResizeCostModel::kLostWork;
+  p.nodes = {Node{"n0"}, Node{"n1"}, Node{"n2"}, Node{"n3"}};
+  JobSpec job;
+  job.id = "j";
+  job.min_nodes = 1;
+  job.max_nodes = 4;
+  job.throughput = {{1, 10.0}, {4, 40.0}};
+  job.resize_up_pause = absl::Seconds(10);
+  job.resize_down_pause = absl::Seconds(5);
+  job.current_nodes = {"n0", "n1"};
+  p.jobs = {job};
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  JobPricer pricer(model);
+  const CountSolution start = CurrentSolution(model);
+  ASSERT_DOUBLE_EQ(start.objective, 2000.0);
+  int flows = 0;
+  CountSolution better = ImproveModes(model, pricer, start, {}, {}, absl::InfiniteFuture(), &flows);
+  EXPECT_DOUBLE_EQ(better.objective, 3600.0);
+  EXPECT_EQ(model.jobs[0].options[better.option[0]].nodes, 4);
+  EXPECT_THAT(CheckSolution(model, better), IsOk());
+  EXPECT_GE(flows, 1);
+  // The same search with the up mode bounded at the start's value.
+  std::vector<std::vector<ModeCandidate>> candidates = {{{{0, Direction::kUp}, 2000.0}}};
+  flows = 0;
+  CountSolution kept =
+      ImproveModes(model, pricer, start, candidates, {}, absl::InfiniteFuture(), &flows);
+  EXPECT_DOUBLE_EQ(kept.objective, 2000.0);
+  EXPECT_EQ(flows, 0);
+  // Bounded above the start, it is tried.
+  candidates[0][0].bound = 3600.0;
+  CountSolution tried = ImproveModes(model, pricer, start, candidates, {}, absl::InfiniteFuture());
+  EXPECT_DOUBLE_EQ(tried.objective, 3600.0);
+  // A deadline already past: the start.
+  CountSolution late = ImproveModes(model, pricer, start, {}, {}, absl::Now() - absl::Seconds(1));
+  EXPECT_DOUBLE_EQ(late.objective, 2000.0);
+}
+
+// On random eight-pool instances, from the current allocation: never worse
+// than the start, always a valid allocation, never above the exhaustive
+// optimum; and it reaches the optimum on some of them (it is a local
+// search, not exact).
+TEST(DecompositionTest, ImproveModesNeverWorseAndValid) {
+  std::mt19937 rng(2705);
+  int gained = 0, optimal = 0;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, i % 2 == 0)));
+    const Exhaustive opt = Search(model);
+    JobPricer pricer(model);
+    const CountSolution start = CurrentSolution(model);
+    CountSolution s = ImproveModes(model, pricer, start, {}, {}, absl::InfiniteFuture());
+    EXPECT_THAT(CheckSolution(model, s), IsOk()) << "instance " << i;
+    EXPECT_GE(s.objective, start.objective - 1e-9 * std::max(1.0, std::fabs(start.objective)))
+        << "instance " << i;
+    EXPECT_LE(s.objective, opt.best + 1e-9 * std::max(1.0, std::fabs(opt.best)))
+        << "instance " << i;
+    gained += s.objective > start.objective + 1e-9 * std::max(1.0, std::fabs(start.objective));
+    optimal += Rel(s.objective, opt.best) <= 1e-9;
+  }
+  EXPECT_GT(gained, 0);
+  EXPECT_GT(optimal, 0);
+}
+
+// The search with and without the local search: the same proven optima.
+TEST(DecompositionTest, LocalSearchKeepsTheOptimum) {
+  std::mt19937 rng(2706);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, i % 2 == 1)));
+    const Exhaustive opt = Search(model);
+    for (bool ls : {false, true}) {
+      DecompositionSettings settings;
+      settings.relative_gap = 1e-9;
+      settings.local_search = ls;
+      ASSERT_OK_AND_ASSIGN(DecompositionResult r,
+                           SolveByDecomposition(model, CurrentSolution(model), settings));
+      EXPECT_TRUE(r.proven) << "instance " << i << " ls " << ls << ": " << r.detail;
+      EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9)
+          << "instance " << i << " ls " << ls << ": " << r.solution.objective << " vs " << opt.best;
+      EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+    }
+  }
+}
+
 // Never worse than the start, and the bound is never below the answer, on
 // random instances with a deadline already past.
 TEST(DecompositionTest, PastDeadlineReturnsTheStart) {
