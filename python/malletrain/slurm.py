@@ -503,6 +503,12 @@ class HarvestOptions:
             failure; consecutive failures back off the next submission (2 s doubling to 5 min).
         agent: the malle-agent program as seen on the compute nodes (default: this package's).
         command_timeout: seconds each Slurm command may take.
+        zygote_python: warm rank starts (docs/operations.md, "Warm rank starts"): the Python
+            interpreter, as seen on the compute nodes, whose zygote each agent starts; the
+            agent offers its node once the zygote has imported ``zygote_preload`` and forks
+            the ranks from it (default: none, every rank starts a new interpreter).
+        zygote_preload: the modules the zygote imports, comma-separated (default: the
+            agent's, torch, torch._dynamo and malletrain).
     """
 
     store: str
@@ -527,6 +533,8 @@ class HarvestOptions:
     min_lifetime: float = 10.0
     agent: Optional[str] = None
     command_timeout: float = 30.0
+    zygote_python: Optional[str] = None
+    zygote_preload: Optional[str] = None
 
     def validate(self) -> None:
         """Raises MalleValueError naming the first invalid field."""
@@ -668,6 +676,10 @@ class Harvester:
             argv.append(q(f"--log_dir={o.log_dir}"))
         if o.park_dir:
             argv.append(q(f"--park_dir={o.park_dir}"))
+        if o.zygote_python:
+            argv.append(q(f"--zygote_python={o.zygote_python}"))
+            if o.zygote_preload:
+                argv.append(q(f"--zygote_preload={o.zygote_preload}"))
         return ("#!/bin/sh\n"
                 "# A malletrain node agent, submitted by `malletrain slurm harvest`.\n"
                 "# exec: the agent is the batch shell, so --signal=B:TERM reaches it alone.\n"
@@ -850,7 +862,8 @@ def _cmd_harvest(args: argparse.Namespace) -> int:
             partition=args.partition, per=args.per, cpus_per_slot=args.cpus_per_slot,
             grace=args.grace, time_limit=args.time_limit, job_name=args.job_name,
             node_prefix=args.node_prefix, group=args.group, log_dir=args.log_dir,
-            park_dir=args.park_dir, qos=args.qos,
+            park_dir=args.park_dir, zygote_python=args.zygote_python,
+            zygote_preload=args.zygote_preload, qos=args.qos,
             account=args.account, sbatch_args=list(args.sbatch_arg or []), poll=args.poll,
             agent=args.agent, command_timeout=args.command_timeout, min_window=args.min_window)
         h = Harvester(options)
@@ -940,6 +953,12 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
     h.add_argument("--park-dir", default=None,
                    help="jobs park here when their last slot is preempted, <DIR>/<job> (a "
                    "shared file system); they resume at the same step (default: no parking)")
+    h.add_argument("--zygote-python", default=None, metavar="PYTHON",
+                   help="warm rank starts: each agent forks its ranks from a zygote of this "
+                   "interpreter (as seen on the compute nodes) that imported --zygote-preload "
+                   "before the node was offered (default: cold starts)")
+    h.add_argument("--zygote-preload", default=None, metavar="MODULES",
+                   help="comma-separated modules the zygote imports (default: the agent's)")
     h.add_argument("--qos", default=None)
     h.add_argument("--account", default=None)
     h.add_argument("--sbatch-arg", action="append", metavar="ARG",

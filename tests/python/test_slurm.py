@@ -176,6 +176,21 @@ def test_options_are_validated():
             HarvestOptions(**{**good, **change}).validate()
 
 
+def test_agents_start_warm_when_given_a_zygote_interpreter():
+    """--zygote-python reaches every agent's batch script (warm rank starts); without it the
+    agents start their ranks cold, as before."""
+    def script(**kw):
+        h = Harvester(HarvestOptions(store="127.0.0.1:5", secret="/s", slots=1, **kw))
+        h._grace, h._agent = 30.0, "/opt/malle/bin/malle-agent"
+        return h.batch_script(None)
+    cold = script()
+    assert "zygote" not in cold and cold.startswith("#!/bin/sh")
+    warm = script(zygote_python="/opt/venv/bin/python", zygote_preload="torch,malletrain")
+    assert "--zygote_python=/opt/venv/bin/python" in warm
+    assert "--zygote_preload=torch,malletrain" in warm
+    assert "--zygote_preload" not in script(zygote_python="/opt/venv/bin/python")
+
+
 # --- a real Slurm ------------------------------------------------------------------------------
 
 GRACE = 15
