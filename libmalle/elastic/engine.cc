@@ -194,7 +194,7 @@ struct Engine::Snapshotter {
         // The hash on this thread: a second hashing thread would shorten
         // the write but take a core from training (2-core machines).
         StateIoOptions io;
-        io.hash_thread = false;
+        io.helper_threads = 0;
         absl::Status s = store->Write(next.first, next.second, io);
         const absl::Duration took = absl::Now() - w0;
         if (s.ok() && sink != nullptr) {
@@ -1260,6 +1260,7 @@ absl::Status Engine::ResumeFromStore() {
   // does not retry it): training from scratch instead would lose the progress
   // the user expects, silently.
   std::optional<ParkedState> found;
+  const Clock::time_point t0 = Clock::now();
   // Segments whose layout matches this incarnation's own flat buffers (its
   // parameters, the model being the same) are read straight into them: no
   // fresh memory, no second copy. They have nothing to lose here: a state
@@ -1293,6 +1294,7 @@ absl::Status Engine::ResumeFromStore() {
     }
   }
   if (!found) return absl::OkStatus();  // a new job
+  const Clock::time_point t_read = Clock::now();
   MALLE_ASSIGN_OR_RETURN(JobState state, JobState::Unpack(std::move(found->state)));
   absl::Status restored = RestoreState(std::move(state));
   if (!restored.ok()) {
@@ -1300,7 +1302,10 @@ absl::Status Engine::ResumeFromStore() {
     return absl::InvalidArgumentError(absl::StrCat(found->path, ": ", restored.message()));
   }
   resumed_from_ = found->path;
-  MALLE_LOG(INFO) << "resumed from " << found->path << " at step " << step_;
+  const auto seconds = [](Clock::duration d) { return absl::ToDoubleSeconds(absl::FromChrono(d)); };
+  MALLE_LOG(INFO) << "resumed from " << found->path << " at step " << step_ << " (" << found->info.bytes
+                  << " B: read + verify " << seconds(t_read - t0) << " s, unpack + restore "
+                  << seconds(Clock::now() - t_read) << " s)";
   return absl::OkStatus();
 }
 

@@ -3,19 +3,25 @@
 #include "libmalle/elastic/park_store.h"
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 #include <utility>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -37,6 +43,23 @@ constexpr size_t kMacBytes = 32;
 constexpr uint32_t kFlagSigned = 1;
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
 constexpr char kSuffix[] = ".mstate";
+// What version 2's trailer MACs before the chunk digests (a domain separator:
+// no other MAC of this deployment covers the same bytes).
+constexpr char kV2Domain[] = "MALLEPRK v2 chunks";
+// A hash chunk a reader accepts: a power of two in [64 KiB, 64 MiB] (the
+// bounce buffers hold whole chunks).
+constexpr int64_t kMinHashChunkBytes = int64_t{64} << 10;
+constexpr int64_t kMaxHashChunkBytes = int64_t{64} << 20;
+// O_DIRECT wants the memory, the file offset and the length aligned to the
+// device's logical block (512 B or 4 KiB): 4 KiB covers both.
+constexpr int64_t kDirectAlign = 4096;
+// Bounce buffers in flight (one being written or read, the others filled or
+// drained by the workers), and how many a process keeps for the next call.
+constexpr int kRing = 3;
+constexpr size_t kPoolKeep = 4;
+// A worker copies and hashes a chunk in slices this size: the hash then reads
+// what the copy just left in the core's cache.
+constexpr int64_t kSliceBytes = int64_t{256} << 10;
 
 absl::Status IoError(const std::string& what, const std::string& path, int err) {
   const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
@@ -153,40 +176,6 @@ class Hasher {
   std::thread thread_;
 };
 
-// Writes everything it is given to a file descriptor and starts the
-// writeback of every kStateIoChunkBytes written (sync_file_range: the disk
-// works while the caller copies and hashes the next chunks; the final fsync
-// then waits for little). sync_file_range is advice: where the filesystem
-// does not support it, the fsync alone makes the file durable.
-class Writer {
- public:
-  Writer(int fd, const std::string& path) : fd_(fd), path_(path) {}
-  absl::Status Write(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return IoError("cannot write", path_, errno);
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-      written_ += w;
-    }
-    if (written_ - started_ >= kStateIoChunkBytes) {
-      ::sync_file_range(fd_, started_, written_ - started_, SYNC_FILE_RANGE_WRITE);
-      started_ = written_;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_;
-  const std::string& path_;
-  int64_t written_ = 0;
-  int64_t started_ = 0;  // the writeback of [0, started_) was started
-};
-
 // Reads exactly what is asked for; the end of the file is "truncated".
 absl::Status ReadFully(int fd, void* data, size_t n, const std::string& path) {
   char* p = static_cast<char*>(data);
@@ -220,6 +209,345 @@ absl::Status FsyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+int CpusOfThisProcess() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Page-aligned bounce buffers. A process keeps a few for its next call: on the
+// 2-core VM, faulting in fresh memory cost about as much as the copy into it,
+// and snapshots write again and again.
+class BouncePool {
+ public:
+  struct Release {
+    size_t bytes = 0;
+    void operator()(char* p) const { BouncePool::Put(p, bytes); }
+  };
+  using Buffer = std::unique_ptr<char, Release>;
+
+  static absl::StatusOr<Buffer> Get(size_t bytes) {
+    if (bytes == static_cast<size_t>(kStateIoChunkBytes)) {
+      Pool& pool = ThePool();
+      absl::MutexLock lock(&pool.mu);
+      if (!pool.free.empty()) {
+        char* p = pool.free.back();
+        pool.free.pop_back();
+        return Buffer(p, Release{bytes});
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("state file I/O: cannot map ", bytes, " bytes of memory: ",
+                                                       std::strerror(errno)));
+    }
+    return Buffer(static_cast<char*>(p), Release{bytes});
+  }
+
+ private:
+  struct Pool {
+    absl::Mutex mu;
+    std::vector<char*> free ABSL_GUARDED_BY(mu);
+  };
+  static Pool& ThePool() {
+    static Pool* pool = new Pool;  // never destroyed: threads may return buffers at exit
+    return *pool;
+  }
+  static void Put(char* p, size_t bytes) {
+    if (p == nullptr) return;
+    if (bytes == static_cast<size_t>(kStateIoChunkBytes)) {
+      Pool& pool = ThePool();
+      absl::MutexLock lock(&pool.mu);
+      if (pool.free.size() < kPoolKeep) {
+        pool.free.push_back(p);
+        return;
+      }
+    }
+    ::munmap(p, bytes);
+  }
+};
+
+// Whether the page cache holds most of the file (a warm read: ordinary reads
+// copy from memory, O_DIRECT would go to the disk).
+bool MostlyCached(int fd, uint64_t size) {
+  if (size == 0) return true;
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return false;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  size_t in = 0;
+  if (::mincore(m, size, resident.data()) == 0) {
+    for (unsigned char r : resident) in += r & 1;
+  }
+  ::munmap(m, size);
+  return in * 2 >= resident.size();
+}
+
+// A stretch of the file and where its bytes are in memory: the source of a
+// write, the destination of a read. A device piece is a CUDA segment's bytes
+// (written only; a read lands CUDA segments on the host first).
+struct Piece {
+  int64_t at = 0;  // file offset
+  int64_t n = 0;
+  char* mem = nullptr;
+  const at::Tensor* device = nullptr;  // bytes view, when the piece is on a device
+  int64_t device_offset = 0;
+};
+
+using Digest = std::array<unsigned char, 32>;
+
+// Moves the file's bytes [0, total) through a ring of bounce buffers of
+// `io_bytes` each (a multiple of `chunk`): workers (the caller and
+// `helpers` threads) copy chunk after chunk between the pieces and a bounce
+// buffer and hash its bytes below `body` (one SHA-256 per chunk); one I/O
+// thread writes the filled buffers in order, or reads the next buffers ahead
+// of the workers. A write's trailer (bytes [body, total)) is made by
+// `make_trailer` from the digests once every chunk before it is hashed.
+class ChunkPipeline {
+ public:
+  struct Options {
+    bool write = true;
+    int fd = -1;
+    bool direct = false;  // the fd has O_DIRECT (cleared on EINVAL)
+    std::string path;     // for messages
+    int64_t total = 0;
+    int64_t body = 0;
+    int64_t chunk = kStateHashChunkBytes;
+    int64_t io_bytes = kStateIoChunkBytes;
+    int helpers = 0;
+    std::function<std::string(const std::vector<Digest>&)> make_trailer;  // write only
+  };
+
+  ChunkPipeline(Options o, std::vector<Piece> pieces) : o_(std::move(o)), pieces_(std::move(pieces)) {
+    tasks_ = (o_.total + o_.chunk - 1) / o_.chunk;
+    buffers_ = (o_.total + o_.io_bytes - 1) / o_.io_bytes;
+    digests_.resize(static_cast<size_t>((o_.body + o_.chunk - 1) / o_.chunk));
+    remaining_.assign(static_cast<size_t>(buffers_), 0);
+    filled_.assign(static_cast<size_t>(buffers_), false);
+    for (int64_t j = 0; j < tasks_; ++j) ++remaining_[static_cast<size_t>(j * o_.chunk / o_.io_bytes)];
+  }
+
+  const std::vector<Digest>& digests() const { return digests_; }
+  bool direct() const { return o_.direct; }
+
+  absl::Status Run() {
+    const int ring = static_cast<int>(std::min<int64_t>(kRing, buffers_));
+    for (int i = 0; i < ring; ++i) {
+      MALLE_ASSIGN_OR_RETURN(BouncePool::Buffer b, BouncePool::Get(static_cast<size_t>(o_.io_bytes)));
+      ring_.push_back(std::move(b));
+    }
+    std::thread io([this] { IoLoop(); });
+    std::vector<std::thread> helpers;
+    const int n_helpers = static_cast<int>(std::min<int64_t>(o_.helpers, tasks_ - 1));
+    for (int i = 0; i < n_helpers; ++i) helpers.emplace_back([this] { WorkLoop(); });
+    WorkLoop();
+    for (std::thread& t : helpers) t.join();
+    io.join();
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  char* Slot(int64_t k) { return ring_[static_cast<size_t>(k % static_cast<int64_t>(ring_.size()))].get(); }
+  int64_t BufferBytes(int64_t k) const { return std::min(o_.io_bytes, o_.total - k * o_.io_bytes); }
+
+  void Fail(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (error_.ok()) error_ = std::move(s);
+  }
+
+  // Copies the file range [a, b) between the pieces and `buf` (which holds
+  // file offset a at buf[0]).
+  absl::Status Copy(int64_t a, int64_t b, char* buf) {
+    auto it = std::upper_bound(pieces_.begin(), pieces_.end(), a,
+                               [](int64_t x, const Piece& p) { return x < p.at + p.n; });
+    for (; it != pieces_.end() && it->at < b; ++it) {
+      const int64_t from = std::max(a, it->at);
+      const int64_t to = std::min(b, it->at + it->n);
+      if (from >= to) continue;
+      char* here = buf + (from - a);
+      const int64_t off = from - it->at;
+      if (it->device != nullptr) {
+        try {
+          at::from_blob(here, {to - from}, at::TensorOptions().dtype(at::kByte))
+              .copy_(it->device->narrow(0, it->device_offset + off, to - from));
+        } catch (const c10::Error& e) {
+          return absl::InternalError(absl::StrCat("state file ", o_.path, ": copy from the device failed: ",
+                                                  e.what_without_backtrace()));
+        }
+      } else if (o_.write) {
+        std::memcpy(here, it->mem + off, static_cast<size_t>(to - from));
+      } else {
+        std::memcpy(it->mem + off, here, static_cast<size_t>(to - from));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Task j: the file range [j * chunk, (j + 1) * chunk), within buffer k.
+  absl::Status Task(int64_t j, EVP_MD_CTX* md) {
+    const int64_t a = j * o_.chunk;
+    const int64_t b = std::min(a + o_.chunk, o_.total);
+    const int64_t k = a / o_.io_bytes;
+    char* buf = Slot(k) + (a - k * o_.io_bytes);
+    const bool hashed = a < o_.body;
+    if (hashed) EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
+    for (int64_t s = a; s < b; s += kSliceBytes) {
+      const int64_t e = std::min(s + kSliceBytes, b);
+      if (o_.write) {
+        // The trailer's bytes (>= body) are the I/O thread's.
+        if (s < o_.body) MALLE_RETURN_IF_ERROR(Copy(s, std::min(e, o_.body), buf + (s - a)));
+      } else {
+        MALLE_RETURN_IF_ERROR(Copy(s, e, buf + (s - a)));
+      }
+      if (s < o_.body) EVP_DigestUpdate(md, buf + (s - a), static_cast<size_t>(std::min(e, o_.body) - s));
+    }
+    if (hashed) {
+      unsigned int n = 0;
+      EVP_DigestFinal_ex(md, digests_[static_cast<size_t>(j)].data(), &n);
+    }
+    return absl::OkStatus();
+  }
+
+  void WorkLoop() {
+    EVP_MD_CTX* md = EVP_MD_CTX_new();
+    for (;;) {
+      int64_t j = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        // Write: the task's slot must have been written out; read: its buffer read in.
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          if (!error_.ok() || next_task_ >= tasks_) return true;
+          const int64_t k = next_task_ * o_.chunk / o_.io_bytes;
+          return o_.write ? k < written_ + static_cast<int64_t>(ring_.size()) : filled_[static_cast<size_t>(k)];
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (!error_.ok() || next_task_ >= tasks_) break;
+        j = next_task_++;
+      }
+      absl::Status s = Task(j, md);
+      absl::MutexLock lock(&mu_);
+      if (!s.ok()) Fail(std::move(s));
+      --remaining_[static_cast<size_t>(j * o_.chunk / o_.io_bytes)];
+    }
+    EVP_MD_CTX_free(md);
+  }
+
+  // pwrite/pread of the whole range, retrying short transfers; an O_DIRECT
+  // transfer the filesystem refuses (EINVAL) is retried through the page cache.
+  absl::Status Transfer(char* buf, int64_t n, int64_t at) {
+    int64_t done = 0;
+    while (done < n) {
+      const int64_t want = o_.direct ? RoundUp(n, kDirectAlign) - done : n - done;
+      const ssize_t r = o_.write ? ::pwrite(o_.fd, buf + done, static_cast<size_t>(want), at + done)
+                                 : ::pread(o_.fd, buf + done, static_cast<size_t>(want), at + done);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL && o_.direct) {
+          MALLE_RETURN_IF_ERROR(DropDirect());
+          continue;
+        }
+        return IoError(o_.write ? "cannot write" : "cannot read", o_.path, errno);
+      }
+      if (r == 0) {
+        return o_.write ? IoError("cannot write", o_.path, EIO)
+                        : absl::DataLossError(absl::StrCat(o_.path, ": truncated state file (it shrank while read)"));
+      }
+      done += r;
+      // O_DIRECT continues at aligned offsets only.
+      if (o_.direct && done < n && done % kDirectAlign != 0) MALLE_RETURN_IF_ERROR(DropDirect());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DropDirect() {
+    const int flags = ::fcntl(o_.fd, F_GETFL);
+    if (flags < 0 || ::fcntl(o_.fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+      return IoError("cannot turn O_DIRECT off for", o_.path, errno);
+    }
+    o_.direct = false;
+    return absl::OkStatus();
+  }
+
+  void IoLoop() {
+    std::string trailer;
+    for (int64_t k = 0; k < buffers_; ++k) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          if (!error_.ok()) return true;
+          if (o_.write) return remaining_[static_cast<size_t>(k)] == 0;
+          // A read reuses the slot of buffer k - ring once its workers are done.
+          const int64_t prev = k - static_cast<int64_t>(ring_.size());
+          return prev < 0 || remaining_[static_cast<size_t>(prev)] == 0;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (!error_.ok()) return;
+      }
+      const int64_t at = k * o_.io_bytes;
+      const int64_t n = BufferBytes(k);
+      char* buf = Slot(k);
+      if (o_.write && at + n > o_.body) {
+        // Every chunk before this buffer was hashed (its buffer was written)
+        // and this buffer's chunks are done: the trailer can be made.
+        if (trailer.empty()) trailer = o_.make_trailer(digests_);
+        const int64_t from = std::max(at, o_.body);
+        std::memcpy(buf + (from - at), trailer.data() + (from - o_.body), static_cast<size_t>(at + n - from));
+      }
+      if (o_.write && o_.direct && n % kDirectAlign != 0) {
+        std::memset(buf + n, 0, static_cast<size_t>(RoundUp(n, kDirectAlign) - n));  // cut off by ftruncate
+      }
+      absl::Status s = Transfer(buf, n, at);
+      if (s.ok() && o_.write && !o_.direct) {
+        // Start the writeback now (advice): the final fsync then waits for little.
+        ::sync_file_range(o_.fd, at, n, SYNC_FILE_RANGE_WRITE);
+      }
+      absl::MutexLock lock(&mu_);
+      if (!s.ok()) {
+        Fail(std::move(s));
+        return;
+      }
+      if (o_.write) {
+        ++written_;
+      } else {
+        filled_[static_cast<size_t>(k)] = true;
+      }
+    }
+  }
+
+  Options o_;
+  std::vector<Piece> pieces_;  // sorted by file offset, not overlapping
+  int64_t tasks_ = 0;
+  int64_t buffers_ = 0;
+  std::vector<BouncePool::Buffer> ring_;
+  std::vector<Digest> digests_;  // each written by one task
+
+  absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  int64_t next_task_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;              // write: buffers written, in order
+  std::vector<int64_t> remaining_ ABSL_GUARDED_BY(mu_);  // per buffer: tasks not done
+  std::vector<bool> filled_ ABSL_GUARDED_BY(mu_);        // read: buffers read in
+};
+
+// Version 2's trailer: the MAC of the domain, the body's length, the chunk
+// size and the chunks' digests in order.
+std::string ChunkMac(const std::string& secret, int64_t body, int64_t chunk, const std::vector<Digest>& digests) {
+  Mac mac(secret);
+  mac.Update(kV2Domain, sizeof(kV2Domain) - 1);
+  const uint64_t b = static_cast<uint64_t>(body), c = static_cast<uint64_t>(chunk);
+  mac.Update(&b, sizeof(b));
+  mac.Update(&c, sizeof(c));
+  for (const Digest& d : digests) mac.Update(d.data(), d.size());
+  return mac.Final();
+}
+
+int Helpers(const StateIoOptions& io) {
+  if (io.helper_threads >= 0) return io.helper_threads;
+  return std::min(3, CpusOfThisProcess() - 1);
+}
+
 }  // namespace
 
 absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
@@ -239,9 +567,10 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
                                  {"step", step},
                                  {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
                                  {"skeleton_bytes", state.skeleton.size()},
+                                 {"hash_chunk_bytes", kStateHashChunkBytes},
                                  {"segments", segments}};
   const std::string header_text = header.dump();
-  // The prefix, the header and the skeleton: one small write.
+  // The prefix, the header and the skeleton.
   std::string head;
   {
     const uint32_t version = kStateFileVersion;
@@ -254,10 +583,23 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     head += header_text;
     head += state.skeleton;
   }
-  // CPU segments are hashed where they are (on a second thread if asked);
-  // device segments chunk by chunk through host copies, on this thread.
   std::vector<at::Tensor> bytes_views;
   for (const at::Tensor& seg : state.buffers) bytes_views.push_back(seg.contiguous().view(at::kByte));
+  std::vector<Piece> pieces;
+  int64_t body = 0;
+  pieces.push_back({0, static_cast<int64_t>(head.size()), head.data()});
+  body += static_cast<int64_t>(head.size());
+  for (const at::Tensor& b : bytes_views) {
+    if (b.numel() == 0) continue;
+    Piece p{body, b.numel()};
+    if (b.is_cpu()) {
+      p.mem = static_cast<char*>(b.data_ptr());
+    } else {
+      p.device = &b;
+    }
+    pieces.push_back(p);
+    body += b.numel();
+  }
 
   const std::filesystem::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
@@ -265,41 +607,29 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   const std::string tmp = absl::StrFormat("%s.tmp.%d.%08x", path, ::getpid(), rd());
   absl::Status s = [&]() -> absl::Status {
     Fd f;
-    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (f.fd < 0) return IoError("cannot create", tmp, errno);
-    Mac mac(secret);
-    Writer w(f.fd, tmp);
-    {
-      Hasher hash(mac, io.hash_thread && all_cpu);
-      const bool ahead = io.hash_thread && all_cpu;
-      hash.Add(head.data(), head.size());
-      if (ahead) {
-        // Everything is in memory: the hasher runs through it at its own pace.
-        for (const at::Tensor& b : bytes_views) {
-          const char* p = static_cast<const char*>(b.data_ptr());
-          for (int64_t off = 0; off < b.numel(); off += kStateIoChunkBytes) {
-            hash.Add(p + off, static_cast<size_t>(std::min(kStateIoChunkBytes, b.numel() - off)));
-          }
-        }
-      }
-      MALLE_RETURN_IF_ERROR(w.Write(head.data(), head.size()));
-      for (const at::Tensor& b : bytes_views) {
-        for (int64_t off = 0; off < b.numel(); off += kStateIoChunkBytes) {
-          const int64_t n = std::min(kStateIoChunkBytes, b.numel() - off);
-          at::Tensor host;  // a device chunk's host copy, alive until written and hashed
-          const char* p = static_cast<const char*>(b.data_ptr()) + off;
-          if (!b.is_cpu()) {
-            host = b.narrow(0, off, n).cpu();
-            p = static_cast<const char*>(host.data_ptr());
-          }
-          if (!ahead) hash.Add(p, static_cast<size_t>(n));
-          MALLE_RETURN_IF_ERROR(w.Write(p, static_cast<size_t>(n)));
-        }
-      }
-      hash.Finish();
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    bool direct = io.direct_io;
+    f.fd = ::open(tmp.c_str(), flags | (direct ? O_DIRECT : 0), 0600);
+    if (f.fd < 0 && direct && errno == EINVAL) {
+      // A filesystem without O_DIRECT (it may have created the file first).
+      ::unlink(tmp.c_str());
+      direct = false;
+      f.fd = ::open(tmp.c_str(), flags, 0600);
     }
-    const std::string trailer = mac.Final();
-    MALLE_RETURN_IF_ERROR(w.Write(trailer.data(), trailer.size()));
+    if (f.fd < 0) return IoError("cannot create", tmp, errno);
+    ChunkPipeline::Options o;
+    o.write = true;
+    o.fd = f.fd;
+    o.direct = direct;
+    o.path = tmp;
+    o.body = body;
+    o.total = body + static_cast<int64_t>(kMacBytes);
+    o.helpers = all_cpu ? Helpers(io) : 0;  // device chunks: copied on this thread
+    o.make_trailer = [&](const std::vector<Digest>& d) { return ChunkMac(secret, body, o.chunk, d); };
+    ChunkPipeline pipe(o, std::move(pieces));
+    MALLE_RETURN_IF_ERROR(pipe.Run());
+    // O_DIRECT wrote whole blocks: cut the last one's padding off.
+    if (direct && ::ftruncate(f.fd, o.total) != 0) return IoError("cannot truncate", tmp, errno);
     if (::fsync(f.fd) != 0) return IoError("cannot fsync", tmp, errno);
     if (::close(f.fd) != 0) {
       f.fd = -1;
@@ -328,20 +658,17 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
                       std::memcmp(head, kMagic, sizeof(kMagic)) == 0;
     return loss(ours ? "truncated state file (too short)" : "not a malletrain state file");
   }
-  ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // advice: a larger readahead
-  Mac mac(secret);
   char prefix[kPrefixBytes];
   MALLE_RETURN_IF_ERROR(ReadFully(f.fd, prefix, sizeof(prefix), path));
-  mac.Update(prefix, sizeof(prefix));
   uint32_t version = 0, flags = 0;
   uint64_t header_len = 0;
   if (std::memcmp(prefix, kMagic, sizeof(kMagic)) != 0) return loss("not a malletrain state file");
   std::memcpy(&version, prefix + 8, sizeof(version));
   std::memcpy(&flags, prefix + 12, sizeof(flags));
   std::memcpy(&header_len, prefix + 16, sizeof(header_len));
-  if (version != kStateFileVersion) {
-    return loss(absl::StrCat("state file format version ", version, "; this malletrain reads version ",
-                             kStateFileVersion));
+  if (version != 1 && version != 2) {
+    return loss(absl::StrCat("state file format version ", version, "; this malletrain reads versions 1 and ",
+                             kStateFileVersion, " (a newer malletrain wrote it?)"));
   }
   const bool is_signed = (flags & kFlagSigned) != 0;
   if (is_signed && secret.empty()) {
@@ -355,13 +682,21 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
   }
   std::string header_text(header_len, '\0');
   MALLE_RETURN_IF_ERROR(ReadFully(f.fd, header_text.data(), header_len, path));
-  mac.Update(header_text.data(), header_len);
   const nlohmann::json header = nlohmann::json::parse(header_text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object() || !header.contains("segments") ||
       !header["segments"].is_array() || !header.value("skeleton_bytes", nlohmann::json()).is_number_unsigned() ||
       !header.value("step", nlohmann::json()).is_number_integer() ||
       !header.value("job", nlohmann::json()).is_string()) {
     return loss("corrupt header");
+  }
+  int64_t chunk = 0;
+  if (version >= 2) {
+    const nlohmann::json c = header.value("hash_chunk_bytes", nlohmann::json());
+    chunk = c.is_number_unsigned() ? c.get<int64_t>() : 0;
+    if (chunk < kMinHashChunkBytes || chunk > kMaxHashChunkBytes || (chunk & (chunk - 1)) != 0) {
+      return loss(absl::StrCat("corrupt header: hash_chunk_bytes is ", c.dump(), ", not a power of two in [",
+                               kMinHashChunkBytes, ", ", kMaxHashChunkBytes, "]"));
+    }
   }
   const uint64_t skeleton_bytes = header["skeleton_bytes"].get<uint64_t>();
   struct Seg {
@@ -395,7 +730,6 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
   PackedState out;
   out.skeleton.resize(skeleton_bytes);
   MALLE_RETURN_IF_ERROR(ReadFully(f.fd, out.skeleton.data(), skeleton_bytes, path));
-  mac.Update(out.skeleton.data(), skeleton_bytes);
   // Where each segment lands: in place (the reader's own flat buffer of the
   // same layout) or fresh memory. The skeleton is not verified yet: a target
   // is used only where its dtype and length are the header's, so at worst a
@@ -413,24 +747,76 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     out.buffers.push_back(in_place ? *t : at::empty({segs[i].numel}, at::TensorOptions().dtype(segs[i].dtype)));
     out.direct.push_back(in_place);
   }
-  {
-    // Read a chunk, hand it to the hasher, read the next: hashing (a second
-    // thread) overlaps the reads.
-    Hasher hash(mac, io.hash_thread);
-    for (size_t i = 0; i < segs.size(); ++i) {
-      char* p = static_cast<char*>(out.buffers[i].data_ptr());
-      for (uint64_t off = 0; off < segs[i].bytes; off += static_cast<uint64_t>(kStateIoChunkBytes)) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kStateIoChunkBytes, segs[i].bytes - off));
-        MALLE_RETURN_IF_ERROR(ReadFully(f.fd, p + off, n, path));
-        hash.Add(p + off, n);
+  const uint64_t head_bytes = kPrefixBytes + header_len + skeleton_bytes;
+  std::string trailer(kMacBytes, '\0');
+  bool verified = false;
+  if (version == 1) {
+    // One hash over the whole body, in order: read a chunk, hand it to the
+    // hasher (a second thread if allowed), read the next.
+    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // advice: a larger readahead
+    Mac mac(secret);
+    mac.Update(prefix, sizeof(prefix));
+    mac.Update(header_text.data(), header_len);
+    mac.Update(out.skeleton.data(), skeleton_bytes);
+    {
+      Hasher hash(mac, Helpers(io) > 0);
+      for (size_t i = 0; i < segs.size(); ++i) {
+        char* p = static_cast<char*>(out.buffers[i].data_ptr());
+        for (uint64_t off = 0; off < segs[i].bytes; off += static_cast<uint64_t>(kStateIoChunkBytes)) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(kStateIoChunkBytes, segs[i].bytes - off));
+          MALLE_RETURN_IF_ERROR(ReadFully(f.fd, p + off, n, path));
+          hash.Add(p + off, n);
+        }
+      }
+      hash.Finish();
+    }
+    MALLE_RETURN_IF_ERROR(ReadFully(f.fd, trailer.data(), kMacBytes, path));
+    const std::string expected = mac.Final();
+    verified = expected.size() == kMacBytes && CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) == 0;
+  } else {
+    // The whole file again through the chunk pipeline (the head is hashed
+    // with its chunk and must be what was parsed above).
+    Fd direct_fd;
+    int fd = f.fd;
+    bool direct = false;
+    if (io.direct_io && !MostlyCached(f.fd, size)) {
+      direct_fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      if (direct_fd.fd >= 0) {
+        fd = direct_fd.fd;
+        direct = true;
       }
     }
-    hash.Finish();
+    if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    std::string head_read(head_bytes, '\0');
+    std::vector<Piece> pieces;
+    pieces.push_back({0, static_cast<int64_t>(head_bytes), head_read.data()});
+    int64_t at = static_cast<int64_t>(head_bytes);
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (segs[i].bytes == 0) continue;
+      pieces.push_back({at, static_cast<int64_t>(segs[i].bytes), static_cast<char*>(out.buffers[i].data_ptr())});
+      at += static_cast<int64_t>(segs[i].bytes);
+    }
+    pieces.push_back({at, static_cast<int64_t>(kMacBytes), trailer.data()});
+    ChunkPipeline::Options o;
+    o.write = false;
+    o.fd = fd;
+    o.direct = direct;
+    o.path = path;
+    o.total = static_cast<int64_t>(size);
+    o.body = at;
+    o.chunk = chunk;
+    o.io_bytes = std::max(kStateIoChunkBytes, chunk);
+    o.helpers = Helpers(io);
+    ChunkPipeline pipe(o, std::move(pieces));
+    MALLE_RETURN_IF_ERROR(pipe.Run());
+    std::string parsed(prefix, sizeof(prefix));
+    parsed += header_text;
+    parsed += out.skeleton;
+    if (parsed != head_read) return loss("the file changed while it was read");
+    const std::string expected = ChunkMac(secret, at, chunk, pipe.digests());
+    verified = expected.size() == kMacBytes && CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) == 0;
   }
-  std::string trailer(kMacBytes, '\0');
-  MALLE_RETURN_IF_ERROR(ReadFully(f.fd, trailer.data(), kMacBytes, path));
-  const std::string expected = mac.Final();
-  if (expected.size() != kMacBytes || CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) != 0) {
+  if (!verified) {
     return loss(is_signed ? "checksum mismatch: the file is corrupt or was not written with this deployment's "
                             "secret (forged?)"
                           : "checksum mismatch: the file is corrupt");
