@@ -1320,11 +1320,13 @@ absl::Status Engine::Park() {
   MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
   PackedState packed = s.Pack(options_.state_direct_min_bytes);
   const int64_t bytes = packed.bytes();
+  const Clock::time_point t_packed = Clock::now();
   MALLE_RETURN_IF_ERROR(options_.park_store->Write(packed, step_));
-  const double seconds = absl::ToDoubleSeconds(absl::FromChrono(Clock::now() - t0));
+  const auto since = [](Clock::time_point t) { return absl::ToDoubleSeconds(absl::FromChrono(Clock::now() - t)); };
+  const double seconds = since(t0);
   parked_ = true;
   MALLE_LOG(INFO) << "job " << job_id() << " parked at step " << step_ << " (" << bytes << " B in " << seconds
-                  << " s) in " << options_.park_store->where();
+                  << " s; durable write " << since(t_packed) << " s) in " << options_.park_store->where();
   if (options_.report_sink != nullptr) {
     absl::Status st = options_.report_sink->SendParked(step_, bytes, seconds);
     if (!st.ok()) MALLE_LOG(WARNING) << "park not reported to the allocator: " << st;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -293,18 +294,35 @@ struct Piece {
   int64_t n = 0;
   char* mem = nullptr;
   const at::Tensor* device = nullptr;  // bytes view, when the piece is on a device
-  int64_t device_offset = 0;
+  // The file range [in_from, in_to) of the piece moves straight between its
+  // memory and the disk (set by ChunkPipeline); the rest through a bounce buffer.
+  int64_t in_from = 0;
+  int64_t in_to = 0;
 };
 
 using Digest = std::array<unsigned char, 32>;
 
-// Moves the file's bytes [0, total) through a ring of bounce buffers of
-// `io_bytes` each (a multiple of `chunk`): workers (the caller and
-// `helpers` threads) copy chunk after chunk between the pieces and a bounce
-// buffer and hash its bytes below `body` (one SHA-256 per chunk); one I/O
-// thread writes the filled buffers in order, or reads the next buffers ahead
-// of the workers. A write's trailer (bytes [body, total)) is made by
-// `make_trailer` from the digests once every chunk before it is hashed.
+// Moves the file's bytes [0, total) between the pieces and the disk, in
+// buffers of `io_bytes` (a multiple of `chunk`), while workers (the caller
+// and `helpers` threads) hash the bytes below `body`, one SHA-256 per chunk.
+// One I/O thread writes the buffers in order, or reads them ahead of the
+// workers.
+//
+// Each byte moves one of two ways:
+// * in place: straight between the piece's memory and the disk. Through the
+//   page cache every byte of a host piece does (the kernel's copy is the only
+//   copy); with O_DIRECT the blocks of a piece whose memory is congruent to
+//   its file offset modulo kDirectAlign (the writer pads segments so that its
+//   own are; a reader allocates its fresh memory so) do: the disk reads or
+//   writes that memory itself, no copy at all.
+// * bounced: through a ring of page-aligned bounce buffers (O_DIRECT's
+//   ragged edges, the head and the trailer, memory that is not congruent,
+//   device pieces): a worker copies its chunk's share between the piece and
+//   the bounce buffer, slice by slice.
+// The workers hash from the pieces' memory (a device piece: from the bounce
+// buffer), each slice right after its copy, while it is in the core's cache.
+// A write's trailer (bytes [body, total)) is made by `make_trailer` from the
+// digests once every chunk is hashed.
 class ChunkPipeline {
  public:
   struct Options {
@@ -320,23 +338,45 @@ class ChunkPipeline {
     std::function<std::string(const std::vector<Digest>&)> make_trailer;  // write only
   };
 
+  // `pieces` cover [0, body) (a write) or [0, total) (a read), sorted, not
+  // overlapping; each stays valid (and, for a write, unchanged) until Run returns.
   ChunkPipeline(Options o, std::vector<Piece> pieces) : o_(std::move(o)), pieces_(std::move(pieces)) {
     tasks_ = (o_.total + o_.chunk - 1) / o_.chunk;
     buffers_ = (o_.total + o_.io_bytes - 1) / o_.io_bytes;
     digests_.resize(static_cast<size_t>((o_.body + o_.chunk - 1) / o_.chunk));
     remaining_.assign(static_cast<size_t>(buffers_), 0);
     filled_.assign(static_cast<size_t>(buffers_), false);
-    for (int64_t j = 0; j < tasks_; ++j) ++remaining_[static_cast<size_t>(j * o_.chunk / o_.io_bytes)];
+    for (int64_t j = 0; j < tasks_; ++j) ++remaining_[static_cast<size_t>(BufferOf(j))];
+    if (o_.write) {
+      // The trailer is a piece of its own, filled before its buffer moves.
+      trailer_.assign(static_cast<size_t>(o_.total - o_.body), '\0');
+      pieces_.push_back({o_.body, o_.total - o_.body, trailer_.data()});
+    }
+    bool on_device = false;
+    for (const Piece& p : pieces_) on_device = on_device || p.device != nullptr;
+    bounce_ = o_.direct || on_device;
+    for (Piece& p : pieces_) {
+      p.in_from = p.in_to = p.at;
+      if (p.mem == nullptr) continue;
+      if (!bounce_) {
+        p.in_to = p.at + p.n;
+      } else if (o_.direct && (reinterpret_cast<uintptr_t>(p.mem) - static_cast<uintptr_t>(p.at)) % kDirectAlign == 0) {
+        const int64_t from = RoundUp(p.at, kDirectAlign);
+        const int64_t to = (p.at + p.n) / kDirectAlign * kDirectAlign;
+        if (from < to) p.in_from = from, p.in_to = to;
+      }
+    }
   }
 
   const std::vector<Digest>& digests() const { return digests_; }
-  bool direct() const { return o_.direct; }
 
   absl::Status Run() {
-    const int ring = static_cast<int>(std::min<int64_t>(kRing, buffers_));
-    for (int i = 0; i < ring; ++i) {
-      MALLE_ASSIGN_OR_RETURN(BouncePool::Buffer b, BouncePool::Get(static_cast<size_t>(o_.io_bytes)));
-      ring_.push_back(std::move(b));
+    if (bounce_) {
+      const int ring = static_cast<int>(std::min<int64_t>(kRing, buffers_));
+      for (int i = 0; i < ring; ++i) {
+        MALLE_ASSIGN_OR_RETURN(BouncePool::Buffer b, BouncePool::Get(static_cast<size_t>(o_.io_bytes)));
+        ring_.push_back(std::move(b));
+      }
     }
     std::thread io([this] { IoLoop(); });
     std::vector<std::thread> helpers;
@@ -352,35 +392,53 @@ class ChunkPipeline {
  private:
   char* Slot(int64_t k) { return ring_[static_cast<size_t>(k % static_cast<int64_t>(ring_.size()))].get(); }
   int64_t BufferBytes(int64_t k) const { return std::min(o_.io_bytes, o_.total - k * o_.io_bytes); }
+  int64_t BufferOf(int64_t task) const { return task * o_.chunk / o_.io_bytes; }
 
   void Fail(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (error_.ok()) error_ = std::move(s);
   }
 
-  // Copies the file range [a, b) between the pieces and `buf` (which holds
-  // file offset a at buf[0]).
-  absl::Status Copy(int64_t a, int64_t b, char* buf) {
+  // Calls fn(piece, file offset, length, in_place) for every stretch of the
+  // file range [a, b), in order: each piece's overlap, cut where it moves in
+  // place and where it is bounced. A stretch no piece covers is bounced
+  // (piece nullptr).
+  template <typename Fn>
+  absl::Status ForStretches(int64_t a, int64_t b, Fn fn) {
     auto it = std::upper_bound(pieces_.begin(), pieces_.end(), a,
                                [](int64_t x, const Piece& p) { return x < p.at + p.n; });
-    for (; it != pieces_.end() && it->at < b; ++it) {
-      const int64_t from = std::max(a, it->at);
-      const int64_t to = std::min(b, it->at + it->n);
-      if (from >= to) continue;
-      char* here = buf + (from - a);
-      const int64_t off = from - it->at;
-      if (it->device != nullptr) {
-        try {
-          at::from_blob(here, {to - from}, at::TensorOptions().dtype(at::kByte))
-              .copy_(it->device->narrow(0, it->device_offset + off, to - from));
-        } catch (const c10::Error& e) {
-          return absl::InternalError(absl::StrCat("state file ", o_.path, ": copy from the device failed: ",
-                                                  e.what_without_backtrace()));
-        }
-      } else if (o_.write) {
-        std::memcpy(here, it->mem + off, static_cast<size_t>(to - from));
-      } else {
-        std::memcpy(it->mem + off, here, static_cast<size_t>(to - from));
+    int64_t x = a;
+    for (; x < b && it != pieces_.end(); ++it) {
+      if (it->at > x) {
+        MALLE_RETURN_IF_ERROR(fn(nullptr, x, std::min(b, it->at) - x, false));
+        x = std::min(b, it->at);
       }
+      const int64_t end = std::min(b, it->at + it->n);
+      // [x, end) within the piece: before, inside and after its in-place range.
+      const int64_t cuts[4] = {x, std::clamp(it->in_from, x, end), std::clamp(it->in_to, x, end), end};
+      for (int c = 0; c < 3; ++c) {
+        if (cuts[c] < cuts[c + 1]) MALLE_RETURN_IF_ERROR(fn(&*it, cuts[c], cuts[c + 1] - cuts[c], c == 1));
+      }
+      x = std::max(x, end);
+    }
+    if (x < b) MALLE_RETURN_IF_ERROR(fn(nullptr, x, b - x, false));
+    return absl::OkStatus();
+  }
+
+  // Copies a bounced stretch between its piece and buffer k's bounce slot.
+  absl::Status Bounce(const Piece& p, int64_t at, int64_t n, int64_t k) {
+    char* slot = Slot(k) + (at - k * o_.io_bytes);
+    const int64_t off = at - p.at;
+    if (p.device != nullptr) {
+      try {
+        at::from_blob(slot, {n}, at::TensorOptions().dtype(at::kByte)).copy_(p.device->narrow(0, off, n));
+      } catch (const c10::Error& e) {
+        return absl::InternalError(absl::StrCat("state file ", o_.path, ": copy from the device failed: ",
+                                                e.what_without_backtrace()));
+      }
+    } else if (o_.write) {
+      std::memcpy(slot, p.mem + off, static_cast<size_t>(n));
+    } else {
+      std::memcpy(p.mem + off, slot, static_cast<size_t>(n));
     }
     return absl::OkStatus();
   }
@@ -389,21 +447,26 @@ class ChunkPipeline {
   absl::Status Task(int64_t j, EVP_MD_CTX* md) {
     const int64_t a = j * o_.chunk;
     const int64_t b = std::min(a + o_.chunk, o_.total);
-    const int64_t k = a / o_.io_bytes;
-    char* buf = Slot(k) + (a - k * o_.io_bytes);
-    const bool hashed = a < o_.body;
-    if (hashed) EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
+    const int64_t k = BufferOf(j);
+    const int64_t hashed_end = std::min(b, o_.body);
+    if (a < o_.body) EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
     for (int64_t s = a; s < b; s += kSliceBytes) {
       const int64_t e = std::min(s + kSliceBytes, b);
-      if (o_.write) {
-        // The trailer's bytes (>= body) are the I/O thread's.
-        if (s < o_.body) MALLE_RETURN_IF_ERROR(Copy(s, std::min(e, o_.body), buf + (s - a)));
-      } else {
-        MALLE_RETURN_IF_ERROR(Copy(s, e, buf + (s - a)));
-      }
-      if (s < o_.body) EVP_DigestUpdate(md, buf + (s - a), static_cast<size_t>(std::min(e, o_.body) - s));
+      // A write's trailer is the I/O thread's.
+      const int64_t end = o_.write ? std::min(e, o_.body) : e;
+      if (s >= end) break;
+      MALLE_RETURN_IF_ERROR(ForStretches(s, end, [&](const Piece* p, int64_t at, int64_t n, bool in_place) {
+        if (p == nullptr) return absl::InternalError(absl::StrCat("state file ", o_.path, ": no piece at ", at));
+        if (!in_place) MALLE_RETURN_IF_ERROR(Bounce(*p, at, n, k));
+        const int64_t h = std::min(n, hashed_end - at);
+        if (h > 0) {
+          const char* from = p->device != nullptr ? Slot(k) + (at - k * o_.io_bytes) : p->mem + (at - p->at);
+          EVP_DigestUpdate(md, from, static_cast<size_t>(h));
+        }
+        return absl::OkStatus();
+      }));
     }
-    if (hashed) {
+    if (a < o_.body) {
       unsigned int n = 0;
       EVP_DigestFinal_ex(md, digests_[static_cast<size_t>(j)].data(), &n);
     }
@@ -416,11 +479,13 @@ class ChunkPipeline {
       int64_t j = 0;
       {
         absl::MutexLock lock(&mu_);
-        // Write: the task's slot must have been written out; read: its buffer read in.
+        // A read's task waits for its buffer to be read in; a bounced
+        // write's for its slot to be written out.
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           if (!error_.ok() || next_task_ >= tasks_) return true;
-          const int64_t k = next_task_ * o_.chunk / o_.io_bytes;
-          return o_.write ? k < written_ + static_cast<int64_t>(ring_.size()) : filled_[static_cast<size_t>(k)];
+          const int64_t k = BufferOf(next_task_);
+          if (!o_.write) return static_cast<bool>(filled_[static_cast<size_t>(k)]);
+          return !bounce_ || k < written_ + static_cast<int64_t>(ring_.size());
         };
         mu_.Await(absl::Condition(&ready));
         if (!error_.ok() || next_task_ >= tasks_) break;
@@ -429,13 +494,16 @@ class ChunkPipeline {
       absl::Status s = Task(j, md);
       absl::MutexLock lock(&mu_);
       if (!s.ok()) Fail(std::move(s));
-      --remaining_[static_cast<size_t>(j * o_.chunk / o_.io_bytes)];
+      --remaining_[static_cast<size_t>(BufferOf(j))];
+      ++tasks_done_;
     }
     EVP_MD_CTX_free(md);
   }
 
   // pwrite/pread of the whole range, retrying short transfers; an O_DIRECT
-  // transfer the filesystem refuses (EINVAL) is retried through the page cache.
+  // transfer the filesystem refuses (EINVAL) is retried through the page
+  // cache. With O_DIRECT a range that ends the file is rounded up to a whole
+  // block (a read comes back short; a write's padding is cut off later).
   absl::Status Transfer(char* buf, int64_t n, int64_t at) {
     int64_t done = 0;
     while (done < n) {
@@ -470,62 +538,91 @@ class ChunkPipeline {
     return absl::OkStatus();
   }
 
-  void IoLoop() {
-    std::string trailer;
-    for (int64_t k = 0; k < buffers_; ++k) {
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          if (!error_.ok()) return true;
-          if (o_.write) return remaining_[static_cast<size_t>(k)] == 0;
-          // A read reuses the slot of buffer k - ring once its workers are done.
-          const int64_t prev = k - static_cast<int64_t>(ring_.size());
-          return prev < 0 || remaining_[static_cast<size_t>(prev)] == 0;
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (!error_.ok()) return;
-      }
-      const int64_t at = k * o_.io_bytes;
-      const int64_t n = BufferBytes(k);
-      char* buf = Slot(k);
-      if (o_.write && at + n > o_.body) {
-        // Every chunk before this buffer was hashed (its buffer was written)
-        // and this buffer's chunks are done: the trailer can be made.
-        if (trailer.empty()) trailer = o_.make_trailer(digests_);
-        const int64_t from = std::max(at, o_.body);
-        std::memcpy(buf + (from - at), trailer.data() + (from - o_.body), static_cast<size_t>(at + n - from));
-      }
-      if (o_.write && o_.direct && n % kDirectAlign != 0) {
-        std::memset(buf + n, 0, static_cast<size_t>(RoundUp(n, kDirectAlign) - n));  // cut off by ftruncate
-      }
-      absl::Status s = Transfer(buf, n, at);
-      if (s.ok() && o_.write && !o_.direct) {
-        // Start the writeback now (advice): the final fsync then waits for little.
-        ::sync_file_range(o_.fd, at, n, SYNC_FILE_RANGE_WRITE);
-      }
+  // Buffer k's I/O, once it may start; false on an error (recorded).
+  bool MoveBuffer(int64_t k) {
+    const int64_t at = k * o_.io_bytes;
+    const int64_t n = BufferBytes(k);
+    const bool has_trailer = o_.write && at + n > o_.body;
+    {
       absl::MutexLock lock(&mu_);
-      if (!s.ok()) {
-        Fail(std::move(s));
-        return;
+      auto ready = [this, k, has_trailer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (!error_.ok()) return true;
+        if (has_trailer && tasks_done_ < tasks_) return false;  // the trailer needs every digest
+        if (!bounce_) return true;
+        if (o_.write) return remaining_[static_cast<size_t>(k)] == 0;
+        // A read reuses the slot of buffer k - ring once its workers are done.
+        const int64_t prev = k - static_cast<int64_t>(ring_.size());
+        return prev < 0 || remaining_[static_cast<size_t>(prev)] == 0;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!error_.ok()) return false;
+    }
+    if (has_trailer && !trailer_made_) {
+      const std::string mac = o_.make_trailer(digests_);
+      std::memcpy(trailer_.data(), mac.data(), std::min(mac.size(), trailer_.size()));
+      trailer_made_ = true;
+    }
+    // The buffer's stretches, in order; consecutive bounced ones as one transfer.
+    absl::Status s;
+    int64_t run = -1;  // start of the pending bounced run
+    auto flush = [&](int64_t upto) -> absl::Status {
+      if (run < 0) return absl::OkStatus();
+      char* slot = Slot(k) + (run - at);
+      const int64_t len = upto - run;
+      if (o_.write && o_.direct && upto == at + n && len % kDirectAlign != 0) {
+        std::memset(slot + len, 0, static_cast<size_t>(RoundUp(len, kDirectAlign) - len));  // cut off later
       }
-      if (o_.write) {
-        ++written_;
-      } else {
-        filled_[static_cast<size_t>(k)] = true;
+      run = -1;
+      return Transfer(slot, len, upto - len);
+    };
+    s = ForStretches(at, at + n, [&](const Piece* p, int64_t x, int64_t len, bool in_place) -> absl::Status {
+      if (in_place) {
+        MALLE_RETURN_IF_ERROR(flush(x));
+        return Transfer(p->mem + (x - p->at), len, x);
       }
+      // The trailer's bytes go to the bounce buffer here (the workers never touch them).
+      if (o_.write && p != nullptr && x >= o_.body) MALLE_RETURN_IF_ERROR(Bounce(*p, x, len, k));
+      if (run < 0) run = x;
+      return absl::OkStatus();
+    });
+    if (s.ok()) s = flush(at + n);
+    if (s.ok() && o_.write && !o_.direct) {
+      // Start the writeback now (advice): the final fsync then waits for little.
+      ::sync_file_range(o_.fd, at, n, SYNC_FILE_RANGE_WRITE);
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      Fail(std::move(s));
+      return false;
+    }
+    if (o_.write) {
+      ++written_;
+    } else {
+      filled_[static_cast<size_t>(k)] = true;
+    }
+    return true;
+  }
+
+  void IoLoop() {
+    for (int64_t k = 0; k < buffers_; ++k) {
+      if (!MoveBuffer(k)) return;
     }
   }
 
   Options o_;
   std::vector<Piece> pieces_;  // sorted by file offset, not overlapping
+  bool bounce_ = false;        // a ring of bounce buffers is in use
   int64_t tasks_ = 0;
   int64_t buffers_ = 0;
   std::vector<BouncePool::Buffer> ring_;
   std::vector<Digest> digests_;  // each written by one task
+  std::string trailer_;          // a write's; the I/O thread's
+  bool trailer_made_ = false;    // the I/O thread's
 
   absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   int64_t next_task_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t tasks_done_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;              // write: buffers written, in order
   std::vector<int64_t> remaining_ ABSL_GUARDED_BY(mu_);  // per buffer: tasks not done
   std::vector<bool> filled_ ABSL_GUARDED_BY(mu_);        // read: buffers read in
@@ -541,6 +638,55 @@ std::string ChunkMac(const std::string& secret, int64_t body, int64_t chunk, con
   mac.Update(&c, sizeof(c));
   for (const Digest& d : digests) mac.Update(d.data(), d.size());
   return mac.Final();
+}
+
+// Faults in fresh memory on a thread of its own, in order, ahead of the
+// reads that land in it: a read (O_DIRECT's page pinning, or the kernel's
+// copy) would otherwise fault each page itself, on the I/O thread, between
+// two transfers. MADV_POPULATE_WRITE (Linux 5.14) leaves the contents alone,
+// so it may race with the reads; without it, nothing is done. Stops early
+// when destroyed.
+class Prefaulter {
+ public:
+  explicit Prefaulter(std::vector<std::pair<char*, int64_t>> ranges) : ranges_(std::move(ranges)) {
+    if (!ranges_.empty()) thread_ = std::thread([this] { Run(); });
+  }
+  ~Prefaulter() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  Prefaulter(const Prefaulter&) = delete;
+  Prefaulter& operator=(const Prefaulter&) = delete;
+
+ private:
+  void Run() {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    constexpr uintptr_t kStep = uintptr_t{4} << 20;
+    for (const auto& [mem, n] : ranges_) {
+      // Whole pages only: the ragged edges are faulted by whoever gets there.
+      uintptr_t a = (reinterpret_cast<uintptr_t>(mem) + page - 1) / page * page;
+      const uintptr_t b = (reinterpret_cast<uintptr_t>(mem) + static_cast<uintptr_t>(n)) / page * page;
+      for (; a < b && !stop_.load(); a += kStep) {
+        if (::madvise(reinterpret_cast<void*>(a), std::min(kStep, b - a), MADV_POPULATE_WRITE) != 0) return;
+      }
+    }
+  }
+  std::vector<std::pair<char*, int64_t>> ranges_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Fresh memory for a segment that starts at file offset `at`, its address
+// congruent to `at` modulo kDirectAlign (a view into a slightly larger
+// buffer), so that O_DIRECT reads its blocks straight into it; plain memory
+// where the element size does not allow the shift.
+at::Tensor CongruentEmpty(at::ScalarType dtype, int64_t numel, uint64_t at) {
+  const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
+  at::Tensor raw = at::empty({numel * esize + kDirectAlign}, at::TensorOptions().dtype(at::kByte));
+  const auto addr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(raw.data_ptr()) % kDirectAlign);
+  const int64_t shift = ((static_cast<int64_t>(at % kDirectAlign) - addr) % kDirectAlign + kDirectAlign) % kDirectAlign;
+  if (shift % esize != 0 || (addr + shift) % esize != 0) return at::empty({numel}, at::TensorOptions().dtype(dtype));
+  return raw.narrow(0, shift, numel * esize).view(dtype);
 }
 
 int Helpers(const StateIoOptions& io) {
@@ -563,13 +709,44 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     segments.push_back({c10::getDtypeNames(specs[i].dtype).first, specs[i].numel, DeviceName(specs[i].device), bytes});
     all_cpu = all_cpu && state.buffers[i].is_cpu();
   }
-  const nlohmann::json header = {{"job", job},
-                                 {"step", step},
-                                 {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
-                                 {"skeleton_bytes", state.skeleton.size()},
-                                 {"hash_chunk_bytes", kStateHashChunkBytes},
-                                 {"segments", segments}};
-  const std::string header_text = header.dump();
+  std::vector<at::Tensor> bytes_views;
+  for (const at::Tensor& seg : state.buffers) bytes_views.push_back(seg.contiguous().view(at::kByte));
+  // Where each segment starts: after the previous one, padded (< kDirectAlign
+  // zeros) so that the file offset is congruent to the segment's address:
+  // then O_DIRECT writes its blocks straight from memory. The header holds
+  // the offsets, so its length depends on them: lay out for a guessed length,
+  // pad the header with spaces to it, or guess again (longer).
+  const uint64_t prefix_and_skeleton = kPrefixBytes + state.skeleton.size();
+  const nlohmann::json header_base = {{"job", job},
+                                      {"step", step},
+                                      {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
+                                      {"skeleton_bytes", state.skeleton.size()},
+                                      {"hash_chunk_bytes", kStateHashChunkBytes},
+                                      {"segments", segments}};
+  std::string header_text;
+  std::vector<int64_t> offsets(bytes_views.size());
+  int64_t body = 0;
+  for (size_t guess = header_base.dump().size() + 16 * bytes_views.size() + 32;;) {
+    int64_t at = static_cast<int64_t>(prefix_and_skeleton + guess);
+    for (size_t i = 0; i < bytes_views.size(); ++i) {
+      const at::Tensor& b = bytes_views[i];
+      if (b.is_cpu() && b.numel() > 0) {
+        const auto addr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data_ptr()) % kDirectAlign);
+        at += ((addr - at) % kDirectAlign + kDirectAlign) % kDirectAlign;
+      }
+      offsets[i] = at;
+      at += b.numel();
+    }
+    nlohmann::json header = header_base;
+    header["segment_offsets"] = offsets;
+    header_text = header.dump();
+    if (header_text.size() <= guess) {
+      header_text.append(guess - header_text.size(), ' ');  // JSON allows trailing whitespace
+      body = at;
+      break;
+    }
+    guess = header_text.size() + 64;
+  }
   // The prefix, the header and the skeleton.
   std::string head;
   {
@@ -583,23 +760,24 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     head += header_text;
     head += state.skeleton;
   }
-  std::vector<at::Tensor> bytes_views;
-  for (const at::Tensor& seg : state.buffers) bytes_views.push_back(seg.contiguous().view(at::kByte));
+  static const char kZeros[kDirectAlign] = {};
   std::vector<Piece> pieces;
-  int64_t body = 0;
   pieces.push_back({0, static_cast<int64_t>(head.size()), head.data()});
-  body += static_cast<int64_t>(head.size());
-  for (const at::Tensor& b : bytes_views) {
+  int64_t end = static_cast<int64_t>(head.size());
+  for (size_t i = 0; i < bytes_views.size(); ++i) {
+    const at::Tensor& b = bytes_views[i];
     if (b.numel() == 0) continue;
-    Piece p{body, b.numel()};
+    if (offsets[i] > end) pieces.push_back({end, offsets[i] - end, const_cast<char*>(kZeros)});  // padding
+    Piece p{offsets[i], b.numel()};
     if (b.is_cpu()) {
       p.mem = static_cast<char*>(b.data_ptr());
     } else {
       p.device = &b;
     }
     pieces.push_back(p);
-    body += b.numel();
+    end = offsets[i] + b.numel();
   }
+  if (body > end) pieces.push_back({end, body - end, const_cast<char*>(kZeros)});
 
   const std::filesystem::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
@@ -725,6 +903,29 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     total += segs.back().bytes;
     if (total > size) break;
   }
+  // Version 2: where each segment starts (after the previous one, fewer than
+  // kDirectAlign bytes of padding between).
+  const uint64_t head_bytes = kPrefixBytes + header_len + skeleton_bytes;
+  std::vector<uint64_t> offsets;
+  if (version >= 2 && total <= size) {
+    const nlohmann::json o = header.value("segment_offsets", nlohmann::json());
+    if (!o.is_array() || o.size() != segs.size()) {
+      return loss(absl::StrCat("corrupt header: segment_offsets must list ", segs.size(), " offsets, got ",
+                               o.dump().substr(0, 200)));
+    }
+    uint64_t end = head_bytes;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (!o[i].is_number_unsigned() || o[i].get<uint64_t>() < end ||
+          o[i].get<uint64_t>() - end >= static_cast<uint64_t>(kDirectAlign) || o[i].get<uint64_t>() > size) {
+        return loss(absl::StrCat("corrupt header: segment_offsets[", i, "] is ", o[i].dump(), ", segment ", i,
+                                 " must start within ", kDirectAlign, " bytes after byte ", end));
+      }
+      offsets.push_back(o[i].get<uint64_t>());
+      end = offsets.back() + segs[i].bytes;
+      if (end > size) break;
+    }
+    total = end + kMacBytes;
+  }
   if (total > size) return loss(absl::StrCat("truncated state file (", size, " bytes, the header says ", total, ")"));
   if (total < size) return loss(absl::StrCat("corrupt: ", size - total, " bytes after the state"));
   PackedState out;
@@ -744,10 +945,15 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     const bool in_place = t != nullptr && t->defined() && t->is_cpu() && t->is_contiguous() &&
                           segs[i].device == c10::DeviceType::CPU && t->scalar_type() == segs[i].dtype &&
                           t->numel() == segs[i].numel;
-    out.buffers.push_back(in_place ? *t : at::empty({segs[i].numel}, at::TensorOptions().dtype(segs[i].dtype)));
+    if (in_place) {
+      out.buffers.push_back(*t);
+    } else if (!offsets.empty() && segs[i].bytes > 0) {
+      out.buffers.push_back(CongruentEmpty(segs[i].dtype, segs[i].numel, offsets[i]));
+    } else {
+      out.buffers.push_back(at::empty({segs[i].numel}, at::TensorOptions().dtype(segs[i].dtype)));
+    }
     out.direct.push_back(in_place);
   }
-  const uint64_t head_bytes = kPrefixBytes + header_len + skeleton_bytes;
   std::string trailer(kMacBytes, '\0');
   bool verified = false;
   if (version == 1) {
@@ -788,13 +994,16 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     }
     if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     std::string head_read(head_bytes, '\0');
+    std::string padding(segs.size() * kDirectAlign, '\0');  // where the padding lands (not used)
     std::vector<Piece> pieces;
     pieces.push_back({0, static_cast<int64_t>(head_bytes), head_read.data()});
     int64_t at = static_cast<int64_t>(head_bytes);
     for (size_t i = 0; i < segs.size(); ++i) {
       if (segs[i].bytes == 0) continue;
-      pieces.push_back({at, static_cast<int64_t>(segs[i].bytes), static_cast<char*>(out.buffers[i].data_ptr())});
-      at += static_cast<int64_t>(segs[i].bytes);
+      const auto start = static_cast<int64_t>(offsets[i]);
+      if (start > at) pieces.push_back({at, start - at, padding.data() + i * kDirectAlign});
+      pieces.push_back({start, static_cast<int64_t>(segs[i].bytes), static_cast<char*>(out.buffers[i].data_ptr())});
+      at = start + static_cast<int64_t>(segs[i].bytes);
     }
     pieces.push_back({at, static_cast<int64_t>(kMacBytes), trailer.data()});
     ChunkPipeline::Options o;
@@ -807,8 +1016,15 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     o.chunk = chunk;
     o.io_bytes = std::max(kStateIoChunkBytes, chunk);
     o.helpers = Helpers(io);
+    std::vector<std::pair<char*, int64_t>> fresh;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (!out.direct[i]) fresh.emplace_back(static_cast<char*>(out.buffers[i].data_ptr()), segs[i].bytes);
+    }
     ChunkPipeline pipe(o, std::move(pieces));
-    MALLE_RETURN_IF_ERROR(pipe.Run());
+    {
+      Prefaulter prefault(std::move(fresh));
+      MALLE_RETURN_IF_ERROR(pipe.Run());
+    }
     std::string parsed(prefix, sizeof(prefix));
     parsed += header_text;
     parsed += out.skeleton;

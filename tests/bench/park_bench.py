@@ -59,7 +59,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 from resize_bench import DEPTH, IN_OUT, WIDTH  # noqa: E402  (the ~250 MB state: one model)
 
 CHUNK = 64 << 20
-PARK_RE = re.compile(r"parked at step (\d+) \((\d+) B in ([0-9.eE+-]+) s\)")
+PARK_RE = re.compile(r"parked at step (\d+) \((\d+) B in ([0-9.eE+-]+) s(?:; durable write ([0-9.eE+-]+) s)?\)")
+RESUME_RE = re.compile(r"resumed from .* at step (\d+) \((\d+) B: read \+ verify ([0-9.eE+-]+) s, "
+                       r"unpack \+ restore ([0-9.eE+-]+) s\)")
 TARGET_FLOOR = 1.5      # park / resume <= 1.5 x the floor
 TARGET_DCP = 2.0        # at least 2x faster than torch.distributed.checkpoint
 TARGET_SNAPSHOT = 0.01  # < 1 % of the step time
@@ -429,6 +431,12 @@ def run_role(args, role: str, extra: List[str], timeout: float, log_level: str =
     if m:
         rec["park_engine_s"] = float(m.group(3))
         rec["park_bytes"] = int(m.group(2))
+        if m.group(4):  # the engine's split (since the file format v2): the rest is capture + pack
+            rec["park_write_s"] = float(m.group(4))
+    m = RESUME_RE.search(p.stderr)
+    if m:  # the engine's split of a resume (since the file format v2)
+        rec["read_verify_s"] = float(m.group(3))
+        rec["restore_s"] = float(m.group(4))
     return rec
 
 
@@ -631,6 +639,17 @@ def report(res: dict) -> str:
             ("malletrain resume, cold (read + verify + restore)", res_c, ratio(res_c, floor_rc),
              "vs floor read cold"),
             ("malletrain resume, warm", res_w, ratio(res_w, floor_rw), "vs floor read warm"),
+        ]
+        if all("park_write_s" in r["park"] for r in reps):
+            rows.insert(4, ("  of which the durable write (temp file .. dir fsync)",
+                            g(lambda r: r["park"]["park_write_s"]), None, ""))
+        for mode in ("cold", "warm"):
+            if all("read_verify_s" in r[f"resume_{mode}"] for r in reps):
+                rows += [(f"  of which read + verify ({mode})", g(lambda r: r[f"resume_{mode}"]["read_verify_s"]),
+                          None, ""),
+                         (f"  of which unpack + restore ({mode})", g(lambda r: r[f"resume_{mode}"]["restore_s"]),
+                          None, "")]
+        rows += [
             ("malletrain new incarnation: first next(), cold", boot_c, None, ""),
             ("DCP save (dcp.save, FileSystemWriter)", dcp_s, ratio(dcp_s, park), "vs malle park"),
             ("DCP load, cold (dcp.load + set_state_dict)", dcp_lc, ratio(dcp_lc, res_c),
