@@ -281,8 +281,69 @@ TEST(StateFileTest, VersionTwoBindsEveryChunkTheirOrderAndTheChunking) {
   b = good;
   b.replace(at, field.size(), "\"hash_chunk_bytes\":" + std::to_string(kStateHashChunkBytes - 1));
   refused("bad_chunk", b, "hash_chunk_bytes");
+  // Segment offsets that overlap the head or the previous segment: named.
+  const size_t offs = good.find("\"segment_offsets\":[");
+  ASSERT_NE(offs, std::string::npos);
+  const size_t first = offs + std::string("\"segment_offsets\":[").size();
+  const size_t comma = good.find(',', first);
+  const size_t close = good.find(']', first);
+  ASSERT_LT(comma, close);
+  const std::string first_offset = good.substr(first, comma - first);
+  b = good;
+  b.replace(first, first_offset.size(), "1" + std::string(first_offset.size() - 1, ' '));
+  refused("offset_in_head", b, "segment_offsets[0] is 1");
+  const std::string second_offset = good.substr(comma + 1, close - comma - 1);
+  ASSERT_LE(first_offset.size(), second_offset.size());
+  b = good;
+  b.replace(comma + 1, second_offset.size(),
+            first_offset + std::string(second_offset.size() - first_offset.size(), ' '));
+  refused("offsets_overlap", b, "segment_offsets[1]");
+  b = good;
+  b.replace(comma, 1, " ");  // one offset for two segments
+  b.replace(comma + 1, second_offset.size(), std::string(second_offset.size(), ' '));
+  refused("offsets_missing", b, "segment_offsets must list 2 offsets");
   // The good file still reads.
   EXPECT_OK(ReadStateFile(path, "k").status());
+}
+
+// Bytes move straight between memory and the disk where the memory's address
+// is congruent to the file offset, through a bounce buffer elsewhere: a
+// reader's own buffers at any alignment read back bitwise, both ways.
+TEST(StateFileTest, SegmentsAtAnyAlignmentReadBackBitwise) {
+  const std::string dir = TempDir("align");
+  const int64_t n = 3'000'000;  // 12 MB: the aligned interior and both ragged edges
+  for (const int64_t shift : {0, 1, 3, 1000}) {
+    // The writer's segment starts `shift` floats into its storage; the
+    // reader's own one 7 floats later than that (never congruent to it).
+    at::Tensor src_base = at::arange(n + 2000, at::kFloat);
+    at::Tensor src = src_base.narrow(0, shift, n);
+    StatePacker w(/*direct_min_bytes=*/1);
+    w.PutTensor(src);
+    const PackedState written = std::move(w).Finish();
+    ASSERT_TRUE(written.direct[0]);
+    const std::string path = absl::StrCat(dir, "/s", shift, ".mstate");
+    ASSERT_OK(WriteStateFile(path, written, "align", 1, "k"));
+    at::Tensor dst_base = at::zeros({n + 2000}, at::kFloat);
+    at::Tensor dst = dst_base.narrow(0, shift + 7, n);
+    StatePacker r(1);
+    r.PutTensor(dst);
+    const PackedState own = std::move(r).Finish();
+    for (const bool direct : {true, false}) {
+      dst.zero_();
+      StateIoOptions io;
+      io.own = &own;
+      io.direct_io = direct;
+      absl::StatusOr<PackedState> back = ReadStateFile(path, "k", nullptr, io);
+      ASSERT_OK(back.status()) << "shift " << shift;
+      ASSERT_TRUE(back->direct[0]) << "read in place";
+      EXPECT_TRUE(at::equal(dst, src)) << "shift " << shift << ", O_DIRECT " << direct;
+      // Into fresh memory.
+      io.own = nullptr;
+      absl::StatusOr<PackedState> fresh = ReadStateFile(path, "k", nullptr, io);
+      ASSERT_OK(fresh.status());
+      EXPECT_TRUE(at::equal(fresh->buffers[0], src)) << "shift " << shift << ", O_DIRECT " << direct;
+    }
+  }
 }
 
 // Versions this malletrain does not know are refused naming the version.
