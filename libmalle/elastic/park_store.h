@@ -9,21 +9,24 @@
 // A state file is: the magic "MALLEPRK", u32 format version, u32 flags (bit 0:
 // signed), u64 length of a JSON header (job, step, creation time, the
 // segments' dtypes, lengths, devices, the skeleton's length and, from
-// version 2, the hash chunk size), the header, the skeleton, every segment's
-// bytes in order (the *body* ends here), and a 32-byte trailer (integers are
-// little-endian).
+// version 2, the hash chunk size and the segments' file offsets), the header,
+// the skeleton, every segment's bytes in order (the *body* ends here), and a
+// 32-byte trailer (integers are little-endian).
 //
-// Version 2 (written since 2026-11-28): the body is cut into chunks of
-// `hash_chunk_bytes` (a header field, 4 MiB) at file offsets 0, C, 2C, ...;
-// the trailer is the HMAC-SHA256 under the deployment secret of
-// "MALLEPRK v2 chunks" || u64 body length || u64 C || SHA-256(chunk 0) ||
-// SHA-256(chunk 1) || ..., or the SHA-256 of the same when the deployment
-// has no secret (then the file is flagged unsigned, and a reader that has a
-// secret refuses it). The chunks' digests are independent, so several cores
-// hash one file; the MAC over them in order binds every byte, the length and
-// the chunking. Version 1 (read, no longer written): the trailer is the
-// HMAC-SHA256 (SHA-256) of the whole body, one stream. Any other version is
-// refused, naming it. A reader verifies the trailer before it returns
+// Version 2 (written since 2026-11-28): each segment starts at its offset,
+// fewer than 4096 bytes (zeros) after the previous one ends; the writer pads
+// so that a segment's file offset is congruent to its address modulo 4096
+// (see the I/O below). The body is cut into chunks of `hash_chunk_bytes`
+// (4 MiB) at file offsets 0, C, 2C, ...; the trailer is the HMAC-SHA256 under
+// the deployment secret of "MALLEPRK v2 chunks" || u64 body length || u64 C
+// || SHA-256(chunk 0) || SHA-256(chunk 1) || ..., or the SHA-256 of the same
+// when the deployment has no secret (then the file is flagged unsigned, and a
+// reader that has a secret refuses it). The chunks' digests are independent,
+// so several cores hash one file; the MAC over them in order binds every byte
+// (the padding and the header's offsets included), the length and the
+// chunking. Version 1 (read, no longer written): no padding; the trailer is
+// the HMAC-SHA256 (SHA-256) of the whole body, one stream. Any other version
+// is refused, naming it. A reader verifies the trailer before it returns
 // anything, so a truncated, corrupt or forged file is refused with an error
 // naming what is wrong, never half-used.
 //
@@ -31,17 +34,19 @@
 // fsync, rename, fsync of the directory. A failed write (a full disk) leaves
 // the previous files as they were.
 //
-// The I/O (version 2) streams the file through a few page-aligned bounce
-// buffers of kStateIoChunkBytes: worker threads copy each chunk between the
-// flat buffers and a bounce buffer and hash it (the copy leaves it in the
-// cache for the hash), while one I/O thread moves the previous buffer to or
-// from the disk. Where the filesystem allows it the I/O bypasses the page
-// cache (O_DIRECT): no second copy into the kernel, which on a machine with
-// busy cores competed with the hash (tests/bench/park_io_probe.py); reads of a
-// file the page cache already holds, and filesystems that refuse O_DIRECT,
-// use ordinary I/O. A read can land segments directly in the reader's own
-// flat buffers (StateIoOptions::own). The format does not depend on any of
-// this.
+// The I/O (version 2): one I/O thread moves the file in kStateIoChunkBytes
+// pieces while workers hash the chunks. Where the filesystem allows it the I/O
+// bypasses the page cache (O_DIRECT; on a machine with busy cores the page
+// cache's copy and reclaim competed with the hash, tests/bench/park_io_probe.py):
+// the blocks of a segment whose memory is congruent to its file offset move
+// straight between that memory and the disk (the writer's own, by its
+// padding; a reader's fresh memory, which it allocates to match, faulted in
+// ahead of the reads by a thread of its own); the ragged edges, the head, the
+// trailer and other memory go through a few page-aligned bounce buffers. A
+// file the page cache already holds is read through it, straight into the
+// destinations; so is everything on a filesystem that refuses O_DIRECT. A
+// read can land segments directly in the reader's own flat buffers
+// (StateIoOptions::own). The format does not depend on how a file was moved.
 //
 //   MALLE_ASSIGN_OR_RETURN(auto store, DirParkStore::Open({"/shared/park/digits", secret}));
 //   MALLE_RETURN_IF_ERROR(store->Write(state.Pack(), state.step));      // park or snapshot

@@ -21,7 +21,10 @@ with Adam: parameters + exp_avg + exp_avg_sq, float32), CPU rank processes, one 
   ``{"model": get_model_state_dict, "optim": get_optimizer_state_dict}`` with a
   ``FileSystemWriter`` (sync_files: fsync, as ours), and ``dcp.load`` + ``set_model_state_dict``
   + ``set_optimizer_state_dict`` into a fresh model and optimizer; plain ``torch.save`` (+ fsync)
-  / ``torch.load`` + ``load_state_dict`` as a second reference. Cold and warm, as above.
+  / ``torch.load`` + ``load_state_dict`` as a second reference. Cold and warm, as above. The same
+  DCP checkpoint is then also loaded in a new process (``role_dcpload``), cold and warm: a resume
+  is always a new process with fresh memory, while the same-process "warm" load reuses the
+  memory its cold load freed. Both references are reported, with each load's process CPU.
 * snapshot overhead: the same job run with snapshots off, adaptive (``snapshot_every=0``) and
   every step (``snapshot_every=1``) (``--snap-settings``), in rotating order, ``--snap-runs``
   times; the mean step time after warm-up of each run, and each run's ratio to the "off" run of
