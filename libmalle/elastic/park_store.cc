@@ -425,9 +425,9 @@ class ChunkPipeline {
   }
 
   // Copies a bounced stretch between its piece and buffer k's bounce slot.
-  absl::Status Bounce(const Piece& p, int64_t at, int64_t n, int64_t k) {
-    char* slot = Slot(k) + (at - k * o_.io_bytes);
-    const int64_t off = at - p.at;
+  absl::Status Bounce(const Piece& p, int64_t pos, int64_t n, int64_t k) {
+    char* slot = Slot(k) + (pos - k * o_.io_bytes);
+    const int64_t off = pos - p.at;
     if (p.device != nullptr) {
       try {
         at::from_blob(slot, {n}, at::TensorOptions().dtype(at::kByte)).copy_(p.device->narrow(0, off, n));
@@ -455,12 +455,12 @@ class ChunkPipeline {
       // A write's trailer is the I/O thread's.
       const int64_t end = o_.write ? std::min(e, o_.body) : e;
       if (s >= end) break;
-      MALLE_RETURN_IF_ERROR(ForStretches(s, end, [&](const Piece* p, int64_t at, int64_t n, bool in_place) {
-        if (p == nullptr) return absl::InternalError(absl::StrCat("state file ", o_.path, ": no piece at ", at));
-        if (!in_place) MALLE_RETURN_IF_ERROR(Bounce(*p, at, n, k));
-        const int64_t h = std::min(n, hashed_end - at);
+      MALLE_RETURN_IF_ERROR(ForStretches(s, end, [&](const Piece* p, int64_t pos, int64_t n, bool in_place) {
+        if (p == nullptr) return absl::InternalError(absl::StrCat("state file ", o_.path, ": no piece at ", pos));
+        if (!in_place) MALLE_RETURN_IF_ERROR(Bounce(*p, pos, n, k));
+        const int64_t h = std::min(n, hashed_end - pos);
         if (h > 0) {
-          const char* from = p->device != nullptr ? Slot(k) + (at - k * o_.io_bytes) : p->mem + (at - p->at);
+          const char* from = p->device != nullptr ? Slot(k) + (pos - k * o_.io_bytes) : p->mem + (pos - p->at);
           EVP_DigestUpdate(md, from, static_cast<size_t>(h));
         }
         return absl::OkStatus();
@@ -504,12 +504,12 @@ class ChunkPipeline {
   // transfer the filesystem refuses (EINVAL) is retried through the page
   // cache. With O_DIRECT a range that ends the file is rounded up to a whole
   // block (a read comes back short; a write's padding is cut off later).
-  absl::Status Transfer(char* buf, int64_t n, int64_t at) {
+  absl::Status Transfer(char* buf, int64_t n, int64_t pos) {
     int64_t done = 0;
     while (done < n) {
       const int64_t want = o_.direct ? RoundUp(n, kDirectAlign) - done : n - done;
-      const ssize_t r = o_.write ? ::pwrite(o_.fd, buf + done, static_cast<size_t>(want), at + done)
-                                 : ::pread(o_.fd, buf + done, static_cast<size_t>(want), at + done);
+      const ssize_t r = o_.write ? ::pwrite(o_.fd, buf + done, static_cast<size_t>(want), pos + done)
+                                 : ::pread(o_.fd, buf + done, static_cast<size_t>(want), pos + done);
       if (r < 0) {
         if (errno == EINTR) continue;
         if (errno == EINVAL && o_.direct) {
@@ -540,9 +540,9 @@ class ChunkPipeline {
 
   // Buffer k's I/O, once it may start; false on an error (recorded).
   bool MoveBuffer(int64_t k) {
-    const int64_t at = k * o_.io_bytes;
+    const int64_t start = k * o_.io_bytes;
     const int64_t n = BufferBytes(k);
-    const bool has_trailer = o_.write && at + n > o_.body;
+    const bool has_trailer = o_.write && start + n > o_.body;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this, k, has_trailer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -567,15 +567,15 @@ class ChunkPipeline {
     int64_t run = -1;  // start of the pending bounced run
     auto flush = [&](int64_t upto) -> absl::Status {
       if (run < 0) return absl::OkStatus();
-      char* slot = Slot(k) + (run - at);
+      char* slot = Slot(k) + (run - start);
       const int64_t len = upto - run;
-      if (o_.write && o_.direct && upto == at + n && len % kDirectAlign != 0) {
+      if (o_.write && o_.direct && upto == start + n && len % kDirectAlign != 0) {
         std::memset(slot + len, 0, static_cast<size_t>(RoundUp(len, kDirectAlign) - len));  // cut off later
       }
       run = -1;
       return Transfer(slot, len, upto - len);
     };
-    s = ForStretches(at, at + n, [&](const Piece* p, int64_t x, int64_t len, bool in_place) -> absl::Status {
+    s = ForStretches(start, start + n, [&](const Piece* p, int64_t x, int64_t len, bool in_place) -> absl::Status {
       if (in_place) {
         MALLE_RETURN_IF_ERROR(flush(x));
         return Transfer(p->mem + (x - p->at), len, x);
@@ -585,10 +585,10 @@ class ChunkPipeline {
       if (run < 0) run = x;
       return absl::OkStatus();
     });
-    if (s.ok()) s = flush(at + n);
+    if (s.ok()) s = flush(start + n);
     if (s.ok() && o_.write && !o_.direct) {
       // Start the writeback now (advice): the final fsync then waits for little.
-      ::sync_file_range(o_.fd, at, n, SYNC_FILE_RANGE_WRITE);
+      ::sync_file_range(o_.fd, start, n, SYNC_FILE_RANGE_WRITE);
     }
     absl::MutexLock lock(&mu_);
     if (!s.ok()) {
@@ -680,11 +680,11 @@ class Prefaulter {
 // congruent to `at` modulo kDirectAlign (a view into a slightly larger
 // buffer), so that O_DIRECT reads its blocks straight into it; plain memory
 // where the element size does not allow the shift.
-at::Tensor CongruentEmpty(at::ScalarType dtype, int64_t numel, uint64_t at) {
+at::Tensor CongruentEmpty(at::ScalarType dtype, int64_t numel, uint64_t offset) {
   const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
   at::Tensor raw = at::empty({numel * esize + kDirectAlign}, at::TensorOptions().dtype(at::kByte));
   const auto addr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(raw.data_ptr()) % kDirectAlign);
-  const int64_t shift = ((static_cast<int64_t>(at % kDirectAlign) - addr) % kDirectAlign + kDirectAlign) % kDirectAlign;
+  const int64_t shift = ((static_cast<int64_t>(offset % kDirectAlign) - addr) % kDirectAlign + kDirectAlign) % kDirectAlign;
   if (shift % esize != 0 || (addr + shift) % esize != 0) return at::empty({numel}, at::TensorOptions().dtype(dtype));
   return raw.narrow(0, shift, numel * esize).view(dtype);
 }
@@ -727,22 +727,22 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   std::vector<int64_t> offsets(bytes_views.size());
   int64_t body = 0;
   for (size_t guess = header_base.dump().size() + 16 * bytes_views.size() + 32;;) {
-    int64_t at = static_cast<int64_t>(prefix_and_skeleton + guess);
+    int64_t pos = static_cast<int64_t>(prefix_and_skeleton + guess);
     for (size_t i = 0; i < bytes_views.size(); ++i) {
       const at::Tensor& b = bytes_views[i];
       if (b.is_cpu() && b.numel() > 0) {
         const auto addr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data_ptr()) % kDirectAlign);
-        at += ((addr - at) % kDirectAlign + kDirectAlign) % kDirectAlign;
+        pos += ((addr - pos) % kDirectAlign + kDirectAlign) % kDirectAlign;
       }
-      offsets[i] = at;
-      at += b.numel();
+      offsets[i] = pos;
+      pos += b.numel();
     }
     nlohmann::json header = header_base;
     header["segment_offsets"] = offsets;
     header_text = header.dump();
     if (header_text.size() <= guess) {
       header_text.append(guess - header_text.size(), ' ');  // JSON allows trailing whitespace
-      body = at;
+      body = pos;
       break;
     }
     guess = header_text.size() + 64;
@@ -997,22 +997,22 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     std::string padding(segs.size() * kDirectAlign, '\0');  // where the padding lands (not used)
     std::vector<Piece> pieces;
     pieces.push_back({0, static_cast<int64_t>(head_bytes), head_read.data()});
-    int64_t at = static_cast<int64_t>(head_bytes);
+    int64_t pos = static_cast<int64_t>(head_bytes);
     for (size_t i = 0; i < segs.size(); ++i) {
       if (segs[i].bytes == 0) continue;
       const auto start = static_cast<int64_t>(offsets[i]);
-      if (start > at) pieces.push_back({at, start - at, padding.data() + i * kDirectAlign});
+      if (start > pos) pieces.push_back({pos, start - pos, padding.data() + i * kDirectAlign});
       pieces.push_back({start, static_cast<int64_t>(segs[i].bytes), static_cast<char*>(out.buffers[i].data_ptr())});
-      at = start + static_cast<int64_t>(segs[i].bytes);
+      pos = start + static_cast<int64_t>(segs[i].bytes);
     }
-    pieces.push_back({at, static_cast<int64_t>(kMacBytes), trailer.data()});
+    pieces.push_back({pos, static_cast<int64_t>(kMacBytes), trailer.data()});
     ChunkPipeline::Options o;
     o.write = false;
     o.fd = fd;
     o.direct = direct;
     o.path = path;
     o.total = static_cast<int64_t>(size);
-    o.body = at;
+    o.body = pos;
     o.chunk = chunk;
     o.io_bytes = std::max(kStateIoChunkBytes, chunk);
     o.helpers = Helpers(io);
@@ -1029,7 +1029,7 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     parsed += header_text;
     parsed += out.skeleton;
     if (parsed != head_read) return loss("the file changed while it was read");
-    const std::string expected = ChunkMac(secret, at, chunk, pipe.digests());
+    const std::string expected = ChunkMac(secret, pos, chunk, pipe.digests());
     verified = expected.size() == kMacBytes && CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) == 0;
   }
   if (!verified) {
