@@ -68,8 +68,11 @@ double CpuSeconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+std::string g_dir;  // removed on the way out, whatever happens
+
 void Die(const std::string& what) {
   std::fprintf(stderr, "state_file_bench: %s\n", what.c_str());
+  if (!g_dir.empty()) std::filesystem::remove_all(g_dir);
   std::exit(1);
 }
 
@@ -136,6 +139,7 @@ int main(int argc, char** argv) {
   const std::string dir = std::filesystem::absolute(absl::GetFlag(FLAGS_dir)).string() +
                           absl::StrFormat("/state_file_bench.%d", ::getpid());
   std::filesystem::create_directories(dir);
+  g_dir = dir;
   const std::string secret = "bench-secret";
 
   // The state: three segments, packed by hand (one record per segment).
