@@ -194,7 +194,7 @@ struct Engine::Snapshotter {
         // The hash on this thread: a second hashing thread would shorten
         // the write but take a core from training (2-core machines).
         StateIoOptions io;
-        io.hash_thread = false;
+        io.helper_threads = 0;
         absl::Status s = store->Write(next.first, next.second, io);
         const absl::Duration took = absl::Now() - w0;
         if (s.ok() && sink != nullptr) {
@@ -1260,6 +1260,7 @@ absl::Status Engine::ResumeFromStore() {
   // does not retry it): training from scratch instead would lose the progress
   // the user expects, silently.
   std::optional<ParkedState> found;
+  const Clock::time_point t0 = Clock::now();
   // Segments whose layout matches this incarnation's own flat buffers (its
   // parameters, the model being the same) are read straight into them: no
   // fresh memory, no second copy. They have nothing to lose here: a state
@@ -1293,6 +1294,7 @@ absl::Status Engine::ResumeFromStore() {
     }
   }
   if (!found) return absl::OkStatus();  // a new job
+  const Clock::time_point t_read = Clock::now();
   MALLE_ASSIGN_OR_RETURN(JobState state, JobState::Unpack(std::move(found->state)));
   absl::Status restored = RestoreState(std::move(state));
   if (!restored.ok()) {
@@ -1300,7 +1302,10 @@ absl::Status Engine::ResumeFromStore() {
     return absl::InvalidArgumentError(absl::StrCat(found->path, ": ", restored.message()));
   }
   resumed_from_ = found->path;
-  MALLE_LOG(INFO) << "resumed from " << found->path << " at step " << step_;
+  const auto seconds = [](Clock::duration d) { return absl::ToDoubleSeconds(absl::FromChrono(d)); };
+  MALLE_LOG(INFO) << "resumed from " << found->path << " at step " << step_ << " (" << found->info.bytes
+                  << " B: read + verify " << seconds(t_read - t0) << " s, unpack + restore "
+                  << seconds(Clock::now() - t_read) << " s)";
   return absl::OkStatus();
 }
 
@@ -1315,11 +1320,13 @@ absl::Status Engine::Park() {
   MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
   PackedState packed = s.Pack(options_.state_direct_min_bytes);
   const int64_t bytes = packed.bytes();
+  const Clock::time_point t_packed = Clock::now();
   MALLE_RETURN_IF_ERROR(options_.park_store->Write(packed, step_));
-  const double seconds = absl::ToDoubleSeconds(absl::FromChrono(Clock::now() - t0));
+  const auto since = [](Clock::time_point t) { return absl::ToDoubleSeconds(absl::FromChrono(Clock::now() - t)); };
+  const double seconds = since(t0);
   parked_ = true;
   MALLE_LOG(INFO) << "job " << job_id() << " parked at step " << step_ << " (" << bytes << " B in " << seconds
-                  << " s) in " << options_.park_store->where();
+                  << " s; durable write " << since(t_packed) << " s) in " << options_.park_store->where();
   if (options_.report_sink != nullptr) {
     absl::Status st = options_.report_sink->SendParked(step_, bytes, seconds);
     if (!st.ok()) MALLE_LOG(WARNING) << "park not reported to the allocator: " << st;

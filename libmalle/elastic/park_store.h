@@ -8,26 +8,45 @@
 //
 // A state file is: the magic "MALLEPRK", u32 format version, u32 flags (bit 0:
 // signed), u64 length of a JSON header (job, step, creation time, the
-// segments' dtypes, lengths, devices and the skeleton's length), the header,
-// the skeleton, every segment's bytes in order, and a 32-byte trailer: the
-// HMAC-SHA256 of everything before it under the deployment secret, or its
-// SHA-256 when the deployment has no secret (then the file is flagged
-// unsigned, and a reader that has a secret refuses it). A reader verifies the
-// trailer before it returns anything, so a truncated, corrupt or forged file
-// is refused with an error naming what is wrong, never half-used.
+// segments' dtypes, lengths, devices, the skeleton's length and, from
+// version 2, the hash chunk size and the segments' file offsets), the header,
+// the skeleton, every segment's bytes in order (the *body* ends here), and a
+// 32-byte trailer (integers are little-endian).
+//
+// Version 2 (written since 2026-11-28): each segment starts at its offset,
+// fewer than 4096 bytes (zeros) after the previous one ends; the writer pads
+// so that a segment's file offset is congruent to its address modulo 4096
+// (see the I/O below). The body is cut into chunks of `hash_chunk_bytes`
+// (4 MiB) at file offsets 0, C, 2C, ...; the trailer is the HMAC-SHA256 under
+// the deployment secret of "MALLEPRK v2 chunks" || u64 body length || u64 C
+// || SHA-256(chunk 0) || SHA-256(chunk 1) || ..., or the SHA-256 of the same
+// when the deployment has no secret (then the file is flagged unsigned, and a
+// reader that has a secret refuses it). The chunks' digests are independent,
+// so several cores hash one file; the MAC over them in order binds every byte
+// (the padding and the header's offsets included), the length and the
+// chunking. Version 1 (read, no longer written): no padding; the trailer is
+// the HMAC-SHA256 (SHA-256) of the whole body, one stream. Any other version
+// is refused, naming it. A reader verifies the trailer before it returns
+// anything, so a truncated, corrupt or forged file is refused with an error
+// naming what is wrong, never half-used.
 //
 // Writes are atomic and durable: a temporary file in the same directory,
 // fsync, rename, fsync of the directory. A failed write (a full disk) leaves
 // the previous files as they were.
 //
-// The I/O streams straight from and into the flat buffers, in chunks
-// (kStateIoChunkBytes): a write starts each chunk's writeback at once
-// (sync_file_range), so the disk works while the rest is copied and hashed,
-// and the final fsync has little left; a read can land segments directly in
-// the reader's own flat buffers (StateIoOptions::own). With
-// StateIoOptions::hash_thread the trailer's hash runs on a second thread
-// beside the I/O (SHA-256 is ~1.7 GB/s on one core here: serial, it cost a
-// third of a park). The format does not depend on any of this.
+// The I/O (version 2): one I/O thread moves the file in kStateIoChunkBytes
+// pieces while workers hash the chunks. Where the filesystem allows it the I/O
+// bypasses the page cache (O_DIRECT; on a machine with busy cores the page
+// cache's copy and reclaim competed with the hash, tests/bench/park_io_probe.py):
+// the blocks of a segment whose memory is congruent to its file offset move
+// straight between that memory and the disk (the writer's own, by its
+// padding; a reader's fresh memory, which it allocates to match, faulted in
+// ahead of the reads by a thread of its own); the ragged edges, the head, the
+// trailer and other memory go through a few page-aligned bounce buffers. A
+// file the page cache already holds is read through it, straight into the
+// destinations; so is everything on a filesystem that refuses O_DIRECT. A
+// read can land segments directly in the reader's own flat buffers
+// (StateIoOptions::own). The format does not depend on how a file was moved.
 //
 //   MALLE_ASSIGN_OR_RETURN(auto store, DirParkStore::Open({"/shared/park/digits", secret}));
 //   MALLE_RETURN_IF_ERROR(store->Write(state.Pack(), state.step));      // park or snapshot
@@ -36,7 +55,9 @@
 // Thread-safety: a DirParkStore may be used from one thread at a time (the
 // engine's snapshot thread and its training thread never use it at once);
 // separate processes may write the same directory (names are unique per step
-// and writer).
+// and writer). WriteStateFile / ReadStateFile may run on several threads at
+// once (each call has its own threads; the bounce buffers a process keeps
+// for reuse are shared under a lock).
 #ifndef MALLE_ELASTIC_PARK_STORE_H_
 #define MALLE_ELASTIC_PARK_STORE_H_
 
@@ -53,15 +74,23 @@
 
 namespace malle::elastic {
 
-inline constexpr uint32_t kStateFileVersion = 1;
+// The version WriteStateFile writes; ReadStateFile reads it and version 1.
+inline constexpr uint32_t kStateFileVersion = 2;
 
 // How WriteStateFile / ReadStateFile do their I/O (not what they write).
 struct StateIoOptions {
-  // Hash on a second thread beside the I/O: a park's or a resume's latency.
-  // false: on the calling thread only, interleaved with the I/O (a background
-  // snapshot, where the cores that training needs matter more than the
-  // write's wall time). Ignored (false) when a segment is on a CUDA device.
-  bool hash_thread = true;
+  // Threads that copy and hash beside the calling thread (which does its
+  // share): -1, as many as the process has CPUs, minus one, at most 3 (a
+  // park's or a resume's latency); 0: the calling thread alone, beside the
+  // I/O thread, which mostly waits for the disk (a background snapshot,
+  // where the cores training needs matter more than the write's wall time).
+  // Forced to 0 when a segment is on a CUDA device. A version-1 file is
+  // hashed as one stream: at most one helper.
+  int helper_threads = -1;
+  // O_DIRECT where the filesystem allows it (and, for a read, where the page
+  // cache does not hold most of the file); false: always through the page
+  // cache.
+  bool direct_io = true;
   // Read only: this process's own state, packed (JobState::Pack, direct
   // segments). Each segment of the file whose layout matches one of its
   // direct segments (InPlaceTargets) is read straight into it: no fresh
@@ -71,9 +100,10 @@ struct StateIoOptions {
   const PackedState* own = nullptr;
 };
 
-// I/O chunk: what is written (then its writeback started) or read (then
-// hashed) at a time.
+// I/O chunk: the size of a bounce buffer, what one write() or read() moves.
 inline constexpr int64_t kStateIoChunkBytes = int64_t{16} << 20;
+// Version 2's hash chunk (the unit the workers share), written into the header.
+inline constexpr int64_t kStateHashChunkBytes = int64_t{4} << 20;
 
 struct StateFileInfo {
   std::string job;
@@ -95,8 +125,9 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
 // were written from (CPU, or this process's current CUDA device). `info`, if
 // given, receives the header. Errors: kNotFound, kDataLoss ("truncated",
 // "checksum mismatch: corrupt or forged", "unsigned ... while a secret is
-// configured", "not a malletrain state file", another format version), each
-// naming the path. Segments read in place (io.own) come back as those
+// configured", "not a malletrain state file", "format version N" for a
+// version this malletrain does not read, "corrupt header" naming the field),
+// each naming the path. Segments read in place (io.own) come back as those
 // buffers, flagged direct.
 absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::string& secret,
                                           StateFileInfo* info = nullptr, const StateIoOptions& io = {});

@@ -21,7 +21,10 @@ with Adam: parameters + exp_avg + exp_avg_sq, float32), CPU rank processes, one 
   ``{"model": get_model_state_dict, "optim": get_optimizer_state_dict}`` with a
   ``FileSystemWriter`` (sync_files: fsync, as ours), and ``dcp.load`` + ``set_model_state_dict``
   + ``set_optimizer_state_dict`` into a fresh model and optimizer; plain ``torch.save`` (+ fsync)
-  / ``torch.load`` + ``load_state_dict`` as a second reference. Cold and warm, as above.
+  / ``torch.load`` + ``load_state_dict`` as a second reference. Cold and warm, as above. The same
+  DCP checkpoint is then also loaded in a new process (``role_dcpload``), cold and warm: a resume
+  is always a new process with fresh memory, while the same-process "warm" load reuses the
+  memory its cold load freed. Both references are reported, with each load's process CPU.
 * snapshot overhead: the same job run with snapshots off, adaptive (``snapshot_every=0``) and
   every step (``snapshot_every=1``) (``--snap-settings``), in rotating order, ``--snap-runs``
   times; the mean step time after warm-up of each run, and each run's ratio to the "off" run of
@@ -59,7 +62,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 from resize_bench import DEPTH, IN_OUT, WIDTH  # noqa: E402  (the ~250 MB state: one model)
 
 CHUNK = 64 << 20
-PARK_RE = re.compile(r"parked at step (\d+) \((\d+) B in ([0-9.eE+-]+) s\)")
+PARK_RE = re.compile(r"parked at step (\d+) \((\d+) B in ([0-9.eE+-]+) s(?:; durable write ([0-9.eE+-]+) s)?\)")
+RESUME_RE = re.compile(r"resumed from .* at step (\d+) \((\d+) B: read \+ verify ([0-9.eE+-]+) s, "
+                       r"unpack \+ restore ([0-9.eE+-]+) s\)")
 TARGET_FLOOR = 1.5      # park / resume <= 1.5 x the floor
 TARGET_DCP = 2.0        # at least 2x faster than torch.distributed.checkpoint
 TARGET_SNAPSHOT = 0.01  # < 1 % of the step time
@@ -226,9 +231,10 @@ def role_park(args) -> None:
     for _ in range(2):
         assert _train_step(it, model, opt)
     save_path = os.path.join(args.dir, "save.mstate")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     job.save(save_path)
     save_s = time.perf_counter() - t0
+    save_cpu_s = time.process_time() - c0
     save_bytes = os.path.getsize(save_path)
     os.unlink(save_path)
     job.leave()  # queued; a boundary soon after applies it (the loader's next() that stops)
@@ -247,7 +253,7 @@ def role_park(args) -> None:
     step = job.step
     job.close()
     del store
-    emit({"role": "park", "save_s": save_s, "save_bytes": save_bytes, "leave_s": leave_s,
+    emit({"role": "park", "save_s": save_s, "save_cpu_s": save_cpu_s, "save_bytes": save_bytes, "leave_s": leave_s,
           "step": step, "steps_after_leave": extra})
 
 
@@ -256,8 +262,10 @@ def role_resume(args) -> None:
     t_start = time.perf_counter()
     store, job, model, opt, it = _malle_job(args, args.park_dir, -1, "parkbench")
     t_built = time.perf_counter()
+    c0 = time.process_time()
     next(it)  # the bootstrap: rendezvous, group build, resume
     first_s = time.perf_counter() - t_built
+    first_cpu_s = time.process_time() - c0  # every thread of the process
     resumed_step = job.step
     boot = [e for e in job.history if e.kind == "bootstrap"]
     if not job.resumed_from or not boot:
@@ -266,7 +274,7 @@ def role_resume(args) -> None:
     # The parameters as resumed (before this process's own step) are not kept; report the
     # step it resumed at, which the driver compares with the park's.
     rec = {"role": "resume", "state_s": ev.phases["state"], "bootstrap_total_s": ev.phases["total"],
-           "first_next_s": first_s, "resume_step": resumed_step,
+           "first_next_s": first_s, "first_next_cpu_s": first_cpu_s, "resume_step": resumed_step,
            "setup_s": t_built - t_start, "resumed_from": os.path.basename(job.resumed_from)}
     job.close()
     del store
@@ -321,15 +329,20 @@ def role_torch(args) -> None:
                 if mode == "cold":
                     rec["cache"] = drop_cache(files_under(d))
                 m2, o2 = fresh()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 sd2 = {"model": get_model_state_dict(m2), "optim": get_optimizer_state_dict(m2, o2)}
                 dcp.load(sd2, storage_reader=dcp.FileSystemReader(d))
                 set_model_state_dict(m2, sd2["model"])
                 set_optimizer_state_dict(m2, o2, sd2["optim"])
                 rec[f"dcp_load_{mode}_s"] = time.perf_counter() - t0
+                rec[f"dcp_load_{mode}_cpu_s"] = time.process_time() - c0
                 check(m2, o2, "dcp")
                 del m2, o2, sd2
-            shutil.rmtree(d)
+            if args.keep_dcp:  # for role_dcpload: a load in a process of its own
+                with open(os.path.join(args.dir, "dcp_digest.json"), "w") as f:
+                    json.dump({"digest": state_digest(model, opt)}, f)
+            else:
+                shutil.rmtree(d)
         elif kind == "torchsave":
             path = os.path.join(args.dir, "torch.pt")
             t0 = time.perf_counter()
@@ -352,6 +365,47 @@ def role_torch(args) -> None:
                 del m2, o2, sd2
             os.unlink(path)
     emit(rec)
+
+
+def state_digest(model, opt) -> str:
+    """SHA-256 of the parameters and Adam's exp_avg_sq, in order: the bitwise check of a load
+    in another process."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+        h.update(opt.state[p]["exp_avg_sq"].numpy().tobytes())
+    return h.hexdigest()
+
+
+def role_dcpload(args) -> None:
+    """dcp.load of the checkpoint role_torch kept, in a new process (as a job restarting from a
+    checkpoint does: nothing allocated before, as in malletrain's resume), cold or warm."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    torch.set_num_threads(1)
+    d = os.path.join(args.dir, "dcp")
+    m2 = build_model(args.width)
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.zero_()
+    o2 = torch.optim.Adam(m2.parameters(), lr=1e-4)
+    t0, c0 = time.perf_counter(), time.process_time()
+    sd2 = {"model": get_model_state_dict(m2), "optim": get_optimizer_state_dict(m2, o2)}
+    dcp.load(sd2, storage_reader=dcp.FileSystemReader(d))
+    set_model_state_dict(m2, sd2["model"])
+    set_optimizer_state_dict(m2, o2, sd2["optim"])
+    took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    with open(os.path.join(args.dir, "dcp_digest.json")) as f:
+        if state_digest(m2, o2) != json.load(f)["digest"]:
+            raise RuntimeError("dcp load in a new process: the loaded state differs")
+    emit({"role": "dcpload", "load_s": took, "load_cpu_s": cpu})
 
 
 def role_steady(args) -> None:
@@ -429,6 +483,12 @@ def run_role(args, role: str, extra: List[str], timeout: float, log_level: str =
     if m:
         rec["park_engine_s"] = float(m.group(3))
         rec["park_bytes"] = int(m.group(2))
+        if m.group(4):  # the engine's split (since the file format v2): the rest is capture + pack
+            rec["park_write_s"] = float(m.group(4))
+    m = RESUME_RE.search(p.stderr)
+    if m:  # the engine's split of a resume (since the file format v2)
+        rec["read_verify_s"] = float(m.group(3))
+        rec["restore_s"] = float(m.group(4))
     return rec
 
 
@@ -476,7 +536,18 @@ def driver(args) -> dict:
                 shutil.rmtree(park_dir, ignore_errors=True)
             else:
                 order_t = "dcp,torchsave" if r % 2 == 0 else "torchsave,dcp"
-                rep["torch"] = run_role(args, "torch", ["--torch-order", order_t], timeout)
+                rep["torch"] = run_role(args, "torch", ["--torch-order", order_t, "--keep-dcp"], timeout)
+                dcp_dir = os.path.join(args.dir, "dcp")
+                for mode in ("cold", "warm"):
+                    if mode == "cold":
+                        drop_cache(files_under(dcp_dir))
+                    else:
+                        for f in files_under(dcp_dir):
+                            with open(f, "rb") as fh:
+                                while fh.read(CHUNK):
+                                    pass
+                    rep[f"dcp_new_{mode}"] = run_role(args, "dcpload", [], timeout)
+                shutil.rmtree(dcp_dir, ignore_errors=True)
         res["reps"].append(rep)
         print(f"  rep {r + 1}/{args.reps} done (load {rep['load']:.1f})", file=sys.stderr, flush=True)
     settings = [int(x) for x in args.snap_settings.split(",")]
@@ -631,11 +702,30 @@ def report(res: dict) -> str:
             ("malletrain resume, cold (read + verify + restore)", res_c, ratio(res_c, floor_rc),
              "vs floor read cold"),
             ("malletrain resume, warm", res_w, ratio(res_w, floor_rw), "vs floor read warm"),
+        ]
+        if all("park_write_s" in r["park"] for r in reps):
+            rows.insert(4, ("  of which the durable write (temp file .. dir fsync)",
+                            g(lambda r: r["park"]["park_write_s"]), None, ""))
+        for mode in ("cold", "warm"):
+            if all("read_verify_s" in r[f"resume_{mode}"] for r in reps):
+                rows += [(f"  of which read + verify ({mode})", g(lambda r: r[f"resume_{mode}"]["read_verify_s"]),
+                          None, ""),
+                         (f"  of which unpack + restore ({mode})", g(lambda r: r[f"resume_{mode}"]["restore_s"]),
+                          None, "")]
+        rows += [
             ("malletrain new incarnation: first next(), cold", boot_c, None, ""),
             ("DCP save (dcp.save, FileSystemWriter)", dcp_s, ratio(dcp_s, park), "vs malle park"),
             ("DCP load, cold (dcp.load + set_state_dict)", dcp_lc, ratio(dcp_lc, res_c),
              "vs malle resume cold"),
             ("DCP load, warm", dcp_lw, ratio(dcp_lw, res_w), "vs malle resume warm"),
+        ]
+        has_new = all("dcp_new_cold" in r for r in reps)
+        if has_new:
+            dcp_nc = g(lambda r: r["dcp_new_cold"]["load_s"])
+            dcp_nw = g(lambda r: r["dcp_new_warm"]["load_s"])
+            rows += [("DCP load in a new process, cold", dcp_nc, ratio(dcp_nc, res_c), "vs malle resume cold"),
+                     ("DCP load in a new process, warm", dcp_nw, ratio(dcp_nw, res_w), "vs malle resume warm")]
+        rows += [
             ("torch.save + fsync", ts_s, ratio(ts_s, park), "vs malle park"),
             ("torch.load + load_state_dict, cold", ts_lc, ratio(ts_lc, res_c), "vs malle resume cold"),
             ("torch.load + load_state_dict, warm", ts_lw, ratio(ts_lw, res_w), "vs malle resume warm"),
@@ -658,8 +748,26 @@ def report(res: dict) -> str:
             ("resume (warm) >= 2x faster than DCP load (warm)", med(ratio(dcp_lw, res_w)),
              med(ratio(dcp_lw, res_w)) >= TARGET_DCP),
         ]
+        if has_new:
+            tgt += [
+                ("resume (cold) >= 2x faster than DCP load, new process", med(ratio(dcp_nc, res_c)),
+                 med(ratio(dcp_nc, res_c)) >= TARGET_DCP),
+                ("resume (warm) >= 2x faster than DCP load, new process", med(ratio(dcp_nw, res_w)),
+                 med(ratio(dcp_nw, res_w)) >= TARGET_DCP),
+            ]
         for name, v, ok in tgt:
-            lines.append(f"  {name:50} {v:6.2f}x  {verdict(ok)}")
+            lines.append(f"  {name:55} {v:6.2f}x  {verdict(ok)}")
+        if all("first_next_cpu_s" in r["resume_cold"] for r in reps):
+            c = lambda f: fmt_s(g(f))  # noqa: E731
+            lines += ["", "process CPU seconds (all threads; on a shared machine the CPU a way takes is what "
+                      "competes with the other sessions):",
+                      f"  malletrain job.save {c(lambda r: r['park']['save_cpu_s'])}; new incarnation's first "
+                      f"next() cold {c(lambda r: r['resume_cold']['first_next_cpu_s'])}, warm "
+                      f"{c(lambda r: r['resume_warm']['first_next_cpu_s'])}",
+                      f"  DCP load, same process: cold {c(lambda r: r['torch']['dcp_load_cold_cpu_s'])}, warm "
+                      f"{c(lambda r: r['torch']['dcp_load_warm_cpu_s'])}" + (
+                          f"; new process: cold {c(lambda r: r['dcp_new_cold']['load_cpu_s'])}, warm "
+                          f"{c(lambda r: r['dcp_new_warm']['load_cpu_s'])}" if has_new else "")]
     if res["steady"]:
         lines += snapshot_report(res["steady"])
     return "\n".join(lines)
@@ -668,7 +776,7 @@ def report(res: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--role", default="driver",
-                   choices=["driver", "floor", "park", "resume", "torch", "steady"])
+                   choices=["driver", "floor", "park", "resume", "torch", "dcpload", "steady"])
     p.add_argument("--dir", default=None, help="the directory on the disk to measure (default: a "
                    "temporary one under the repository's build/)")
     p.add_argument("--keep", action="store_true", help="keep --dir's contents")
@@ -696,6 +804,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--snapshot-every", type=int, default=-1)
     p.add_argument("--torch-order", default="dcp,torchsave")
+    p.add_argument("--keep-dcp", action="store_true", help="torch: keep the DCP checkpoint")
     args = p.parse_args()
     global DROP_CACHES
     DROP_CACHES = args.drop_caches
@@ -705,7 +814,7 @@ def main() -> int:
         return 0
     if args.role != "driver":
         {"floor": role_floor, "park": role_park, "resume": role_resume, "torch": role_torch,
-         "steady": role_steady}[args.role](args)
+         "dcpload": role_dcpload, "steady": role_steady}[args.role](args)
         return 0
     if args.quick:
         args.width, args.reps, args.snap_runs, args.warmup, args.measure = 128, 1, 1, 2, 4

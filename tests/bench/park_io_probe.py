@@ -1,8 +1,9 @@
 """Where a park's time goes: the disk floor, the hash, and writes that skip the page cache.
 
-A park (libmalle/elastic/park_store.cc WriteStateFile) writes the state through the page
-cache in 16 MiB chunks and hashes every byte (HMAC-SHA256 / SHA-256, OpenSSL) on a second
-thread; park_bench's floor is a plain write of the same bytes in 64 MiB chunks + fsync, the
+Until file format v2 (2026-11-28) a park (libmalle/elastic/park_store.cc WriteStateFile) wrote
+the state through the page cache in 16 MiB chunks and hashed every byte (HMAC-SHA256 / SHA-256,
+OpenSSL) on a second thread; this probe showed why that was slow (v2 writes with O_DIRECT and
+hashes chunks on every core; tests/bench/state_file_bench.cc times it). park_bench's floor is a plain write of the same bytes in 64 MiB chunks + fsync, the
 best of two. This probe times, on the same bytes (252 MB, the resize_bench state's size) and
 the same directory, in rotating order:
 

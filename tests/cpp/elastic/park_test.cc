@@ -13,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -32,6 +34,9 @@
 #include <ATen/ops/zeros.h>
 #include <torch/optim/adam.h>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -170,25 +175,42 @@ JobState BigFlatState(int64_t step, float scale) {
   return s;
 }
 
-// Hashing on a second thread or inline, writing and reading in chunks: each
-// combination reads back bitwise what was written (the trailer is the same
-// hash whichever thread computed it), and a byte flipped in a middle chunk of
-// a large segment is refused whichever way the file is read.
+// Copying and hashing on helper threads or on the calling thread alone,
+// through O_DIRECT or the page cache: each combination reads back bitwise
+// what any other wrote (the format does not depend on how it was written),
+// and a byte flipped in a middle chunk of a large segment is refused
+// whichever way the file is read.
 TEST(StateFileTest, ChunkedIoRoundTripsAndRefusesACorruptMiddleChunk) {
   const std::string dir = TempDir("chunks");
   const JobState s = BigFlatState(9, 0.5f);
   const PackedState packed = s.Pack();
   ASSERT_GT(packed.bytes(), 2 * kStateIoChunkBytes);
-  for (const bool write_thread : {true, false}) {
+  struct Way {
+    int helpers;
+    bool direct;
+  };
+  const std::vector<Way> ways = {{-1, true}, {0, true}, {2, false}, {0, false}};
+  for (const Way& w : ways) {
     StateIoOptions wio;
-    wio.hash_thread = write_thread;
-    const std::string path = dir + (write_thread ? "/threaded.mstate" : "/inline.mstate");
+    wio.helper_threads = w.helpers;
+    wio.direct_io = w.direct;
+    const std::string path = absl::StrCat(dir, "/w", w.helpers, w.direct, ".mstate");
     ASSERT_OK(WriteStateFile(path, packed, "big", 9, "k", wio));
-    for (const bool read_thread : {true, false}) {
+    // The last segment's end + the trailer: no O_DIRECT padding left at the end.
+    const std::string written = ReadAll(path);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, written.data() + 16, sizeof(header_len));
+    const nlohmann::json header = nlohmann::json::parse(written.substr(24, header_len));
+    const nlohmann::json& last = header["segments"].back();
+    EXPECT_EQ(written.size(), header["segment_offsets"].back().get<uint64_t>() + last[3].get<uint64_t>() + 32)
+        << "no O_DIRECT padding left at the end";
+    for (const Way& r : ways) {
       StateIoOptions rio;
-      rio.hash_thread = read_thread;
+      rio.helper_threads = r.helpers;
+      rio.direct_io = r.direct;
       absl::StatusOr<PackedState> back = ReadStateFile(path, "k", nullptr, rio);
-      ASSERT_OK(back.status()) << "write thread " << write_thread << ", read thread " << read_thread;
+      ASSERT_OK(back.status()) << "written " << w.helpers << "/" << w.direct << ", read " << r.helpers << "/"
+                               << r.direct;
       absl::StatusOr<JobState> got = JobState::Unpack(*std::move(back));
       ASSERT_OK(got.status());
       EXPECT_TRUE(at::equal(got->parameters[0].tensor, s.parameters[0].tensor));
@@ -200,13 +222,176 @@ TEST(StateFileTest, ChunkedIoRoundTripsAndRefusesACorruptMiddleChunk) {
     bytes[middle] ^= 0x10;
     const std::string bad = dir + "/middle.mstate";
     WriteAll(bad, bytes);
-    for (const bool read_thread : {true, false}) {
+    for (const Way& r : ways) {
       StateIoOptions rio;
-      rio.hash_thread = read_thread;
+      rio.helper_threads = r.helpers;
+      rio.direct_io = r.direct;
       EXPECT_THAT(ReadStateFile(bad, "k", nullptr, rio).status(),
                   StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
     }
   }
+}
+
+// Format version 2 hashes chunks separately; the trailer must still bind
+// every byte, the chunks' order and the chunking itself.
+TEST(StateFileTest, VersionTwoBindsEveryChunkTheirOrderAndTheChunking) {
+  const std::string dir = TempDir("v2");
+  const std::string path = dir + "/good.mstate";
+  ASSERT_OK(WriteStateFile(path, BigFlatState(5, 1.5f).Pack(), "big", 5, "k"));
+  const std::string good = ReadAll(path);
+  ASSERT_EQ(good.substr(8, 4), std::string("\x02\0\0\0", 4));  // the version written
+  const size_t chunk = static_cast<size_t>(kStateHashChunkBytes);
+  ASSERT_GT(good.size(), 8 * chunk);
+  auto refused = [&](const std::string& name, const std::string& bytes, const std::string& why) {
+    const std::string p = dir + "/" + name + ".mstate";
+    WriteAll(p, bytes);
+    for (const int helpers : {-1, 0}) {
+      StateIoOptions io;
+      io.helper_threads = helpers;
+      EXPECT_THAT(ReadStateFile(p, "k", nullptr, io).status(),
+                  StatusIs(absl::StatusCode::kDataLoss, HasSubstr(why)))
+          << name << ", helpers " << helpers;
+    }
+  };
+  // A byte of the first chunk (the header: the job's name), of the last
+  // (partial) chunk, and of the trailer.
+  std::string b = good;
+  b[good.find("\"big\"") + 2] = 'o';
+  refused("header", b, "checksum mismatch");
+  b = good;
+  b[good.size() - 40] ^= 0x08;
+  refused("last_chunk", b, "checksum mismatch");
+  b = good;
+  b[good.size() - 1] ^= 0x80;
+  refused("trailer", b, "checksum mismatch");
+  // Two whole chunks swapped: each chunk's digest is right, their order is not.
+  b = good;
+  std::swap_ranges(b.begin() + 3 * chunk, b.begin() + 4 * chunk, b.begin() + 5 * chunk);
+  refused("swapped", b, "checksum mismatch");
+  // Another chunk size in the header (as long as the old one: the file's
+  // offsets stay valid): the reader cuts other chunks, and the MAC says no.
+  const std::string field = "\"hash_chunk_bytes\":" + std::to_string(kStateHashChunkBytes);
+  const size_t at = good.find(field);
+  ASSERT_NE(at, std::string::npos);
+  b = good;
+  b.replace(at, field.size(), "\"hash_chunk_bytes\":" + std::to_string(kStateHashChunkBytes / 4));
+  ASSERT_EQ(b.size(), good.size());
+  refused("rechunked", b, "checksum mismatch");
+  // A chunk size no writer uses: named.
+  b = good;
+  b.replace(at, field.size(), "\"hash_chunk_bytes\":" + std::to_string(kStateHashChunkBytes - 1));
+  refused("bad_chunk", b, "hash_chunk_bytes");
+  // Segment offsets that overlap the head or the previous segment: named.
+  const size_t offs = good.find("\"segment_offsets\":[");
+  ASSERT_NE(offs, std::string::npos);
+  const size_t first = offs + std::string("\"segment_offsets\":[").size();
+  const size_t comma = good.find(',', first);
+  const size_t close = good.find(']', first);
+  ASSERT_LT(comma, close);
+  const std::string first_offset = good.substr(first, comma - first);
+  b = good;
+  b.replace(first, first_offset.size(), "1" + std::string(first_offset.size() - 1, ' '));
+  refused("offset_in_head", b, "segment_offsets[0] is 1");
+  const std::string second_offset = good.substr(comma + 1, close - comma - 1);
+  ASSERT_LE(first_offset.size(), second_offset.size());
+  b = good;
+  b.replace(comma + 1, second_offset.size(),
+            first_offset + std::string(second_offset.size() - first_offset.size(), ' '));
+  refused("offsets_overlap", b, "segment_offsets[1]");
+  b = good;
+  b.replace(comma, 1, " ");  // one offset for two segments
+  b.replace(comma + 1, second_offset.size(), std::string(second_offset.size(), ' '));
+  refused("offsets_missing", b, "segment_offsets must list 2 offsets");
+  // The good file still reads.
+  EXPECT_OK(ReadStateFile(path, "k").status());
+}
+
+// Bytes move straight between memory and the disk where the memory's address
+// is congruent to the file offset, through a bounce buffer elsewhere: a
+// reader's own buffers at any alignment read back bitwise, both ways.
+TEST(StateFileTest, SegmentsAtAnyAlignmentReadBackBitwise) {
+  const std::string dir = TempDir("align");
+  const int64_t n = 3'000'000;  // 12 MB: the aligned interior and both ragged edges
+  for (const int64_t shift : {0, 1, 3, 1000}) {
+    // The writer's segment starts `shift` floats into its storage; the
+    // reader's own one 7 floats later than that (never congruent to it).
+    at::Tensor src_base = at::arange(n + 2000, at::kFloat);
+    at::Tensor src = src_base.narrow(0, shift, n);
+    StatePacker w(/*direct_min_bytes=*/1);
+    w.PutTensor(src);
+    const PackedState written = std::move(w).Finish();
+    ASSERT_TRUE(written.direct[0]);
+    const std::string path = absl::StrCat(dir, "/s", shift, ".mstate");
+    ASSERT_OK(WriteStateFile(path, written, "align", 1, "k"));
+    at::Tensor dst_base = at::zeros({n + 2000}, at::kFloat);
+    at::Tensor dst = dst_base.narrow(0, shift + 7, n);
+    StatePacker r(1);
+    r.PutTensor(dst);
+    const PackedState own = std::move(r).Finish();
+    for (const bool direct : {true, false}) {
+      dst.zero_();
+      StateIoOptions io;
+      io.own = &own;
+      io.direct_io = direct;
+      absl::StatusOr<PackedState> back = ReadStateFile(path, "k", nullptr, io);
+      ASSERT_OK(back.status()) << "shift " << shift;
+      ASSERT_TRUE(back->direct[0]) << "read in place";
+      EXPECT_TRUE(at::equal(dst, src)) << "shift " << shift << ", O_DIRECT " << direct;
+      // Into fresh memory.
+      io.own = nullptr;
+      absl::StatusOr<PackedState> fresh = ReadStateFile(path, "k", nullptr, io);
+      ASSERT_OK(fresh.status());
+      EXPECT_TRUE(at::equal(fresh->buffers[0], src)) << "shift " << shift << ", O_DIRECT " << direct;
+    }
+  }
+}
+
+// Versions this malletrain does not know are refused naming the version.
+TEST(StateFileTest, AnUnknownFormatVersionIsRefusedByName) {
+  const std::string dir = TempDir("version");
+  const std::string path = dir + "/s.mstate";
+  ASSERT_OK(WriteStateFile(path, SomeState(3).Pack(), "j", 3, "k"));
+  for (const uint32_t version : {0u, 3u, 77u}) {
+    std::string bytes = ReadAll(path);
+    std::memcpy(bytes.data() + 8, &version, sizeof(version));
+    const std::string p = dir + "/v" + std::to_string(version) + ".mstate";
+    WriteAll(p, bytes);
+    EXPECT_THAT(ReadStateFile(p, "k").status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("format version " + std::to_string(version))));
+  }
+}
+
+// A file parked by a malletrain that wrote format version 1
+// (tests/data/park_state_v1.mstate, written by main at 95f5d68) still
+// resumes, and is still refused when a byte of it changed or the secret is
+// another.
+TEST(StateFileTest, ReadsVersionOneFiles) {
+  const std::string fixture = std::string(MALLE_TEST_DATA_DIR) + "/park_state_v1.mstate";
+  const std::string bytes = ReadAll(fixture);
+  ASSERT_GT(bytes.size(), 12000u) << fixture;
+  ASSERT_EQ(bytes.substr(8, 4), std::string("\x01\0\0\0", 4));
+  for (const int helpers : {-1, 0}) {
+    StateIoOptions io;
+    io.helper_threads = helpers;
+    StateFileInfo info;
+    absl::StatusOr<PackedState> back = ReadStateFile(fixture, "v1-fixture-secret", &info, io);
+    ASSERT_OK(back.status());
+    ExpectSame(*back, SomeState(12, 3000));
+    EXPECT_EQ(info.job, "fixture-v1");
+    EXPECT_EQ(info.step, 12);
+    EXPECT_TRUE(info.signed_);
+  }
+  EXPECT_THAT(ReadStateFile(fixture, "another-secret").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+  const std::string dir = TempDir("v1");
+  std::string flipped = bytes;
+  flipped[bytes.size() - 100] ^= 0x40;
+  WriteAll(dir + "/flipped.mstate", flipped);
+  EXPECT_THAT(ReadStateFile(dir + "/flipped.mstate", "v1-fixture-secret").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+  WriteAll(dir + "/truncated.mstate", bytes.substr(0, bytes.size() - 1000));
+  EXPECT_THAT(ReadStateFile(dir + "/truncated.mstate", "v1-fixture-secret").status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
 }
 
 // A reader that passes its own state reads the segments of the same layout
@@ -321,6 +506,40 @@ TEST(DirParkStoreTest, AFullDiskIsAnErrorAndKeepsThePreviousState) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace (not root)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's check that failed (see the test body)";
+}
+
+// A filesystem that refuses O_DIRECT (ramfs; NFS and FUSE mounts may too):
+// the write and the read fall back to the page cache, and the file is the
+// same. ramfs is mounted in a private mount namespace of a child (root only).
+TEST(DirParkStoreTest, WhereODirectIsRefusedTheIoGoesThroughThePageCache) {
+  const std::string dir = TempDir("ramfs");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0) _exit(77);
+    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(77);
+    if (::mount("ramfs", dir.c_str(), "ramfs", 0, nullptr) != 0) _exit(77);
+    const int probe = ::open((dir + "/probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0600);
+    if (probe >= 0) _exit(78);  // this kernel's ramfs takes O_DIRECT: nothing to test
+    auto store = DirParkStore::Open({dir + "/job", "j", "k"});
+    if (!store.ok()) _exit(10);
+    const JobState s = BigFlatState(6, 3.0f);  // 48 MB: several I/O chunks
+    if (!(*store)->Write(s.Pack(), 6).ok()) _exit(11);
+    auto newest = (*store)->ReadNewest();
+    if (!newest.ok() || !newest->has_value() || (*newest)->info.step != 6) _exit(12);
+    absl::StatusOr<JobState> got = JobState::Unpack(std::move((*newest)->state));
+    if (!got.ok() || !at::equal(got->parameters[0].tensor, s.parameters[0].tensor) ||
+        !at::equal(got->parameters[1].tensor, s.parameters[1].tensor)) {
+      _exit(13);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a ramfs in a mount namespace (not root)";
+  if (WEXITSTATUS(status) == 78) GTEST_SKIP() << "this kernel's ramfs accepts O_DIRECT";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's check that failed (see the test body)";
 }
 
