@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,9 +52,10 @@ struct PyEngine {
   std::optional<py::error_already_set> error;  // set with the GIL held
 
   // Runs `f` without the GIL; re-raises a callback's exception, else throws
-  // the status as usual.
-  template <typename F>
-  auto Call(F&& f) -> decltype(f()) {
+  // the status as usual. Returns nothing for an absl::Status (an error was
+  // thrown), the value for an absl::StatusOr.
+  template <typename F, typename R = decltype(std::declval<F>()())>
+  auto Call(F&& f) -> std::conditional_t<std::is_same_v<R, absl::Status>, void, R> {
     auto finish = [this](const absl::Status& s) {
       if (error) {
         py::error_already_set e = std::move(*error);
@@ -68,7 +70,6 @@ struct PyEngine {
       }
       ThrowIfError(s);
     };
-    using R = decltype(f());
     if constexpr (std::is_same_v<R, absl::Status>) {
       absl::Status s;
       {
@@ -76,7 +77,6 @@ struct PyEngine {
         s = f();
       }
       finish(s);
-      return s;
     } else {
       R r = [&] {
         py::gil_scoped_release release;
@@ -287,7 +287,9 @@ void BindElastic(py::module_& m) {
       })
       .def("state_digest", [](PyEngine& e) { return e.Call([&] { return e.engine->StateDigest(); }).value(); })
       .def(
-          "save", [](PyEngine& e, const std::string& path) { e.Call([&] { return e.engine->Save(path); }); },
+          "save", [](PyEngine& e, const std::string& path) {
+            e.Call([&] { return e.engine->Save(path); });
+          },
           py::arg("path"))
       .def_property_readonly("parked", [](PyEngine& e) { return e.engine->parked(); })
       .def_property_readonly("resumed_from", [](PyEngine& e) { return e.engine->resumed_from(); })
