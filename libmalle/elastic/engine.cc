@@ -131,6 +131,10 @@ absl::Status EngineOptions::Validate() const {
   if (bucket_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: must be positive, got ", bucket_bytes));
   }
+  if (first_bucket_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_bucket_bytes: must be positive, got ", first_bucket_bytes));
+  }
   if (state_direct_min_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("state_direct_min_bytes: must be >= 0, got ", state_direct_min_bytes));
@@ -342,7 +346,8 @@ absl::Status Engine::SetModel(std::vector<NamedTensor> parameters, std::vector<N
   buffers_ = std::move(buffers);
   model_set_ = true;
   if (!options_.deterministic && options_.use_reducer) {
-    MALLE_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(TrainedParams(), options_.bucket_bytes));
+    MALLE_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(TrainedParams(), options_.bucket_bytes,
+                                                                options_.first_bucket_bytes));
   }
   return absl::OkStatus();
 }

@@ -88,6 +88,9 @@ struct EngineOptions {
   // and traffic; needs the same intra-op thread count on every rank).
   bool deterministic = false;
   int64_t bucket_bytes = 25 << 20;  // gradient bucket size
+  // The first bucket launched (the last layers' gradients): small, so that
+  // communication starts early in the backward (DDP's 1 MiB).
+  int64_t first_bucket_bytes = 1 << 20;
   // What reduces a CUDA model's gradients: "gloo" (through host memory; works
   // with several ranks on one GPU) or "nccl" (one GPU per rank; the program
   // must call comm::RegisterNcclBackend()). CPU tensors always go through Gloo.

@@ -109,14 +109,27 @@ class FixedLayoutReducer : public c10d::Reducer {
   }
 };
 
+// The size cap of each bucket, in launch order, for c10d's Reducer (whose
+// rebuild follows this list when it is given): the first one small.
+std::vector<int64_t> BucketCaps(int num_buckets, int64_t first_bucket_bytes, int64_t bucket_bytes) {
+  std::vector<int64_t> caps(static_cast<size_t>(num_buckets), bucket_bytes);
+  if (!caps.empty()) caps.front() = first_bucket_bytes;
+  return caps;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at::Tensor> params,
-                                                                 int64_t bucket_bytes) {
+                                                                 int64_t bucket_bytes, int64_t first_bucket_bytes) {
   if (params.empty()) return absl::InvalidArgumentError("GradReducer: no parameters to reduce");
   if (bucket_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("GradReducer: bucket_bytes must be > 0, got ", bucket_bytes));
   }
+  if (first_bucket_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GradReducer: first_bucket_bytes must be > 0, got ", first_bucket_bytes));
+  }
+  first_bucket_bytes = std::min(first_bucket_bytes, bucket_bytes);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || params[i].is_sparse() || params[i].device() != params.front().device() ||
         (!params[i].is_cpu() && !params[i].is_cuda())) {
@@ -127,11 +140,21 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
   auto state = std::make_shared<State>();
   MALLE_ASSIGN_OR_RETURN(state->local_group, comm::MakeLocalProcessGroup());
   try {
-    // Buckets in reverse parameter order: the last layers' gradients are
-    // ready first, and buckets are launched in index order.
-    auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
-        params, {static_cast<size_t>(bucket_bytes)}, std::vector<bool>(params.size(), false));
-    std::reverse(indices.begin(), indices.end());
+    // Buckets in reverse parameter order (the last layers' gradients are ready
+    // first, and buckets are launched in index order), filled from the last
+    // parameter on, the first one small: DDP's layout after its rebuild. A
+    // small first bucket starts communication early in the backward; with
+    // one large bucket nothing is sent before the backward ends.
+    const size_t n = params.size();
+    std::vector<at::Tensor> reversed(params.rbegin(), params.rend());
+    auto [rev_indices, limits] = c10d::compute_bucket_assignment_by_size(
+        reversed, {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)},
+        std::vector<bool>(n, false));
+    std::vector<std::vector<size_t>> indices;
+    for (const std::vector<size_t>& bucket : rev_indices) {
+      std::vector<size_t>& b = indices.emplace_back();
+      for (size_t j : bucket) b.push_back(n - 1 - j);
+    }
     state->num_buckets = static_cast<int>(indices.size());
     state->layout = indices;
     std::unordered_map<size_t, std::string> names;
@@ -140,9 +163,9 @@ absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(std::vector<at:
         // The gradients become views of the buckets, so a reduced bucket is
         // the gradient: no copy back after the backward (DDP's default copies).
         bucket_bytes, /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/true,
-        std::move(names), /*first_bucket_bytes_cap=*/bucket_bytes,
+        std::move(names), /*first_bucket_bytes_cap=*/first_bucket_bytes,
         /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
-        std::vector<int64_t>(static_cast<size_t>(state->num_buckets), bucket_bytes));
+        BucketCaps(state->num_buckets, first_bucket_bytes, bucket_bytes));
     if (!reducer->FixLayout(params.size())) {
       return absl::InternalError("GradReducer: c10d::Reducer refused to fix its bucket layout");
     }

@@ -21,7 +21,7 @@
 //   MALLE_RETURN_IF_ERROR(reducer->Finish(&sync));  // sync: OK, or why to redo the step
 //
 // Buckets follow the reverse parameter order (the order in which gradients
-// usually become ready) and never change: every rank, including a joiner,
+// usually become ready), the first one small (DDP's 1 MiB), and never change: every rank, including a joiner,
 // uses the same layout. Dense parameters on one device (CPU or CUDA); every
 // parameter must receive a gradient in an armed backward (as with DDP without
 // find_unused_parameters). A post-accumulate-grad hook registered on a
@@ -50,11 +50,18 @@ namespace malle::elastic {
 
 class GradReducer {
  public:
+  // torch.distributed's default size of DDP's first bucket (1 MiB).
+  static constexpr int64_t kDefaultFirstBucketBytes = 1 << 20;
+
   // `params`: the trained parameters, in model order (the same on every
-  // rank). Errors: kInvalidArgument (no parameters, a sparse or non-CPU
-  // one), kInternal (c10d refused).
-  static absl::StatusOr<std::unique_ptr<GradReducer>> Create(std::vector<at::Tensor> params,
-                                                             int64_t bucket_bytes);
+  // rank). `bucket_bytes`: the size of a bucket; the first one launched
+  // holds `first_bucket_bytes` (at most `bucket_bytes`), as DDP's does, so
+  // that communication starts early in the backward. Errors:
+  // kInvalidArgument (no parameters, a sparse or non-CPU one, a size <= 0),
+  // kInternal (c10d refused).
+  static absl::StatusOr<std::unique_ptr<GradReducer>> Create(
+      std::vector<at::Tensor> params, int64_t bucket_bytes,
+      int64_t first_bucket_bytes = kDefaultFirstBucketBytes);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

@@ -56,6 +56,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateRankEngine(const cluster::RankEnv&
   if (env.local_world_size > 0) o.ranks_per_node = env.local_world_size;
   MALLE_ASSIGN_OR_RETURN(std::optional<int64_t> direct, IntKnob(lookup, kEnvStateDirectMinBytes));
   if (direct) o.state_direct_min_bytes = *direct;
+  MALLE_ASSIGN_OR_RETURN(std::optional<int64_t> first_bucket, IntKnob(lookup, kEnvFirstBucketBytes));
+  if (first_bucket) o.first_bucket_bytes = *first_bucket;
   MALLE_ASSIGN_OR_RETURN(std::optional<double> interval, SecondsKnob(lookup, kEnvReportInterval));
   if (interval) o.report_interval = absl::Seconds(*interval);
   if (std::optional<std::string> fault = lookup(kEnvFaultExitInStateSync)) o.fault_exit_in_state_sync = *fault;

@@ -33,6 +33,7 @@ namespace malle::elastic {
 // Tuning and test knobs a rank reads besides the contract (cluster/rank_env.h);
 // none of them is needed to run.
 inline constexpr char kEnvStateDirectMinBytes[] = "MALLE_STATE_DIRECT_MIN_BYTES";  // EngineOptions field
+inline constexpr char kEnvFirstBucketBytes[] = "MALLE_FIRST_BUCKET_BYTES";        // EngineOptions field
 inline constexpr char kEnvReportInterval[] = "MALLE_REPORT_INTERVAL";              // seconds
 inline constexpr char kEnvFaultExitInStateSync[] = "MALLE_FAULT_EXIT_IN_STATE_SYNC";  // tests: a member id
 
