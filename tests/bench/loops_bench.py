@@ -9,6 +9,13 @@ rotating blocks of steps (A-B, B-A, ...), so that the load of other programs on 
 hits both about equally. Modes: ``amp`` (bf16 autocast, a GradScaler: malletrain's wrapped
 one) and ``compile`` (torch.compile of the model, inductor). Prints the median step time
 per system and mode (block 0 is the warm-up, and compilation) and the ratio.
+
+Two DDP references: ``ddp`` slices each batch out of the dataset tensor (no DataLoader: the
+cheapest possible input), ``ddp+loader`` reads it through a DataLoader with a
+DistributedSampler, as DDP scripts do and as malletrain's ``job.loader`` does (per-sample
+``__getitem__`` and collation). ``--device cuda`` puts every rank's model on the one GPU
+(Gloo for all: NCCL refuses two ranks of a group on one device); ``--profile DIR`` writes
+torch.profiler tables of each system's last block on rank 0.
 """
 
 from __future__ import annotations
@@ -25,12 +32,15 @@ import time
 HERE = os.path.abspath(__file__)
 
 
-def build_model():
+def build_model(width: int = 1024):
+    """4 x (Linear + ReLU) from 1024 inputs, then Linear to 10; ``width`` small: a model whose
+    step is mostly the frameworks' fixed cost per step."""
     import torch
     torch.manual_seed(0)
-    layers, width = [], 1024
+    layers, fan_in = [], 1024
     for _ in range(4):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(fan_in, width), torch.nn.ReLU()]
+        fan_in = width
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
@@ -49,54 +59,98 @@ def rank_main(args) -> int:
     g = torch.Generator().manual_seed(rank)
     data = torch.utils.data.TensorDataset(torch.randn(4096, 1024, generator=g),
                                           torch.randint(0, 10, (4096,), generator=g))
-    ddp = DDP(build_model())
+    dev = torch.device(args.device)
+    ddp = DDP(build_model(args.width).to(dev))
     dopt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    dscaler = torch.amp.GradScaler("cpu", enabled=args.mode == "amp")
+    dscaler = torch.amp.GradScaler(dev.type, enabled=args.mode == "amp")
+    lddp = DDP(build_model(args.width).to(dev))
+    lopt = torch.optim.AdamW(lddp.parameters(), lr=1e-4)
+    lscaler = torch.amp.GradScaler(dev.type, enabled=args.mode == "amp")
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=n, rank=rank, seed=0,
+                                                  drop_last=True)
+    lit = iter(torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler,
+                                           drop_last=True))
     job = malletrain.init(logical_workers=n, seed=0)
-    model = job.wrap_model(build_model())
+    model = job.wrap_model(build_model(args.width).to(dev))
     mopt = job.wrap_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-4))
-    mscaler = job.wrap_scaler(torch.amp.GradScaler("cpu", enabled=args.mode == "amp"))
+    mscaler = job.wrap_scaler(torch.amp.GradScaler(dev.type, enabled=args.mode == "amp"))
     if args.mode == "compile":
-        ddp_fwd, m_fwd = torch.compile(ddp), torch.compile(model)
+        ddp_fwd, l_fwd, m_fwd = torch.compile(ddp), torch.compile(lddp), torch.compile(model)
     else:
-        ddp_fwd, m_fwd = ddp, model
+        ddp_fwd, l_fwd, m_fwd = ddp, lddp, model
     amp = args.mode == "amp"
     it = iter(job.loader(data, batch_size=args.batch, steps=args.blocks * args.block))
 
     def ddp_step(step: int) -> None:
         base = (step * n + rank) * args.batch % (len(data) - args.batch)
         x, y = data[base:base + args.batch]
+        x, y = x.to(dev), y.to(dev)
         dopt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
             loss = torch.nn.functional.cross_entropy(ddp_fwd(x), y)
         dscaler.scale(loss).backward()
         dscaler.step(dopt)
         dscaler.update()
 
+    def ddp_loader_step(step: int) -> None:
+        nonlocal lit
+        try:
+            x, y = next(lit)
+        except StopIteration:
+            sampler.set_epoch(step)
+            lit = iter(torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler,
+                                                   drop_last=True))
+            x, y = next(lit)
+        x, y = x.to(dev), y.to(dev)
+        lopt.zero_grad()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(l_fwd(x), y)
+        lscaler.scale(loss).backward()
+        lscaler.step(lopt)
+        lscaler.update()
+
     def malle_step(step: int) -> None:
         x, y = next(it)
+        x, y = x.to(dev), y.to(dev)
         mopt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
             loss = torch.nn.functional.cross_entropy(m_fwd(x), y)
         mscaler.scale(loss).backward()
         if not mscaler.step(mopt):
             raise RuntimeError(f"malletrain step {step} was not committed")
         mscaler.update()
 
-    systems = ["ddp", "malletrain"]
+    systems = ["ddp", "ddp+loader", "malletrain"]
+    run_step = {"ddp": ddp_step, "ddp+loader": ddp_loader_step, "malletrain": malle_step}
     steps = {s: 0 for s in systems}
     times = {s: {} for s in systems}
     for b in range(args.blocks):
-        for j in range(2):
-            s = systems[(b + j) % 2]
+        for j in range(len(systems)):
+            s = systems[(b + j) % len(systems)]
             last = None
+            prof = None
+            if args.profile and rank == 0 and b == args.blocks - 1:
+                # The last block of each system under torch's profiler: where a step's time goes.
+                acts = [torch.profiler.ProfilerActivity.CPU] + (
+                    [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+                prof = torch.profiler.profile(activities=acts)
+                prof.__enter__()
             for _ in range(args.block):
-                (malle_step if s == "malletrain" else ddp_step)(steps[s])
+                run_step[s](steps[s])
                 steps[s] += 1
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)  # a step ends when its kernels have run
                 now = time.perf_counter()
                 if last is not None:
                     times[s].setdefault(b, []).append(now - last)
                 last = now
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                with open(os.path.join(args.profile, f"{args.mode}-{s.replace('+', '_')}.txt"), "w") as f:
+                    f.write(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                      row_limit=40, max_name_column_width=60))
+                prof.export_chrome_trace(os.path.join(
+                    args.profile, f"{args.mode}-{s.replace('+', '_')}.trace.json"))
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(times, f)
@@ -122,6 +176,11 @@ def main() -> int:
     p.add_argument("--role", default="driver")
     p.add_argument("--mode", default="amp")
     p.add_argument("--out", default="")
+    p.add_argument("--width", type=int, default=1024, help="the MLP's width")
+    p.add_argument("--profile", default="",
+                   help="a folder: rank 0 profiles each system's last block (torch.profiler)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda: both ranks' models on the one GPU (Gloo for both)")
     args = p.parse_args()
     if args.role == "rank":
         return rank_main(args)
@@ -133,7 +192,9 @@ def main() -> int:
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             cmd = [sys.executable, HERE, "--role", "rank", "--mode", mode, "--out", out,
                    "--ranks", str(args.ranks), "--blocks", str(args.blocks),
-                   "--block", str(args.block), "--batch", str(args.batch)]
+                   "--block", str(args.block), "--batch", str(args.batch),
+                   "--device", args.device, "--profile", args.profile,
+                   "--width", str(args.width)]
             res = launcher.run_local(cmd, nodes=args.ranks, job_id=f"loops-{mode}",
                                      timeout=900, log_dir=d, quiet=True, env=env)
             if not res.ok:
@@ -148,12 +209,15 @@ def main() -> int:
             med[s] = statistics.median(steady)
         blocks = {s: [statistics.median(ts) for b, ts in sorted(per_block.items(), key=lambda kv: int(kv[0])) if int(b) > 0]
                   for s, per_block in times.items()}
-        rows.append((mode, med["ddp"], med["malletrain"], blocks))
-    print(f"{'mode':<10}{'DDP ms/step':>14}{'malletrain ms/step':>20}{'ratio':>8}   per-block medians (ddp | malletrain)")
-    for mode, d_, m_, blocks in rows:
-        print(f"{mode:<10}{d_ * 1e3:>14.1f}{m_ * 1e3:>20.1f}{m_ / d_:>8.3f}   "
-              f"{' '.join(f'{x * 1e3:.0f}' for x in blocks['ddp'])} | "
-              f"{' '.join(f'{x * 1e3:.0f}' for x in blocks['malletrain'])}")
+        rows.append((mode, med, blocks))
+    print(f"{'mode':<10}{'DDP':>8}{'DDP+loader':>12}{'malletrain':>12}   ms/step; ratios: "
+          f"{'/DDP':>6}{'/DDP+loader':>12}   per-block medians (ddp | ddp+loader | malletrain)")
+    for mode, med, blocks in rows:
+        d_, l_, m_ = med["ddp"], med["ddp+loader"], med["malletrain"]
+        print(f"{mode:<10}{d_ * 1e3:>8.1f}{l_ * 1e3:>12.1f}{m_ * 1e3:>12.1f}   {'':>16}"
+              f"{m_ / d_:>6.3f}{m_ / l_:>12.3f}   "
+              + " | ".join(' '.join(f'{x * 1e3:.0f}' for x in blocks[s])
+                           for s in ("ddp", "ddp+loader", "malletrain")))
     return 0
 
 

@@ -90,6 +90,14 @@ def read(path: str) -> List[dict]:
         return out
 
 
+def sync(dev) -> None:
+    """On CUDA, a step's time ends when its kernels have run, not when they were queued."""
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(dev)
+
+
 def die_with_parent() -> None:
     """Rank side: SIGKILL when the parent (driver or torchrun agent) dies."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -119,7 +127,8 @@ def malle_rank(args) -> int:
     kw = ({} if args.grace is None else
           {"recovery_grace": args.grace, "heartbeat_interval": min(0.1, args.grace)})
     job = malletrain.init(logical_workers=args.workers, seed=0, **kw)
-    model = job.wrap_model(build_model())
+    dev = torch.device(args.device)
+    model = job.wrap_model(build_model().to(dev))
     opt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
     loader = job.loader(dataset(), batch_size=args.batch, steps=args.steps)
     # Warmed up: the join call happens inside the first next(loader).
@@ -135,6 +144,7 @@ def malle_rank(args) -> int:
             x, y = next(it)  # the step boundary runs in here, before a step's first batch
         except StopIteration:
             break
+        x, y = x.to(dev), y.to(dev)
         t1 = time.perf_counter()
         split["loader"] += t1 - t0
         while seen < len(job.history):
@@ -152,6 +162,7 @@ def malle_rank(args) -> int:
         t2 = time.perf_counter()
         step = job.step
         opt.step()
+        sync(dev)
         split["compute"] += t2 - t1
         split["opt"] += time.perf_counter() - t2
         if job.step == step:
@@ -199,7 +210,8 @@ def ddp_rank(args) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    model = DDP(build_model())
+    dev = torch.device(args.device)
+    model = DDP(build_model().to(dev))
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     ckpt = os.path.join(args.dir, "ckpt.pt")
     start = 0
@@ -215,11 +227,13 @@ def ddp_rank(args) -> int:
         t0 = time.perf_counter()
         base = (step * n + rank) * args.batch % (len(data) - args.batch)
         x, y = data[base:base + args.batch]
+        x, y = x.to(dev), y.to(dev)
         t1 = time.perf_counter()
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         t2 = time.perf_counter()
         opt.step()
+        sync(dev)
         split = {"loader": t1 - t0, "compute": t2 - t1, "opt": time.perf_counter() - t2}
         append(log, {"type": "commit", "step": step, "t": time.time(), "rank": rank,
                      "size": n, "pid": os.getpid(), "split": split})
@@ -255,10 +269,12 @@ def steady_rank(args) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    ddps = {"ddp": DDP(build_model()), "ddp_view": DDP(build_model(), gradient_as_bucket_view=True)}
+    dev = torch.device(args.device)
+    ddps = {"ddp": DDP(build_model().to(dev)),
+            "ddp_view": DDP(build_model().to(dev), gradient_as_bucket_view=True)}
     dopts = {k: torch.optim.Adam(v.parameters(), lr=1e-4) for k, v in ddps.items()}
     job = malletrain.init(logical_workers=n, seed=0)
-    model = job.wrap_model(build_model())
+    model = job.wrap_model(build_model().to(dev))
     mopt = job.wrap_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
     it = iter(job.loader(dataset(), batch_size=args.batch, steps=args.blocks * args.block))
     data = dataset()
@@ -268,21 +284,25 @@ def steady_rank(args) -> int:
         t0 = time.perf_counter()
         base = (step * n + rank) * args.batch % (len(data) - args.batch)
         x, y = data[base:base + args.batch]
+        x, y = x.to(dev), y.to(dev)
         t1 = time.perf_counter()
         dopt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         t2 = time.perf_counter()
         dopt.step()
+        sync(dev)
         return {"loader": t1 - t0, "compute": t2 - t1, "opt": time.perf_counter() - t2}
 
     def malle_step(step: int) -> dict:
         t0 = time.perf_counter()
         x, y = next(it)  # runs the step boundary first
+        x, y = x.to(dev), y.to(dev)
         t1 = time.perf_counter()
         mopt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         t2 = time.perf_counter()
         mopt.step()
+        sync(dev)
         if job.step != step + 1:
             raise RuntimeError(f"malletrain step {step} was not committed")
         return {"loader": t1 - t0, "compute": t2 - t1, "opt": time.perf_counter() - t2}
@@ -403,7 +423,8 @@ class MalleJob:
         self.env = dict(os.environ, MALLE_STORE=f"127.0.0.1:{self.store.port}",
                         MALLE_JOB_ID=job, MALLE_LOG_LEVEL="warning", OMP_NUM_THREADS="1")
         self.cmd = [sys.executable, HERE, "--role", "malle", "--dir", d, "--workers",
-                    str(workers), "--batch", str(args.batch), "--steps", str(steps)]
+                    str(workers), "--batch", str(args.batch), "--steps", str(steps),
+                    "--device", args.device]
         if probe:
             self.cmd.append("--probe")
         if grace is not None:
@@ -587,7 +608,7 @@ def torchrun_cmd(port: int, nnodes: str, nproc: int, d: str, args,
              f"--nproc-per-node={nproc}", "--max-restarts=3", "--monitor-interval=0.1",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"] + (extra or [])
             + [HERE, "--role", "ddp", "--dir", d, "--batch", str(args.batch), "--steps",
-               "100000", "--ckpt", str(CKPT_EVERY)])
+               "100000", "--ckpt", str(CKPT_EVERY), "--device", args.device])
 
 
 def torchrun_result(recs: List[dict], mark: float, size: int, wait_s: float) -> dict:
@@ -671,7 +692,7 @@ def steady(args, d: str, n: int) -> dict:
     """Runs steady_rank on n processes; step times of dist rank 0, per system and block."""
     j = MalleJob(args, d, "steady", workers=n)
     j.cmd = [sys.executable, HERE, "--role", "steady", "--dir", d, "--batch", str(args.batch),
-             "--blocks", str(args.blocks), "--block", str(args.block)]
+             "--blocks", str(args.blocks), "--block", str(args.block), "--device", args.device]
     port = free_port()
     try:
         for r in range(n):
@@ -768,6 +789,9 @@ def main() -> int:
     p.add_argument("--dir", default=None)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--batch", type=int, default=4, help="samples per logical worker / rank")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda: every rank's model on the one GPU (Gloo for all: NCCL "
+                        "refuses two ranks of a group on one device)")
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--ckpt", type=int, default=CKPT_EVERY)
     p.add_argument("--probe", action="store_true")
@@ -806,7 +830,9 @@ def main() -> int:
     n_params = sum(q.numel() for q in build_model().parameters())
     print(f"model: {n_params / 1e6:.1f} M parameters (MLP 1024-2048x5-1024), Adam, batch "
           f"{args.batch} per logical worker; torch {torch.__version__}; {os.cpu_count()} cores; "
-          f"every rank a CPU process with 1 torch thread", flush=True)
+          f"every rank a process with 1 torch thread, its model on {args.device}"
+          + (f" ({torch.cuda.get_device_name(0)}, shared)" if args.device == "cuda" else ""),
+          flush=True)
     res: Dict[str, Any] = {"params": n_params, "torch": torch.__version__, "args": vars(args)}
     if args.kill_reps:
         res["kills"] = kill_reps(args)

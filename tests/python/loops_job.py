@@ -84,13 +84,15 @@ def main(argv=None) -> int:
     p.add_argument("--keep-last", action="store_true", help="drop_last=False")
     p.add_argument("--die", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the ranks share the GPU)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
     job = malletrain.init(logical_workers=args.logical_workers, seed=11,
                           deterministic=args.deterministic)
-    module = build_model()
+    device = torch.device(args.device)
+    module = build_model().to(device)
     emodel = job.wrap_model(module)
     model = torch.compile(emodel, backend=os.environ.get("LOOPS_COMPILE_BACKEND", "inductor")) \
         if args.compile else emodel
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
         # A huge scale that grows fast (and a loss x1000): every few steps the gradients
         # overflow and the step is skipped.
         scaler = job.wrap_scaler(torch.amp.GradScaler(
-            "cpu", init_scale=2.0**103, growth_factor=2.0**8, backoff_factor=2.0**-8,
+            device.type, init_scale=2.0**103, growth_factor=2.0**8, backoff_factor=2.0**-8,
             growth_interval=2))
     rec = Recorder()
     job.add_callback(rec)
@@ -136,13 +138,14 @@ def main(argv=None) -> int:
 
     def micro_batch(x, y, idx) -> None:
         step, micro = job.step, job.micro_batch
+        x, y = x.to(device), y.to(device)
         last = micro == len(job.workers) - 1
         trace.write(json.dumps({"step": step, "micro": micro, "worker": job.workers[micro],
                                 "size": job.size, "indices": idx.tolist()}) + "\n")
 
         def forward_backward():
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
                 loss = F.cross_entropy(model(x), y)
                 if args.amp:  # large gradients: the scale overflows every few steps
                     loss = 1000 * loss

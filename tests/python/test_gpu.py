@@ -59,3 +59,29 @@ def test_nccl_one_rank_per_gpu(tmp_path):
                        env=dict(os.environ, MALLE_BACKEND="nccl"))
     assert res.ok, logs(tmp_path, "nccl")
     check_replicas_and_data(read_traces(out), workers=4)
+
+
+def test_cuda_amp_grad_scaler_matches_the_fixed_run(tmp_path, tmp_path_factory):
+    """The CUDA GradScaler (issue 24): bf16 autocast on the GPU, a scale that overflows every
+    few steps, through a planned leave, a join and a kill -9 after a backward; the whole
+    state (parameters, buffers, AdamW, scheduler, scaler) equals the fixed 4-rank CUDA run's,
+    and the scaler's scale after every step is the fixed run's (the same steps skipped)."""
+    from test_exactness import check_redone_counts, check_run, results
+    from test_loops import final, run
+
+    amp = ("--amp", "--deterministic", "--device", "cuda")
+    ref, res = run(tmp_path_factory.mktemp("loops-fixed-cuda"), "fixed", 4, "", *amp)
+    assert res.ok, res
+    out, res = run(tmp_path, "amp", 4, "step=5 leave 2, t=0 join 1", *amp,
+                   "--step-sleep", "0.1", "--die", "1@14:backward")
+    check_run(tmp_path, "amp", out, res, deaths=1)
+    got, want = final(out), final(ref)
+    assert got["scaler"] == want["scaler"]
+    worst = assert_same_state(got, want)
+    print(f"largest relative difference from the fixed CUDA run: {worst:.3g}")
+    scales = {s: v for r in results(out).values() for s, v in r["scales"].items()}
+    ref_scales = next(r["scales"] for r in results(ref).values() if r["scales"])
+    assert {s: scales[s] for s in ref_scales} == ref_scales
+    seq = [ref_scales[str(s)] for s in range(24)]
+    assert sum(1 for a, b in zip([2.0**103] + seq, seq) if b < a) >= 3, seq  # steps skipped
+    assert check_redone_counts(out) >= 1
