@@ -16,6 +16,7 @@
 #include "libmalle/alloc/count_model.h"
 #include "libmalle/alloc/milp.h"
 #include "libmalle/alloc/problem.h"
+#include "tests/cpp/alloc/random_curve.h"
 #include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc::internal {
@@ -30,27 +31,8 @@ double Rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fa
 // A curve over [lo, hi] with 2-4 breakpoints; concave (diminishing returns)
 // or not (random values).
 Curve RandomCurve(std::mt19937& rng, int lo, int hi, double per_node, bool concave) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::vector<int> xs = {lo, hi};
-  const int extra = static_cast<int>(rng() % 3);
-  for (int i = 0; i < extra && hi - lo > 1; ++i) xs.push_back(lo + 1 + rng() % (hi - lo - 1));
-  std::sort(xs.begin(), xs.end());
-  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
-  Curve curve;
-  double slope = per_node;
-  double y = per_node * lo * (0.5 + u(rng));
-  for (size_t i = 0; i < xs.size(); ++i) {
-    if (i > 0) {
-      if (concave) {
-        slope *= 0.3 + 0.7 * u(rng);
-        y += slope * (xs[i] - xs[i - 1]);
-      } else {
-        y = per_node * xs[i] * (0.2 + 1.3 * u(rng));
-      }
-    }
-    curve.push_back({xs[i], y});
-  }
-  return curve;
+  const std::vector<int> xs = testing::RandomBreakpoints(rng, lo, hi);
+  return testing::CurveThrough(rng, xs, per_node, concave);
 }
 
 // Eight pools (2 racks x 2 speeds x a long and a short idle window), 2-3
