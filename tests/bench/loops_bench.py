@@ -81,16 +81,20 @@ def rank_main(args) -> int:
     amp = args.mode == "amp"
     it = iter(job.loader(data, batch_size=args.batch, steps=args.blocks * args.block))
 
+    def train(x, y, fwd, opt, scaler):
+        """One step of the loop every system runs; returns what scaler.step returned."""
+        x, y = x.to(dev), y.to(dev)
+        opt.zero_grad()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(fwd(x), y)
+        scaler.scale(loss).backward()
+        stepped = scaler.step(opt)
+        scaler.update()
+        return stepped
+
     def ddp_step(step: int) -> None:
         base = (step * n + rank) * args.batch % (len(data) - args.batch)
-        x, y = data[base:base + args.batch]
-        x, y = x.to(dev), y.to(dev)
-        dopt.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            loss = torch.nn.functional.cross_entropy(ddp_fwd(x), y)
-        dscaler.scale(loss).backward()
-        dscaler.step(dopt)
-        dscaler.update()
+        train(*data[base:base + args.batch], ddp_fwd, dopt, dscaler)
 
     def ddp_loader_step(step: int) -> None:
         nonlocal lit
@@ -101,24 +105,12 @@ def rank_main(args) -> int:
             lit = iter(torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler,
                                                    drop_last=True))
             x, y = next(lit)
-        x, y = x.to(dev), y.to(dev)
-        lopt.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            loss = torch.nn.functional.cross_entropy(l_fwd(x), y)
-        lscaler.scale(loss).backward()
-        lscaler.step(lopt)
-        lscaler.update()
+        train(x, y, l_fwd, lopt, lscaler)
 
     def malle_step(step: int) -> None:
-        x, y = next(it)
-        x, y = x.to(dev), y.to(dev)
-        mopt.zero_grad()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            loss = torch.nn.functional.cross_entropy(m_fwd(x), y)
-        mscaler.scale(loss).backward()
-        if not mscaler.step(mopt):
+        # The wrapped optimizer's step() returns whether the step committed.
+        if not train(*next(it), m_fwd, mopt, mscaler):
             raise RuntimeError(f"malletrain step {step} was not committed")
-        mscaler.update()
 
     systems = ["ddp", "ddp+loader", "malletrain"]
     run_step = {"ddp": ddp_step, "ddp+loader": ddp_loader_step, "malletrain": malle_step}
