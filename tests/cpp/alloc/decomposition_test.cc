@@ -16,7 +16,7 @@
 #include "libmalle/alloc/count_model.h"
 #include "libmalle/alloc/milp.h"
 #include "libmalle/alloc/problem.h"
-#include "tests/cpp/alloc/random_curve.h"
+#include "tests/cpp/alloc/oracles.h"
 #include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc::internal {
@@ -78,46 +78,8 @@ Problem EightPools(std::mt19937& rng, bool concave) {
   return p;
 }
 
-// The optimum by exhaustive search over every split of every pool's nodes
-// among the jobs (valued by JobVectorValue, the count model's rules), and
-// the option each job takes in it.
-struct Exhaustive {
-  double best = -kInf;
-  std::vector<int> options;
-};
-Exhaustive Search(const CountModel& model) {
-  const int num_jobs = static_cast<int>(model.jobs.size());
-  const int num_pools = static_cast<int>(model.pools.size());
-  std::vector<std::vector<int>> x(num_jobs, std::vector<int>(num_pools, 0));
-  Exhaustive out;
-  std::function<void(int, int, int)> split = [&](int pool, int job, int left) {
-    if (pool == num_pools) {
-      double total = 0;
-      std::vector<int> options(num_jobs);
-      for (int j = 0; j < num_jobs; ++j) {
-        const std::optional<double> v = JobVectorValue(model.jobs[j], x[j], &options[j]);
-        if (!v) return;
-        total += *v;
-      }
-      if (total > out.best) {
-        out.best = total;
-        out.options = options;
-      }
-      return;
-    }
-    if (job == num_jobs) {
-      split(pool + 1, 0, pool + 1 < num_pools ? model.pools[pool + 1].capacity : 0);
-      return;
-    }
-    for (int take = 0; take <= left; ++take) {
-      x[job][pool] = take;
-      split(pool, job + 1, left - take);
-    }
-    x[job][pool] = 0;
-  };
-  split(0, 0, model.pools[0].capacity);
-  return out;
-}
+using testing::Exhaustive;
+Exhaustive Search(const CountModel& model) { return testing::ExhaustiveSearch(model); }
 
 std::vector<double> RandomPrices(std::mt19937& rng, const CountModel& model, double magnitude) {
   std::uniform_real_distribution<double> u(0.0, 1.0);

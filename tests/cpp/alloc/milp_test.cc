@@ -23,7 +23,7 @@
 #include "libmalle/alloc/dp.h"
 #include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/problem.h"
-#include "tests/cpp/alloc/random_curve.h"
+#include "tests/cpp/alloc/oracles.h"
 #include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
@@ -366,33 +366,9 @@ TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
     eight += model.pools.size() == 8;
 
     // Exhaustive: pool by pool, every split of its capacity among the jobs.
-    const int num_pools = static_cast<int>(model.pools.size());
-    std::vector<std::vector<int>> x(num_jobs, std::vector<int>(num_pools, 0));
-    double best = -std::numeric_limits<double>::infinity();
-    long long leaves = 0;
-    std::function<void(int, int, int)> split = [&](int pool, int job, int left) {
-      if (pool == num_pools) {
-        ++leaves;
-        double total = 0;
-        for (int j = 0; j < num_jobs; ++j) {
-          const std::optional<double> v = JobVectorValue(model.jobs[j], x[j]);
-          if (!v) return;
-          total += *v;
-        }
-        best = std::max(best, total);
-        return;
-      }
-      if (job == num_jobs) {
-        split(pool + 1, 0, pool + 1 < num_pools ? model.pools[pool + 1].capacity : 0);
-        return;
-      }
-      for (int take = 0; take <= left; ++take) {
-        x[job][pool] = take;
-        split(pool, job + 1, left - take);
-      }
-      x[job][pool] = 0;
-    };
-    split(0, 0, model.pools[0].capacity);
+    const testing::Exhaustive exhaustive = testing::ExhaustiveSearch(model);
+    const double best = exhaustive.best;
+    const long long leaves = exhaustive.leaves;
     ASSERT_TRUE(std::isfinite(best)) << "instance " << i;  // stopping everyone is allowed
     ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
     EXPECT_LE(Rel(milp.solution.objective, best), 1e-9)
