@@ -28,54 +28,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double Rel(double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); }
 
-// A curve over [lo, hi] with 2-4 breakpoints; concave (diminishing returns)
-// or not (random values).
-Curve RandomCurve(std::mt19937& rng, int lo, int hi, double per_node, bool concave) {
-  const std::vector<int> xs = testing::RandomBreakpoints(rng, lo, hi);
-  return testing::CurveThrough(rng, xs, per_node, concave);
-}
-
-// Eight pools (2 racks x 2 speeds x a long and a short idle window), 2-3
-// jobs, some holding nodes: small enough to search exhaustively.
+// Eight pools, 2-3 jobs, every curve concave or not (oracles.h).
 Problem EightPools(std::mt19937& rng, bool concave) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  Problem p;
-  p.forward_window = absl::Seconds(100 + rng() % 200);
-  p.objective = static_cast<Objective>(rng() % 2);  // throughput or speedup
-  p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
-  p.cross_locality_factor = 0.7 + 0.3 * u(rng);
-  int index = 0;
-  for (const char* rack : {"rackA", "rackB"}) {
-    for (double speed : {1.0, 0.6 + 0.3 * u(rng)}) {
-      const std::string cls = absl::StrCat(rack, "-", index++);
-      p.classes.push_back(NodeClass{cls, rack, speed});
-      const int long_nodes = 1 + static_cast<int>(rng() % 2);
-      for (int k = 0; k < long_nodes; ++k) p.nodes.push_back(Node{absl::StrCat(cls, "-l", k), cls});
-      p.nodes.push_back(Node{absl::StrCat(cls, "-s"), cls, p.forward_window * (0.15 + 0.6 * u(rng))});
-    }
-  }
-  std::vector<int> free_nodes(p.nodes.size());
-  for (size_t k = 0; k < free_nodes.size(); ++k) free_nodes[k] = static_cast<int>(k);
-  std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
-  const int num_jobs = 2 + static_cast<int>(rng() % 2);
-  for (int j = 0; j < num_jobs; ++j) {
-    JobSpec job;
-    job.id = absl::StrCat("j", j);
-    job.min_nodes = 1 + static_cast<int>(rng() % 2);
-    job.max_nodes = job.min_nodes + static_cast<int>(rng() % 4);
-    job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 100 * (0.5 + u(rng)), concave);
-    job.resize_up_pause = absl::Seconds(rng() % 40);
-    job.resize_down_pause = absl::Seconds(rng() % 20);
-    if (rng() % 2 == 0) {
-      const int want = 1 + static_cast<int>(rng() % job.max_nodes);
-      for (int k = 0; k < want && !free_nodes.empty(); ++k) {
-        job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
-        free_nodes.pop_back();
-      }
-    }
-    p.jobs.push_back(job);
-  }
-  return p;
+  return testing::EightPools(rng, {/*objectives=*/2, /*weights=*/false, concave});
 }
 
 using testing::Exhaustive;

@@ -312,7 +312,6 @@ class MultiPoolExhaustiveTest : public ::testing::TestWithParam<Formulation> {};
 
 TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
   std::mt19937 rng(8080);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   MilpOptions options;
   options.isolation = SolveIsolation::kInProcess;
   options.time_limit = absl::Seconds(10);
@@ -321,47 +320,8 @@ TEST_P(MultiPoolExhaustiveTest, MatchesExhaustiveSearchWithEightPools) {
   options.decomposition = GetParam().decomposition;
   int eight = 0;
   for (int i = 0; i < 60; ++i) {
-    Problem p;
-    p.forward_window = absl::Seconds(100 + rng() % 200);
-    p.objective = static_cast<Objective>(rng() % 3);
-    p.resize_cost = static_cast<ResizeCostModel>(rng() % 2);
-    p.cross_locality_factor = 0.7 + 0.3 * u(rng);
-    int index = 0;
-    for (const char* rack : {"rackA", "rackB"}) {
-      for (double speed : {1.0, 0.6 + 0.3 * u(rng)}) {
-        const std::string cls = absl::StrCat(rack, "-", index++);
-        p.classes.push_back(NodeClass{cls, rack, speed});
-        // One or two nodes with no forecast, one reclaimed within the window.
-        const int long_nodes = 1 + static_cast<int>(rng() % 2);
-        for (int k = 0; k < long_nodes; ++k) {
-          p.nodes.push_back(Node{absl::StrCat(cls, "-l", k), cls});
-        }
-        p.nodes.push_back(
-            Node{absl::StrCat(cls, "-s"), cls, p.forward_window * (0.15 + 0.6 * u(rng))});
-      }
-    }
-    std::vector<int> free_nodes(p.nodes.size());
-    for (size_t k = 0; k < free_nodes.size(); ++k) free_nodes[k] = static_cast<int>(k);
-    std::shuffle(free_nodes.begin(), free_nodes.end(), rng);
-    const int num_jobs = 2 + static_cast<int>(rng() % 2);
-    for (int j = 0; j < num_jobs; ++j) {
-      JobSpec job;
-      job.id = absl::StrCat("j", j);
-      job.min_nodes = 1 + static_cast<int>(rng() % 2);
-      job.max_nodes = job.min_nodes + static_cast<int>(rng() % 4);
-      job.throughput = RandomCurve(rng, job.min_nodes, job.max_nodes, 100 * (0.5 + u(rng)));
-      job.resize_up_pause = absl::Seconds(rng() % 40);
-      job.resize_down_pause = absl::Seconds(rng() % 20);
-      job.weight = 0.5 + 2.0 * u(rng);
-      if (rng() % 2 == 0) {
-        const int want = 1 + static_cast<int>(rng() % job.max_nodes);
-        for (int k = 0; k < want && !free_nodes.empty(); ++k) {
-          job.current_nodes.push_back(p.nodes[free_nodes.back()].id);
-          free_nodes.pop_back();
-        }
-      }
-      p.jobs.push_back(job);
-    }
+    // Every objective, a weight per job, curves concave or not.
+    const Problem p = testing::EightPools(rng, {/*objectives=*/3, /*weights=*/true, std::nullopt});
     ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
     eight += model.pools.size() == 8;
 
