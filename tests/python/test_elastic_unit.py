@@ -358,3 +358,31 @@ def test_the_leader_publishes_its_state_layout_and_a_joiner_faults_in_its_landin
     assert late._engine.landing_bytes == 0  # a corrupt layout is ignored (it only saves faults)
     for j in (job, joiner, late):
         j.close()
+
+
+class _Noisy(torch.utils.data.Dataset):
+    """Random augmentation in __getitem__: a sample plus a draw of torch's CPU generator."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.full((2,), float(i)) + torch.randn(2)
+
+
+def test_micro_batches_seed_the_cpu_generator_as_manual_seed_does_and_nothing_more(monkeypatch):
+    """Without an accelerator, a micro-batch's fetch seeds only torch's CPU generator: the
+    draws are torch.manual_seed(seed)'s, without the lazy seeding torch queues for devices
+    that cannot start here (a stack trace formatted per device and call)."""
+    from malletrain import data as mdata
+
+    if mdata._accelerators():
+        pytest.skip("an accelerator is present: torch.manual_seed is the one used")
+    torch.manual_seed(77)
+    want = torch.stack([_Noisy()[i] for i in (3, 5)])
+    fetch = mdata._MicroBatches(_Noisy(), None)
+    calls = []
+    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(s))
+    got = fetch[(77, [3, 5])]
+    assert calls == []
+    assert torch.equal(got, want)
