@@ -50,26 +50,32 @@ from malletrain.errors import MalleValueError
 __all__ = ["ElasticLoader", "StreamLoader"]
 
 
-def _accelerators() -> bool:
-    """Whether torch has a device besides the CPU in this process (asked once, in the
-    training process: a forked DataLoader worker must not ask CUDA)."""
-    if torch.cuda.is_available() or torch.backends.mps.is_available():
-        return True
+def _accelerators() -> str:
+    """The device types besides the CPU that torch has in this process: "" (none), "cuda"
+    (CUDA alone) or "other". Asked once, in the training process: a forked DataLoader worker
+    must not ask CUDA."""
+    other = torch.backends.mps.is_available() or \
+        torch._C._get_privateuse1_backend_name() != "privateuseone"
     for name in ("xpu", "mtia"):
         mod = getattr(torch, name, None)
-        if mod is not None and mod.is_available():
-            return True
-    return torch._C._get_privateuse1_backend_name() != "privateuseone"
+        other = other or (mod is not None and mod.is_available())
+    if other:
+        return "other"
+    return "cuda" if torch.cuda.is_available() else ""
 
 
-def _seed_torch(seed: int, accelerators: bool) -> None:
-    """torch.manual_seed(seed). Without an accelerator, only the CPU generator: the same
-    result, without the lazy seeding torch queues for every device that could still start
-    (it formats a stack trace per device and call, ~0.2 ms a micro-batch)."""
-    if accelerators:
+def _seed_torch(seed: int, accelerators: str) -> None:
+    """torch.manual_seed(seed), without what is pure overhead in it: it queues a lazy
+    seeding, with a stack trace formatted each time, for every device type that could still
+    start (~0.2 ms a micro-batch on a machine without a GPU). Only the CPU generator where
+    torch has no accelerator, the CPU and the GPUs where CUDA alone is there and running;
+    torch.manual_seed itself otherwise (CUDA not started yet, other device types)."""
+    if accelerators == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+    elif accelerators:
         torch.manual_seed(seed)
-    else:
-        torch.default_generator.manual_seed(seed)
+        return
+    torch.default_generator.manual_seed(seed)
 
 
 def _seed_python(seed: int) -> None:

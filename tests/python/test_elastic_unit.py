@@ -386,3 +386,25 @@ def test_micro_batches_seed_the_cpu_generator_as_manual_seed_does_and_nothing_mo
     got = fetch[(77, [3, 5])]
     assert calls == []
     assert torch.equal(got, want)
+
+
+def test_with_cuda_running_micro_batches_seed_the_gpus_directly(monkeypatch):
+    """Where CUDA alone is there and started, the CPU generator and every GPU's are seeded at
+    once (what torch.manual_seed does there), without its lazy calls for other devices."""
+    from malletrain import data as mdata
+
+    fetch = mdata._MicroBatches(_Noisy(), None)
+    fetch.accelerators = "cuda"
+    seeded, calls = [], []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
+    monkeypatch.setattr(torch, "manual_seed", calls.append)
+    torch.default_generator.manual_seed(77)
+    want = torch.stack([_Noisy()[i] for i in (3, 5)])
+    got = fetch[(77, [3, 5])]
+    assert (seeded, calls) == ([77], [])
+    assert torch.equal(got, want)
+    # CUDA not started yet: torch.manual_seed, which queues the GPUs' seeding for its start.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    fetch[(78, [3])]
+    assert calls == [78]
