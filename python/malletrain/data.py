@@ -72,10 +72,11 @@ def _seed_torch(seed: int, accelerators: str) -> None:
     torch.manual_seed itself otherwise (CUDA not started yet, other device types)."""
     if accelerators == "cuda" and torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
+        torch.default_generator.manual_seed(seed)
     elif accelerators:
         torch.manual_seed(seed)
-        return
-    torch.default_generator.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
 
 
 def _seed_python(seed: int) -> None:
@@ -86,6 +87,10 @@ def _seed_python(seed: int) -> None:
         np.random.seed(seed % (2**32))
 
 
+def _seed_data_stream(seed: int, accelerators: str) -> None:
+    """A logical worker's data stream: torch's, Python's and NumPy's generators."""
+    _seed_torch(seed, accelerators)
+    _seed_python(seed)
 
 
 class _Boundary:
@@ -133,6 +138,13 @@ class _Boundary:
 
     def _new_plan(self, plan: Any) -> None:
         raise NotImplementedError
+
+    def _hand_over(self, i: int, batch: Any) -> Any:
+        """Micro-batch ``i`` of the step goes to the training loop, under its logical
+        worker's model stream."""
+        self.job._begin_micro_batch(i)
+        _seed_python(self._plan.workers[i].rng_seed)
+        return batch
 
 
 class _StepIter:
@@ -215,16 +227,13 @@ class ElasticLoader(_Boundary):
             self._it = iter(self._dl)
 
     def __next__(self) -> Any:
-        job, e = self.job, self.job._engine
+        e = self.job._engine
         if self._next_plan() is None:
             raise StopIteration
         t0 = time.perf_counter()
         batch = next(self._it)
         e.add_data_wait(time.perf_counter() - t0)
-        i = e.micro_batch + 1
-        job._begin_micro_batch(i)
-        _seed_python(self._plan.workers[i].rng_seed)
-        return batch
+        return self._hand_over(e.micro_batch + 1, batch)
 
 
 class _Keys:
@@ -254,8 +263,7 @@ class _MicroBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, key: Tuple[int, List[int]]) -> Any:
         seed, indices = key
-        _seed_torch(seed, self.accelerators)
-        _seed_python(seed)
+        _seed_data_stream(seed, self.accelerators)
         getitems = getattr(self.dataset, "__getitems__", None)
         samples = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
         return self.collate_fn(samples)
@@ -362,9 +370,7 @@ class StreamLoader(_Boundary):
         t0 = time.perf_counter()
         self._batches = []
         for k in range(L):
-            seed = e.data_seed(plan.step, k)
-            _seed_torch(seed, self.accelerators)
-            _seed_python(seed)
+            _seed_data_stream(e.data_seed(plan.step, k), self.accelerators)
             samples = self._read(B)
             if k in mine:
                 self._batches.append(self.collate_fn(samples))
@@ -374,7 +380,4 @@ class StreamLoader(_Boundary):
         if self._next_plan() is None:
             raise StopIteration
         i = self.job.micro_batch + 1
-        batch = self._batches[i]
-        self.job._begin_micro_batch(i)
-        _seed_python(self._plan.workers[i].rng_seed)
-        return batch
+        return self._hand_over(i, self._batches[i])
