@@ -370,6 +370,11 @@ absl::Status Engine::AddPart(PartSpec part) {
 
 namespace {
 
+// The seed of logical worker k's data stream at `step`.
+uint64_t DataStreamSeed(uint64_t seed, int64_t step, int k) {
+  return MixSeed({static_cast<int64_t>(seed), step, k, kDataStream});
+}
+
 // Logical worker k's micro-batch at `step`; `position`: the stream position
 // of that step (follow mode, where worker k is rank k).
 WorkerPlan PlanWorker(ElasticSampler& sampler, uint64_t seed, int logical_workers, int64_t step, int k,
@@ -377,7 +382,7 @@ WorkerPlan PlanWorker(ElasticSampler& sampler, uint64_t seed, int logical_worker
   WorkerPlan w;
   w.worker = k;
   w.rng_seed = MixSeed({static_cast<int64_t>(seed), step, k});
-  w.data_seed = MixSeed({static_cast<int64_t>(seed), step, k, kDataStream});
+  w.data_seed = DataStreamSeed(seed, step, k);
   if (logical_workers > 0) {
     w.indices = sampler.Indices(step, k);
   } else {
@@ -432,9 +437,7 @@ absl::StatusOr<BatchKeys> Engine::KeysFrom(const StepPlan& plan) const {
   return BatchKeys(*sampler_, options_.seed, options_.logical_workers, plan, position_, total_steps_);
 }
 
-uint64_t Engine::DataSeed(int64_t step, int worker) const {
-  return MixSeed({static_cast<int64_t>(options_.seed), step, worker, kDataStream});
-}
+uint64_t Engine::DataSeed(int64_t step, int worker) const { return DataStreamSeed(options_.seed, step, worker); }
 
 absl::Status Engine::SetData(const DataOptions& data) {
   if (sampler_) return absl::FailedPreconditionError("SetData: this job already has its data");

@@ -64,6 +64,7 @@
 #include "libmalle/cluster/rank_env.h"
 #include "libmalle/comm/control_store.h"
 #include "libmalle/comm/elastic_group.h"
+#include "libmalle/elastic/grad_reducer.h"
 #include "libmalle/elastic/job_state.h"
 #include "libmalle/elastic/park_store.h"
 #include "libmalle/elastic/sampler.h"
@@ -90,7 +91,7 @@ struct EngineOptions {
   int64_t bucket_bytes = 25 << 20;  // gradient bucket size
   // The first bucket launched (the last layers' gradients): small, so that
   // communication starts early in the backward (DDP's 1 MiB).
-  int64_t first_bucket_bytes = 1 << 20;
+  int64_t first_bucket_bytes = GradReducer::kDefaultFirstBucketBytes;
   // What reduces a CUDA model's gradients: "gloo" (through host memory; works
   // with several ranks on one GPU) or "nccl" (one GPU per rank; the program
   // must call comm::RegisterNcclBackend()). CPU tensors always go through Gloo.
