@@ -109,6 +109,16 @@ TEST(EngineOptionsTest, BadOptionsAreNamed) {
   EXPECT_OK(ok.Validate());
 }
 
+// Options for the one-rank jobs below: flat buckets after the backward, no
+// advisor; `logical_workers` 0 is follow mode.
+EngineOptions Plain(int logical_workers) {
+  EngineOptions o;
+  o.use_reducer = false;
+  o.advisor = false;
+  o.logical_workers = logical_workers;
+  return o;
+}
+
 // A one-rank job over an in-memory store, with a model of one parameter.
 struct OneRankJob {
   std::unique_ptr<Engine> engine;
@@ -151,14 +161,8 @@ std::vector<std::pair<uint64_t, std::vector<int64_t>>> Keys(const StepPlan& plan
 TEST(BatchKeysTest, AreThePlansOfTheStepsThatFollowAndSayWhenTheyStopFollowing) {
   for (const bool follow : {false, true}) {
     SCOPED_TRACE(follow ? "follow mode" : "logical workers");
-    EngineOptions o;
-    o.use_reducer = false;
-    o.advisor = false;
-    if (follow) {
-      o.lr_scaling = "linear";
-    } else {
-      o.logical_workers = 3;
-    }
+    EngineOptions o = Plain(follow ? 0 : 3);
+    if (follow) o.lr_scaling = "linear";
     DataOptions d;
     d.num_samples = 50;
     d.batch_size = 4;
@@ -193,10 +197,7 @@ TEST(BatchKeysTest, AreThePlansOfTheStepsThatFollowAndSayWhenTheyStopFollowing) 
 }
 
 TEST(BatchKeysTest, DoNotFollowARedoneStepOrAnotherSize) {
-  EngineOptions o;
-  o.use_reducer = false;
-  o.advisor = false;
-  o.logical_workers = 2;
+  const EngineOptions o = Plain(2);
   DataOptions d;
   d.num_samples = 50;
   d.batch_size = 4;
@@ -223,10 +224,7 @@ TEST(BatchKeysTest, DoNotFollowARedoneStepOrAnotherSize) {
 }
 
 TEST(DataOptionsTest, DropLastFalseAddsTheTailStepAndNeedsEpochs) {
-  EngineOptions o;
-  o.use_reducer = false;
-  o.advisor = false;
-  o.logical_workers = 2;
+  const EngineOptions o = Plain(2);
   DataOptions d;
   d.num_samples = 50;  // one epoch = 50 / (2 x 4) = 6.25 steps
   d.batch_size = 4;
