@@ -287,9 +287,7 @@ void BindElastic(py::module_& m) {
       })
       .def("state_digest", [](PyEngine& e) { return e.Call([&] { return e.engine->StateDigest(); }).value(); })
       .def(
-          "save", [](PyEngine& e, const std::string& path) {
-            e.Call([&] { return e.engine->Save(path); });
-          },
+          "save", [](PyEngine& e, const std::string& path) { e.Call([&] { return e.engine->Save(path); }); },
           py::arg("path"))
       .def_property_readonly("parked", [](PyEngine& e) { return e.engine->parked(); })
       .def_property_readonly("resumed_from", [](PyEngine& e) { return e.engine->resumed_from(); })
