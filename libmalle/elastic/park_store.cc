@@ -1,5 +1,5 @@
 // The one translation unit that includes OpenSSL for state files (HMAC-SHA256,
-// SHA-256) and does their POSIX I/O.
+// SHA-256, AES-256-GMAC, random nonces) and does their POSIX I/O.
 #include "libmalle/elastic/park_store.h"
 
 #include <fcntl.h>
@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -26,6 +27,7 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 
 #include <nlohmann/json.hpp>
 
@@ -44,9 +46,18 @@ constexpr size_t kMacBytes = 32;
 constexpr uint32_t kFlagSigned = 1;
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
 constexpr char kSuffix[] = ".mstate";
-// What version 2's trailer MACs before the chunk digests (a domain separator:
-// no other MAC of this deployment covers the same bytes).
+// What version 2's and 3's trailers MAC before the chunk tags (domain
+// separators: no other MAC of this deployment covers the same bytes), and
+// what version 3's chunk key is derived from, with the file's nonce.
 constexpr char kV2Domain[] = "MALLEPRK v2 chunks";
+constexpr char kV3Domain[] = "MALLEPRK v3 chunks";
+constexpr char kV3KeyDomain[] = "MALLEPRK v3 chunk key";
+// Version 3's chunk MAC, as the header names it, and its sizes.
+constexpr char kV3ChunkMac[] = "AES-256-GMAC";
+constexpr size_t kChunkNonceBytes = 16;
+constexpr size_t kGmacKeyBytes = 32;
+constexpr size_t kGmacIvBytes = 12;
+constexpr size_t kGmacTagBytes = 16;
 // A hash chunk a reader accepts: a power of two in [64 KiB, 64 MiB] (the
 // bounce buffers hold whole chunks).
 constexpr int64_t kMinHashChunkBytes = int64_t{64} << 10;
@@ -300,11 +311,80 @@ struct Piece {
   int64_t in_to = 0;
 };
 
+// A chunk's tag (version 2: its SHA-256; version 3: its GMAC in the first 16 bytes).
 using Digest = std::array<unsigned char, 32>;
+
+// Version 3's chunk key: derived per file from the deployment secret and the
+// file's random nonce (ChunkKeyOf), so that no two files share a key and a
+// chunk's index is a unique GMAC IV under it.
+struct ChunkKey {
+  std::array<unsigned char, kGmacKeyBytes> key{};
+};
+
+// OpenSSL's GMAC, fetched once (never freed: workers of any call use it).
+absl::StatusOr<EVP_MAC*> Gmac() {
+  static EVP_MAC* gmac = EVP_MAC_fetch(nullptr, "GMAC", nullptr);
+  if (gmac == nullptr) return absl::UnimplementedError("state file: this OpenSSL has no GMAC (AES-256-GMAC)");
+  return gmac;
+}
+
+// Tags chunks one after the other on one thread: the SHA-256 of the chunk
+// (version 2, `key` null) or AES-256-GMAC under `key` with the chunk's index
+// as the IV (version 3; ~5x faster than SHA-256 on a core with AES and
+// carry-less multiply instructions: 10 GB/s against 2 GB/s on this project's
+// VMs, docs/benchmarks.md's park section).
+class ChunkTagger {
+ public:
+  // `gmac` is Gmac()'s answer when `key` is given.
+  ChunkTagger(const ChunkKey* key, EVP_MAC* gmac) : key_(key) {
+    if (key_ == nullptr) {
+      md_ = EVP_MD_CTX_new();
+    } else {
+      mac_ = EVP_MAC_CTX_new(gmac);
+    }
+  }
+  ~ChunkTagger() {
+    if (md_) EVP_MD_CTX_free(md_);
+    if (mac_) EVP_MAC_CTX_free(mac_);
+  }
+  ChunkTagger(const ChunkTagger&) = delete;
+  ChunkTagger& operator=(const ChunkTagger&) = delete;
+
+  bool Begin(int64_t chunk_index) {
+    if (key_ == nullptr) return md_ != nullptr && EVP_DigestInit_ex(md_, EVP_sha256(), nullptr) == 1;
+    std::array<unsigned char, kGmacIvBytes> iv{};
+    const uint64_t j = static_cast<uint64_t>(chunk_index);
+    std::memcpy(iv.data(), &j, sizeof(j));  // little-endian, as every integer of the format
+    char cipher[] = "AES-256-GCM";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, cipher, 0),
+                           OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv.data(), iv.size()),
+                           OSSL_PARAM_construct_end()};
+    return mac_ != nullptr && EVP_MAC_init(mac_, key_->key.data(), key_->key.size(), params) == 1;
+  }
+  bool Update(const void* data, size_t n) {
+    if (key_ == nullptr) return EVP_DigestUpdate(md_, data, n) == 1;
+    return EVP_MAC_update(mac_, static_cast<const unsigned char*>(data), n) == 1;
+  }
+  bool End(Digest& out) {
+    out.fill(0);
+    if (key_ == nullptr) {
+      unsigned int n = 0;
+      return EVP_DigestFinal_ex(md_, out.data(), &n) == 1;
+    }
+    size_t n = 0;
+    return EVP_MAC_final(mac_, out.data(), &n, kGmacTagBytes) == 1 && n == kGmacTagBytes;
+  }
+
+ private:
+  const ChunkKey* key_;
+  EVP_MD_CTX* md_ = nullptr;
+  EVP_MAC_CTX* mac_ = nullptr;
+};
 
 // Moves the file's bytes [0, total) between the pieces and the disk, in
 // buffers of `io_bytes` (a multiple of `chunk`), while workers (the caller
-// and `helpers` threads) hash the bytes below `body`, one SHA-256 per chunk.
+// and `helpers` threads) tag the bytes below `body`, one ChunkTagger tag per
+// chunk.
 // One I/O thread writes the buffers in order, or reads them ahead of the
 // workers.
 //
@@ -335,6 +415,7 @@ class ChunkPipeline {
     int64_t chunk = kStateHashChunkBytes;
     int64_t io_bytes = kStateIoChunkBytes;
     int helpers = 0;
+    const ChunkKey* key = nullptr;  // version 3's chunk key; null: SHA-256 tags (version 2)
     std::function<std::string(const std::vector<Digest>&)> make_trailer;  // write only
   };
 
@@ -377,6 +458,9 @@ class ChunkPipeline {
         MALLE_ASSIGN_OR_RETURN(BouncePool::Buffer b, BouncePool::Get(static_cast<size_t>(o_.io_bytes)));
         ring_.push_back(std::move(b));
       }
+    }
+    if (o_.key != nullptr) {
+      MALLE_ASSIGN_OR_RETURN(gmac_, Gmac());
     }
     std::thread io([this] { IoLoop(); });
     std::vector<std::thread> helpers;
@@ -444,12 +528,13 @@ class ChunkPipeline {
   }
 
   // Task j: the file range [j * chunk, (j + 1) * chunk), within buffer k.
-  absl::Status Task(int64_t j, EVP_MD_CTX* md) {
+  absl::Status Task(int64_t j, ChunkTagger& tagger) {
     const int64_t a = j * o_.chunk;
     const int64_t b = std::min(a + o_.chunk, o_.total);
     const int64_t k = BufferOf(j);
     const int64_t hashed_end = std::min(b, o_.body);
-    if (a < o_.body) EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
+    bool tagged = true;
+    if (a < o_.body) tagged = tagger.Begin(j);
     for (int64_t s = a; s < b; s += kSliceBytes) {
       const int64_t e = std::min(s + kSliceBytes, b);
       // A write's trailer is the I/O thread's.
@@ -461,20 +546,18 @@ class ChunkPipeline {
         const int64_t h = std::min(n, hashed_end - pos);
         if (h > 0) {
           const char* from = p->device != nullptr ? Slot(k) + (pos - k * o_.io_bytes) : p->mem + (pos - p->at);
-          EVP_DigestUpdate(md, from, static_cast<size_t>(h));
+          tagged = tagger.Update(from, static_cast<size_t>(h)) && tagged;
         }
         return absl::OkStatus();
       }));
     }
-    if (a < o_.body) {
-      unsigned int n = 0;
-      EVP_DigestFinal_ex(md, digests_[static_cast<size_t>(j)].data(), &n);
-    }
+    if (a < o_.body) tagged = tagger.End(digests_[static_cast<size_t>(j)]) && tagged;
+    if (!tagged) return absl::InternalError(absl::StrCat("state file ", o_.path, ": OpenSSL failed to tag chunk ", j));
     return absl::OkStatus();
   }
 
   void WorkLoop() {
-    EVP_MD_CTX* md = EVP_MD_CTX_new();
+    ChunkTagger tagger(o_.key, gmac_);
     for (;;) {
       int64_t j = 0;
       {
@@ -491,13 +574,12 @@ class ChunkPipeline {
         if (!error_.ok() || next_task_ >= tasks_) break;
         j = next_task_++;
       }
-      absl::Status s = Task(j, md);
+      absl::Status s = Task(j, tagger);
       absl::MutexLock lock(&mu_);
       if (!s.ok()) Fail(std::move(s));
       --remaining_[static_cast<size_t>(BufferOf(j))];
       ++tasks_done_;
     }
-    EVP_MD_CTX_free(md);
   }
 
   // pwrite/pread of the whole range, retrying short transfers; an O_DIRECT
@@ -612,6 +694,7 @@ class ChunkPipeline {
   Options o_;
   std::vector<Piece> pieces_;  // sorted by file offset, not overlapping
   bool bounce_ = false;        // a ring of bounce buffers is in use
+  EVP_MAC* gmac_ = nullptr;    // with o_.key
   int64_t tasks_ = 0;
   int64_t buffers_ = 0;
   std::vector<BouncePool::Buffer> ring_;
@@ -628,16 +711,64 @@ class ChunkPipeline {
   std::vector<bool> filled_ ABSL_GUARDED_BY(mu_);        // read: buffers read in
 };
 
-// Version 2's trailer: the MAC of the domain, the body's length, the chunk
-// size and the chunks' digests in order.
-std::string ChunkMac(const std::string& secret, int64_t body, int64_t chunk, const std::vector<Digest>& digests) {
+// Version 2's and 3's trailer: the MAC of the version's domain, the body's
+// length, the chunk size, (version 3) the file's nonce, and the chunks' tags
+// in order (32 bytes each in version 2, 16 in version 3).
+std::string ChunkMac(const std::string& secret, uint32_t version, int64_t body, int64_t chunk,
+                     const std::string& nonce, const std::vector<Digest>& digests) {
   Mac mac(secret);
-  mac.Update(kV2Domain, sizeof(kV2Domain) - 1);
+  if (version == 2) {
+    mac.Update(kV2Domain, sizeof(kV2Domain) - 1);
+  } else {
+    mac.Update(kV3Domain, sizeof(kV3Domain) - 1);
+  }
   const uint64_t b = static_cast<uint64_t>(body), c = static_cast<uint64_t>(chunk);
   mac.Update(&b, sizeof(b));
   mac.Update(&c, sizeof(c));
-  for (const Digest& d : digests) mac.Update(d.data(), d.size());
+  if (version >= 3) mac.Update(nonce.data(), nonce.size());
+  const size_t tag = version == 2 ? sizeof(Digest) : kGmacTagBytes;
+  for (const Digest& d : digests) mac.Update(d.data(), tag);
   return mac.Final();
+}
+
+// Version 3's chunk key: the MAC (under the secret; the SHA-256 unsigned,
+// when anyone can compute it and the tags are a checksum) of the key domain
+// and the file's nonce.
+ChunkKey ChunkKeyOf(const std::string& secret, const std::string& nonce) {
+  Mac mac(secret);
+  mac.Update(kV3KeyDomain, sizeof(kV3KeyDomain) - 1);
+  mac.Update(nonce.data(), nonce.size());
+  const std::string k = mac.Final();
+  ChunkKey key;
+  std::memcpy(key.key.data(), k.data(), std::min(k.size(), key.key.size()));
+  return key;
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+// Hex digits back to bytes; nullopt if `hex` is not 2 * `bytes` of them.
+std::optional<std::string> Unhex(const std::string& hex, size_t bytes) {
+  if (hex.size() != 2 * bytes) return std::nullopt;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) {
+    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return out;
 }
 
 // Faults in fresh memory on a thread of its own, in order, ahead of the
@@ -698,6 +829,11 @@ int Helpers(const StateIoOptions& io) {
 
 absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
                             int64_t step, const std::string& secret, const StateIoOptions& io) {
+  const uint32_t version = io.write_version;
+  if (version != 2 && version != kStateFileVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("state file ", path, ": cannot write format version ", version,
+                                                   "; this malletrain writes versions 2 and ", kStateFileVersion));
+  }
   MALLE_ASSIGN_OR_RETURN(std::vector<SegmentSpec> specs, SegmentSpecs(state.skeleton));
   if (specs.size() != state.buffers.size()) {
     return absl::InvalidArgumentError(absl::StrCat("state file ", path, ": the state's segments do not match"));
@@ -717,12 +853,22 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   // the offsets, so its length depends on them: lay out for a guessed length,
   // pad the header with spaces to it, or guess again (longer).
   const uint64_t prefix_and_skeleton = kPrefixBytes + state.skeleton.size();
-  const nlohmann::json header_base = {{"job", job},
-                                      {"step", step},
-                                      {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
-                                      {"skeleton_bytes", state.skeleton.size()},
-                                      {"hash_chunk_bytes", kStateHashChunkBytes},
-                                      {"segments", segments}};
+  // The chunk key's nonce: random per file.
+  std::string nonce(kChunkNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
+    return absl::InternalError(absl::StrCat("state file ", path, ": OpenSSL could not make a random nonce"));
+  }
+  const ChunkKey key = ChunkKeyOf(secret, nonce);
+  nlohmann::json header_base = {{"job", job},
+                                {"step", step},
+                                {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
+                                {"skeleton_bytes", state.skeleton.size()},
+                                {"hash_chunk_bytes", kStateHashChunkBytes},
+                                {"segments", segments}};
+  if (version >= 3) {
+    header_base["chunk_mac"] = kV3ChunkMac;
+    header_base["chunk_key_nonce"] = Hex(nonce);
+  }
   std::string header_text;
   std::vector<int64_t> offsets(bytes_views.size());
   int64_t body = 0;
@@ -750,7 +896,6 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   // The prefix, the header and the skeleton.
   std::string head;
   {
-    const uint32_t version = kStateFileVersion;
     const uint32_t flags = secret.empty() ? 0 : kFlagSigned;
     const uint64_t header_len = header_text.size();
     head.append(kMagic, sizeof(kMagic));
@@ -803,7 +948,8 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     o.body = body;
     o.total = body + static_cast<int64_t>(kMacBytes);
     o.helpers = all_cpu ? Helpers(io) : 0;  // device chunks: copied on this thread
-    o.make_trailer = [&](const std::vector<Digest>& d) { return ChunkMac(secret, body, o.chunk, d); };
+    if (version >= 3) o.key = &key;
+    o.make_trailer = [&](const std::vector<Digest>& d) { return ChunkMac(secret, version, body, o.chunk, nonce, d); };
     ChunkPipeline pipe(o, std::move(pieces));
     MALLE_RETURN_IF_ERROR(pipe.Run());
     // O_DIRECT wrote whole blocks: cut the last one's padding off.
@@ -844,8 +990,8 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
   std::memcpy(&version, prefix + 8, sizeof(version));
   std::memcpy(&flags, prefix + 12, sizeof(flags));
   std::memcpy(&header_len, prefix + 16, sizeof(header_len));
-  if (version != 1 && version != 2) {
-    return loss(absl::StrCat("state file format version ", version, "; this malletrain reads versions 1 and ",
+  if (version < 1 || version > kStateFileVersion) {
+    return loss(absl::StrCat("state file format version ", version, "; this malletrain reads versions 1 to ",
                              kStateFileVersion, " (a newer malletrain wrote it?)"));
   }
   const bool is_signed = (flags & kFlagSigned) != 0;
@@ -875,6 +1021,22 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
       return loss(absl::StrCat("corrupt header: hash_chunk_bytes is ", c.dump(), ", not a power of two in [",
                                kMinHashChunkBytes, ", ", kMaxHashChunkBytes, "]"));
     }
+  }
+  // Version 3: the chunks' MAC and the nonce of their key.
+  std::string nonce;
+  if (version >= 3) {
+    const nlohmann::json m = header.value("chunk_mac", nlohmann::json());
+    if (m != kV3ChunkMac) {
+      return loss(absl::StrCat("corrupt header: chunk_mac is ", m.dump().substr(0, 100), "; this malletrain knows \"",
+                               kV3ChunkMac, "\""));
+    }
+    const nlohmann::json n = header.value("chunk_key_nonce", nlohmann::json());
+    std::optional<std::string> bytes = n.is_string() ? Unhex(n.get<std::string>(), kChunkNonceBytes) : std::nullopt;
+    if (!bytes) {
+      return loss(absl::StrCat("corrupt header: chunk_key_nonce is ", n.dump().substr(0, 100), ", not ",
+                               2 * kChunkNonceBytes, " lowercase hex digits"));
+    }
+    nonce = *std::move(bytes);
   }
   const uint64_t skeleton_bytes = header["skeleton_bytes"].get<uint64_t>();
   struct Seg {
@@ -1016,6 +1178,8 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     o.chunk = chunk;
     o.io_bytes = std::max(kStateIoChunkBytes, chunk);
     o.helpers = Helpers(io);
+    const ChunkKey key = ChunkKeyOf(secret, nonce);
+    if (version >= 3) o.key = &key;
     std::vector<std::pair<char*, int64_t>> fresh;
     for (size_t i = 0; i < segs.size(); ++i) {
       if (!out.direct[i]) fresh.emplace_back(static_cast<char*>(out.buffers[i].data_ptr()), segs[i].bytes);
@@ -1029,7 +1193,7 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     parsed += header_text;
     parsed += out.skeleton;
     if (parsed != head_read) return loss("the file changed while it was read");
-    const std::string expected = ChunkMac(secret, pos, chunk, pipe.digests());
+    const std::string expected = ChunkMac(secret, version, pos, chunk, nonce, pipe.digests());
     verified = expected.size() == kMacBytes && CRYPTO_memcmp(expected.data(), trailer.data(), kMacBytes) == 0;
   }
   if (!verified) {

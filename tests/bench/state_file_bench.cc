@@ -2,7 +2,7 @@
 // side: how each way of doing the I/O compares with a plain write + fsync and
 // a plain read of the same bytes, measured in the same run, in rotating order.
 //
-//   build/ci/tests/bench/state_file_bench [--mb=252] [--reps=5] [--dir=build]
+//   build/ci/tests/bench/state_file_bench [--mb=252] [--reps=5] [--dir=build] [--versions=2,3]
 //
 // The state is three float32 segments of mb/3 each (the resize_bench model's
 // parameters, exp_avg and exp_avg_sq), signed with a secret. For every rep:
@@ -10,7 +10,8 @@
 // * floor write: the same bytes, write() in 64 MiB pieces + fsync (park_bench's
 //   floor, here from the segments' own memory);
 // * WriteStateFile with O_DIRECT or through the page cache, with the default
-//   helpers or none (a snapshot's setting);
+//   helpers or none (a snapshot's setting), in each format version of
+//   --versions (2: SHA-256 chunk digests; 3: AES-256-GMAC chunk tags);
 // * floor read, cold: the floor file's pages evicted (posix_fadvise DONTNEED),
 //   read() in 64 MiB pieces into fresh memory (as a new process lands a state);
 // * ReadStateFile, cold, into fresh memory (a new incarnation's optimizer
@@ -41,6 +42,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libmalle/elastic/park_store.h"
 #include "libmalle/elastic/state_pack.h"
@@ -51,6 +53,7 @@ ABSL_FLAG(std::string, dir, "build", "directory on the disk to measure");
 ABSL_FLAG(bool, reads, true, "measure reads");
 ABSL_FLAG(bool, writes, true, "measure writes");
 ABSL_FLAG(std::string, only, "", "run only the ways whose name contains this (and the floor)");
+ABSL_FLAG(std::vector<std::string>, versions, {"3"}, "format versions to write and read, side by side (2, 3)");
 
 namespace {
 
@@ -158,17 +161,28 @@ int main(int argc, char** argv) {
   const PackedState own = std::move(own_packer).Finish();
 
   const std::string floor_path = dir + "/floor.bin";
-  const std::string state_path = dir + "/state.mstate";
+  std::vector<uint32_t> versions;
+  for (const std::string& v : absl::GetFlag(FLAGS_versions)) {
+    if (v != "2" && v != "3") Die("--versions: " + v + " is not 2 or 3");
+    versions.push_back(static_cast<uint32_t>(std::stoi(v)));
+  }
+  if (versions.empty()) Die("--versions: none given");
+  auto state_path = [&](uint32_t v) { return absl::StrCat(dir, "/state.v", v, ".mstate"); };
 
   struct Way {
     std::string name;
     bool direct;
     int helpers;
+    uint32_t version;
   };
-  const std::vector<Way> ways = {{"O_DIRECT, helpers auto", true, -1},
-                                 {"O_DIRECT, no helper (snapshot)", true, 0},
-                                 {"page cache, helpers auto", false, -1},
-                                 {"page cache, no helper", false, 0}};
+  std::vector<Way> ways;
+  for (const uint32_t v : versions) {
+    const std::string tag = versions.size() > 1 ? absl::StrCat("v", v, ", ") : "";
+    ways.push_back({tag + "O_DIRECT, helpers auto", true, -1, v});
+    ways.push_back({tag + "O_DIRECT, no helper (snapshot)", true, 0, v});
+    ways.push_back({tag + "page cache, helpers auto", false, -1, v});
+    ways.push_back({tag + "page cache, no helper", false, 0, v});
+  }
   std::map<std::string, Result> res;
   std::vector<std::string> order;
   auto add = [&](const std::string& name, double s, double floor, double cpu) {
@@ -194,48 +208,60 @@ int main(int argc, char** argv) {
         StateIoOptions io;
         io.direct_io = w.direct;
         io.helper_threads = w.helpers;
-        std::filesystem::remove(state_path);
+        io.write_version = w.version;
+        std::filesystem::remove(state_path(w.version));
         c0 = CpuSeconds();
         t0 = Now();
-        absl::Status s = WriteStateFile(state_path, state, "bench", 1, secret, io);
+        absl::Status s = WriteStateFile(state_path(w.version), state, "bench", 1, secret, io);
         const double took = Now() - t0;
         if (!s.ok()) Die(s.ToString());
         add("write " + w.name, took, floor_w, CpuSeconds() - c0);
       }
     }
     if (absl::GetFlag(FLAGS_reads)) {
-      if (!std::filesystem::exists(state_path)) Die("no state file: run with --writes");
+      for (const uint32_t v : versions) {
+        if (!std::filesystem::exists(state_path(v))) Die("no state file: run with --writes");
+      }
       if (!std::filesystem::exists(floor_path)) FloorWrite(floor_path, state);
       Evict(floor_path);
       double c0 = CpuSeconds(), t0 = Now();
       FloorRead(floor_path, bytes);
       const double floor_r = Now() - t0;
       add("floor: read, cold (64 MiB pieces, fresh memory)", floor_r, floor_r, CpuSeconds() - c0);
-      for (size_t i = 0; i < ways.size() + 2; ++i) {
-        const size_t k = (i + static_cast<size_t>(r)) % (ways.size() + 2);
+      // Each way of reading, and per version an in-place cold read and a warm one.
+      const size_t n_reads = ways.size() + 2 * versions.size();
+      for (size_t i = 0; i < n_reads; ++i) {
+        const size_t k = (i + static_cast<size_t>(r)) % n_reads;
         StateIoOptions io;
         std::string name;
         bool warm = false;
+        uint32_t v = 0;
         if (k < ways.size()) {
           io.direct_io = ways[k].direct;
           io.helper_threads = ways[k].helpers;
+          v = ways[k].version;
           name = "read cold, fresh memory, " + ways[k].name;
-        } else if (k == ways.size()) {
-          io.own = &own;
-          name = "read cold, in place, default";
         } else {
-          warm = true;
-          name = "read warm, fresh memory, default";
+          const size_t e = k - ways.size();
+          v = versions[e / 2];
+          const std::string tag = versions.size() > 1 ? absl::StrCat("v", v, ", ") : "";
+          if (e % 2 == 0) {
+            io.own = &own;
+            name = "read cold, in place, " + tag + "default";
+          } else {
+            warm = true;
+            name = "read warm, fresh memory, " + tag + "default";
+          }
         }
         if (name.find(absl::GetFlag(FLAGS_only)) == std::string::npos) continue;
         if (warm) {
-          WarmUp(state_path);
+          WarmUp(state_path(v));
         } else {
-          Evict(state_path);
+          Evict(state_path(v));
         }
         c0 = CpuSeconds();
         t0 = Now();
-        absl::StatusOr<PackedState> back = ReadStateFile(state_path, secret, nullptr, io);
+        absl::StatusOr<PackedState> back = ReadStateFile(state_path(v), secret, nullptr, io);
         const double took = Now() - t0;
         if (!back.ok()) Die(back.status().ToString());
         add(name, took, floor_r, CpuSeconds() - c0);

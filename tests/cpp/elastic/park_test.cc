@@ -232,14 +232,15 @@ TEST(StateFileTest, ChunkedIoRoundTripsAndRefusesACorruptMiddleChunk) {
   }
 }
 
-// Format version 2 hashes chunks separately; the trailer must still bind
-// every byte, the chunks' order and the chunking itself.
-TEST(StateFileTest, VersionTwoBindsEveryChunkTheirOrderAndTheChunking) {
-  const std::string dir = TempDir("v2");
+// Format version 3 tags chunks separately (GMAC under a key of the file's
+// own); the trailer must still bind every byte, the chunks' order, the
+// chunking and the key's nonce.
+TEST(StateFileTest, VersionThreeBindsEveryChunkTheirOrderTheChunkingAndTheNonce) {
+  const std::string dir = TempDir("v3");
   const std::string path = dir + "/good.mstate";
   ASSERT_OK(WriteStateFile(path, BigFlatState(5, 1.5f).Pack(), "big", 5, "k"));
   const std::string good = ReadAll(path);
-  ASSERT_EQ(good.substr(8, 4), std::string("\x02\0\0\0", 4));  // the version written
+  ASSERT_EQ(good.substr(8, 4), std::string("\x03\0\0\0", 4));  // the version written
   const size_t chunk = static_cast<size_t>(kStateHashChunkBytes);
   ASSERT_GT(good.size(), 8 * chunk);
   auto refused = [&](const std::string& name, const std::string& bytes, const std::string& why) {
@@ -302,8 +303,76 @@ TEST(StateFileTest, VersionTwoBindsEveryChunkTheirOrderAndTheChunking) {
   b.replace(comma, 1, " ");  // one offset for two segments
   b.replace(comma + 1, second_offset.size(), std::string(second_offset.size(), ' '));
   refused("offsets_missing", b, "segment_offsets must list 2 offsets");
+  // Another nonce (same length): every chunk's key is another, the MAC says
+  // no. A nonce that is not 32 hex digits, or another chunk MAC: named.
+  const std::string nonce_field = "\"chunk_key_nonce\":\"";
+  const size_t nonce_at = good.find(nonce_field);
+  ASSERT_NE(nonce_at, std::string::npos);
+  const size_t digit = nonce_at + nonce_field.size();
+  b = good;
+  b[digit] = b[digit] == '0' ? '1' : '0';
+  refused("renonced", b, "checksum mismatch");
+  b = good;
+  b[digit] = 'g';
+  refused("bad_nonce", b, "chunk_key_nonce is");
+  b = good;
+  b.replace(digit + 31, 2, "\" ");  // 31 digits, the same length
+  refused("short_nonce", b, "not 32 lowercase hex digits");
+  const size_t mac_at = good.find("\"AES-256-GMAC\"");
+  ASSERT_NE(mac_at, std::string::npos);
+  b = good;
+  b.replace(mac_at, 14, "\"AES-128-GMAC\"");
+  refused("other_mac", b, "chunk_mac is \"AES-128-GMAC\"");
   // The good file still reads.
   EXPECT_OK(ReadStateFile(path, "k").status());
+}
+
+// A deployment whose readers are older asks for version 2: what it gets reads
+// back and is a version-2 file; a version no writer has is refused by name.
+TEST(StateFileTest, WritesVersionTwoOnRequestAndNoUnknownVersion) {
+  const std::string dir = TempDir("write_v2");
+  StateIoOptions io;
+  io.write_version = 2;
+  ASSERT_OK(WriteStateFile(dir + "/v2.mstate", BigFlatState(2, 0.5f).Pack(), "j", 2, "k", io));
+  const std::string bytes = ReadAll(dir + "/v2.mstate");
+  EXPECT_EQ(bytes.substr(8, 4), std::string("\x02\0\0\0", 4));
+  EXPECT_EQ(bytes.find("chunk_key_nonce"), std::string::npos);
+  absl::StatusOr<PackedState> back = ReadStateFile(dir + "/v2.mstate", "k");
+  ASSERT_OK(back.status());
+  absl::StatusOr<JobState> got = JobState::Unpack(*std::move(back));
+  ASSERT_OK(got.status());
+  const JobState want = BigFlatState(2, 0.5f);
+  ASSERT_EQ(got->parameters.size(), 2u);
+  EXPECT_TRUE(at::equal(got->parameters[0].tensor, want.parameters[0].tensor));
+  EXPECT_TRUE(at::equal(got->parameters[1].tensor, want.parameters[1].tensor));
+  for (const uint32_t v : {1u, 4u}) {
+    io.write_version = v;
+    EXPECT_THAT(WriteStateFile(dir + "/bad.mstate", SomeState(2).Pack(), "j", 2, "k", io),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot write format version " + std::to_string(v))));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad.mstate"));
+}
+
+// Every file has a chunk key of its own: the same state written twice gets
+// two nonces (and so two trailers), and both read back.
+TEST(StateFileTest, EachFileHasItsOwnChunkKey) {
+  const std::string dir = TempDir("nonce");
+  const PackedState packed = SomeState(4).Pack();
+  ASSERT_OK(WriteStateFile(dir + "/a.mstate", packed, "j", 4, "k"));
+  ASSERT_OK(WriteStateFile(dir + "/b.mstate", packed, "j", 4, "k"));
+  const std::string a = ReadAll(dir + "/a.mstate"), b = ReadAll(dir + "/b.mstate");
+  auto nonce = [](const std::string& f) {
+    const size_t at = f.find("\"chunk_key_nonce\":\"");
+    return at == std::string::npos ? std::string() : f.substr(at + 19, 32);
+  };
+  ASSERT_EQ(nonce(a).size(), 32u);
+  EXPECT_NE(nonce(a), nonce(b));
+  EXPECT_NE(a.substr(a.size() - 32), b.substr(b.size() - 32));
+  for (const std::string name : {"a", "b"}) {
+    absl::StatusOr<PackedState> back = ReadStateFile(dir + "/" + name + ".mstate", "k");
+    ASSERT_OK(back.status());
+    ExpectSame(*back, SomeState(4));
+  }
 }
 
 // Bytes move straight between memory and the disk where the memory's address
@@ -351,7 +420,7 @@ TEST(StateFileTest, AnUnknownFormatVersionIsRefusedByName) {
   const std::string dir = TempDir("version");
   const std::string path = dir + "/s.mstate";
   ASSERT_OK(WriteStateFile(path, SomeState(3).Pack(), "j", 3, "k"));
-  for (const uint32_t version : {0u, 3u, 77u}) {
+  for (const uint32_t version : {0u, 4u, 77u}) {
     std::string bytes = ReadAll(path);
     std::memcpy(bytes.data() + 8, &version, sizeof(version));
     const std::string p = dir + "/v" + std::to_string(version) + ".mstate";
@@ -361,37 +430,44 @@ TEST(StateFileTest, AnUnknownFormatVersionIsRefusedByName) {
   }
 }
 
-// A file parked by a malletrain that wrote format version 1
-// (tests/data/park_state_v1.mstate, written by main at 95f5d68) still
-// resumes, and is still refused when a byte of it changed or the secret is
-// another.
-TEST(StateFileTest, ReadsVersionOneFiles) {
-  const std::string fixture = std::string(MALLE_TEST_DATA_DIR) + "/park_state_v1.mstate";
-  const std::string bytes = ReadAll(fixture);
-  ASSERT_GT(bytes.size(), 12000u) << fixture;
-  ASSERT_EQ(bytes.substr(8, 4), std::string("\x01\0\0\0", 4));
-  for (const int helpers : {-1, 0}) {
-    StateIoOptions io;
-    io.helper_threads = helpers;
-    StateFileInfo info;
-    absl::StatusOr<PackedState> back = ReadStateFile(fixture, "v1-fixture-secret", &info, io);
-    ASSERT_OK(back.status());
-    ExpectSame(*back, SomeState(12, 3000));
-    EXPECT_EQ(info.job, "fixture-v1");
-    EXPECT_EQ(info.step, 12);
-    EXPECT_TRUE(info.signed_);
+// Files parked by a malletrain that wrote an earlier format version
+// (tests/data/park_state_v1.mstate, written by main at 95f5d68, and
+// park_state_v2.mstate, written by main at 897e71e) still resume, and are
+// still refused when a byte of them changed or the secret is another.
+TEST(StateFileTest, ReadsVersionOneAndTwoFiles) {
+  for (const int version : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    const std::string fixture = absl::StrCat(MALLE_TEST_DATA_DIR, "/park_state_v", version, ".mstate");
+    const std::string secret = absl::StrCat("v", version, "-fixture-secret");
+    const std::string bytes = ReadAll(fixture);
+    ASSERT_GT(bytes.size(), 12000u) << fixture;
+    ASSERT_EQ(bytes.substr(8, 4), std::string(1, static_cast<char>(version)) + std::string("\0\0\0", 3));
+    for (const int helpers : {-1, 0}) {
+      for (const bool direct : {true, false}) {
+        StateIoOptions io;
+        io.helper_threads = helpers;
+        io.direct_io = direct;
+        StateFileInfo info;
+        absl::StatusOr<PackedState> back = ReadStateFile(fixture, secret, &info, io);
+        ASSERT_OK(back.status());
+        ExpectSame(*back, SomeState(12, 3000));
+        EXPECT_EQ(info.job, absl::StrCat("fixture-v", version));
+        EXPECT_EQ(info.step, 12);
+        EXPECT_TRUE(info.signed_);
+      }
+    }
+    EXPECT_THAT(ReadStateFile(fixture, "another-secret").status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+    const std::string dir = TempDir(absl::StrCat("v", version));
+    std::string flipped = bytes;
+    flipped[bytes.size() - 100] ^= 0x40;
+    WriteAll(dir + "/flipped.mstate", flipped);
+    EXPECT_THAT(ReadStateFile(dir + "/flipped.mstate", secret).status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
+    WriteAll(dir + "/truncated.mstate", bytes.substr(0, bytes.size() - 1000));
+    EXPECT_THAT(ReadStateFile(dir + "/truncated.mstate", secret).status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
   }
-  EXPECT_THAT(ReadStateFile(fixture, "another-secret").status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
-  const std::string dir = TempDir("v1");
-  std::string flipped = bytes;
-  flipped[bytes.size() - 100] ^= 0x40;
-  WriteAll(dir + "/flipped.mstate", flipped);
-  EXPECT_THAT(ReadStateFile(dir + "/flipped.mstate", "v1-fixture-secret").status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum mismatch")));
-  WriteAll(dir + "/truncated.mstate", bytes.substr(0, bytes.size() - 1000));
-  EXPECT_THAT(ReadStateFile(dir + "/truncated.mstate", "v1-fixture-secret").status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
 }
 
 // A reader that passes its own state reads the segments of the same layout
