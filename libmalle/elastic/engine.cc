@@ -1,9 +1,14 @@
 #include "libmalle/elastic/engine.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <thread>
@@ -171,18 +176,29 @@ struct Engine::Reporter {
   std::thread thread;
 };
 
-// Writes the snapshots rank 0 copied, one at a time, off the training thread.
+// Writes the snapshots rank 0 copied, one at a time, off the training thread,
+// at the lowest CPU priority (nice 19): where the cores are busy with
+// training, training goes first, and the write takes only CPU nobody else
+// wants (its wall time then grows, which costs nothing but the snapshot's
+// age). A park cancels a write in flight (it writes a newer state).
 struct Engine::Snapshotter {
+  static constexpr int kNice = 19;
   absl::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::optional<std::pair<PackedState, int64_t>> job ABSL_GUARDED_BY(mu);  // the state and its step
   bool busy ABSL_GUARDED_BY(mu) = false;
   int64_t written_step ABSL_GUARDED_BY(mu) = -1;
-  absl::Duration last_write ABSL_GUARDED_BY(mu);  // how long the newest write took
+  absl::Duration last_write ABSL_GUARDED_BY(mu);      // the newest write's wall time
+  absl::Duration last_write_cpu ABSL_GUARDED_BY(mu);  // and the CPU it took, all its threads
+  std::atomic<bool> cancel{false};
   std::thread thread;
 
   Snapshotter(std::shared_ptr<ParkStore> store, std::shared_ptr<advisor::ReportSink> sink) {
     thread = std::thread([this, store, sink] {
+      // Per thread on Linux; the write's own threads inherit it. Advisory.
+      if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kNice) != 0) {
+        MALLE_LOG(DEBUG) << "snapshot writer: cannot lower its priority: " << std::strerror(errno);
+      }
       for (;;) {
         std::pair<PackedState, int64_t> next;
         {
@@ -199,6 +215,9 @@ struct Engine::Snapshotter {
         // the write but take a core from training (2-core machines).
         StateIoOptions io;
         io.helper_threads = 0;
+        io.cancel = &cancel;
+        double cpu = 0;
+        io.cpu_seconds = &cpu;
         absl::Status s = store->Write(next.first, next.second, io);
         const absl::Duration took = absl::Now() - w0;
         if (s.ok() && sink != nullptr) {
@@ -206,12 +225,19 @@ struct Engine::Snapshotter {
           absl::Status r = sink->SendSnapshot(next.second, next.first.bytes(), absl::ToDoubleSeconds(took));
           if (!r.ok()) MALLE_LOG(DEBUG) << "snapshot not reported: " << r;
         }
-        if (!s.ok()) MALLE_LOG(WARNING) << "snapshot of step " << next.second << " not written (" << s
-                                        << "); the previous one stays";
+        if (absl::IsCancelled(s)) {
+          MALLE_LOG(INFO) << "snapshot of step " << next.second << " cancelled: the job parks a newer state";
+        } else if (!s.ok()) {
+          MALLE_LOG(WARNING) << "snapshot of step " << next.second << " not written (" << s
+                             << "); the previous one stays";
+        }
         absl::MutexLock lock(&mu);
         busy = false;
-        last_write = took;
-        if (s.ok()) written_step = std::max(written_step, next.second);
+        if (s.ok()) {
+          last_write = took;
+          last_write_cpu = absl::Seconds(cpu);
+          written_step = std::max(written_step, next.second);
+        }
       }
     });
   }
@@ -229,6 +255,22 @@ struct Engine::Snapshotter {
   absl::Duration LastWrite() {
     absl::MutexLock lock(&mu);
     return last_write;
+  }
+  absl::Duration LastWriteCpu() {
+    absl::MutexLock lock(&mu);
+    return last_write_cpu;
+  }
+  // Drops a snapshot not started yet, stops the one being written (its
+  // temporary file removed; the previous snapshots stay) and waits for it.
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu);
+      job.reset();
+      cancel.store(true);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !busy; };
+      mu.Await(absl::Condition(&idle));
+    }
+    cancel.store(false);
   }
   // Waits until nothing is queued or being written.
   void Drain() {
@@ -1323,7 +1365,7 @@ absl::Status Engine::Park() {
                      << "the job's state (step " << step_ << ") is lost; it will start over";
     return absl::OkStatus();
   }
-  if (snapshotter_ != nullptr) snapshotter_->Drain();  // one writer at a time
+  if (snapshotter_ != nullptr) snapshotter_->Cancel();  // one writer at a time; the park's state is newer
   const Clock::time_point t0 = Clock::now();
   MALLE_ASSIGN_OR_RETURN(JobState s, CaptureState());
   PackedState packed = s.Pack(options_.state_direct_min_bytes);
@@ -1397,9 +1439,10 @@ void Engine::UpdateSnapshotInterval() {
   if (step_time_ <= absl::ZeroDuration()) return;
   // Keep the snapshots under the budget: (copy + write) / interval <=
   // budget x step time. The write counts too: it runs beside training, on
-  // the same cores and memory bandwidth (its wall time, an upper bound of
-  // the CPU it takes).
-  const absl::Duration cost = snapshot_copy_ + snapshotter_->LastWrite();
+  // the same cores and memory bandwidth. It counts as the CPU it took (on
+  // every thread of the write): at nice 19 its wall time is how long it
+  // waited for CPU that training did not want.
+  const absl::Duration cost = snapshot_copy_ + snapshotter_->LastWriteCpu();
   const double steps = absl::FDivDuration(cost, step_time_) / options_.snapshot_budget;
   snapshot_interval_ = static_cast<int>(std::clamp(std::ceil(steps), 1.0, 1e6));
 }
@@ -1407,6 +1450,11 @@ void Engine::UpdateSnapshotInterval() {
 absl::Duration Engine::snapshot_write_time() const {
   if (snapshotter_ == nullptr) return absl::ZeroDuration();
   return snapshotter_->LastWrite();
+}
+
+absl::Duration Engine::snapshot_write_cpu_time() const {
+  if (snapshotter_ == nullptr) return absl::ZeroDuration();
+  return snapshotter_->LastWriteCpu();
 }
 
 }  // namespace malle::elastic

@@ -435,12 +435,15 @@ class Engine {
   // Where the state this job resumed from came from ('' : it started afresh).
   const std::string& resumed_from() const { return resumed_from_; }
   // Snapshots: the step of the newest one written (-1: none yet), the current
-  // interval in steps, what the last copy cost the training thread, and how
-  // long the last write took the writer thread (zero: none done yet).
+  // interval in steps, what the last copy cost the training thread, how long
+  // the last write took (wall time, at the writer's nice 19) and the CPU it
+  // took on all its threads, which the adaptive interval prices (zero: none
+  // done yet).
   int64_t snapshot_step() const;
   int snapshot_interval() const { return snapshot_interval_; }
   absl::Duration snapshot_copy_time() const { return snapshot_copy_; }
   absl::Duration snapshot_write_time() const;
+  absl::Duration snapshot_write_cpu_time() const;
   bool in_step() const { return in_step_; }
   // This member was declared failed by the others (NextStep returned kAborted).
   bool excluded() const { return excluded_; }

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -223,6 +224,13 @@ absl::Status FsyncDir(const std::string& dir) {
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// CPU time of the calling thread, in ns.
+int64_t ThreadCpuNs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 int CpusOfThisProcess() {
   cpu_set_t set;
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -416,6 +424,7 @@ class ChunkPipeline {
     int64_t io_bytes = kStateIoChunkBytes;
     int helpers = 0;
     const ChunkKey* key = nullptr;  // version 3's chunk key; null: SHA-256 tags (version 2)
+    const std::atomic<bool>* cancel = nullptr;  // StateIoOptions::cancel
     std::function<std::string(const std::vector<Digest>&)> make_trailer;  // write only
   };
 
@@ -450,6 +459,8 @@ class ChunkPipeline {
   }
 
   const std::vector<Digest>& digests() const { return digests_; }
+  // CPU time of the I/O thread and the helpers (after Run).
+  int64_t other_threads_cpu_ns() const { return other_threads_cpu_ns_.load(); }
 
   absl::Status Run() {
     if (bounce_) {
@@ -462,10 +473,16 @@ class ChunkPipeline {
     if (o_.key != nullptr) {
       MALLE_ASSIGN_OR_RETURN(gmac_, Gmac());
     }
-    std::thread io([this] { IoLoop(); });
+    // The other threads' CPU time, for StateIoOptions::cpu_seconds (the caller measures its own).
+    auto timed = [this](void (ChunkPipeline::*loop)()) {
+      const int64_t c0 = ThreadCpuNs();
+      (this->*loop)();
+      other_threads_cpu_ns_.fetch_add(ThreadCpuNs() - c0);
+    };
+    std::thread io(timed, &ChunkPipeline::IoLoop);
     std::vector<std::thread> helpers;
     const int n_helpers = static_cast<int>(std::min<int64_t>(o_.helpers, tasks_ - 1));
-    for (int i = 0; i < n_helpers; ++i) helpers.emplace_back([this] { WorkLoop(); });
+    for (int i = 0; i < n_helpers; ++i) helpers.emplace_back(timed, &ChunkPipeline::WorkLoop);
     WorkLoop();
     for (std::thread& t : helpers) t.join();
     io.join();
@@ -527,8 +544,14 @@ class ChunkPipeline {
     return absl::OkStatus();
   }
 
+  absl::Status CheckCancel() const {
+    if (o_.cancel == nullptr || !o_.cancel->load(std::memory_order_relaxed)) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat("state file ", o_.path, ": write cancelled"));
+  }
+
   // Task j: the file range [j * chunk, (j + 1) * chunk), within buffer k.
   absl::Status Task(int64_t j, ChunkTagger& tagger) {
+    MALLE_RETURN_IF_ERROR(CheckCancel());
     const int64_t a = j * o_.chunk;
     const int64_t b = std::min(a + o_.chunk, o_.total);
     const int64_t k = BufferOf(j);
@@ -639,6 +662,11 @@ class ChunkPipeline {
       mu_.Await(absl::Condition(&ready));
       if (!error_.ok()) return false;
     }
+    if (absl::Status c = CheckCancel(); !c.ok()) {
+      absl::MutexLock lock(&mu_);
+      Fail(std::move(c));
+      return false;
+    }
     if (has_trailer && !trailer_made_) {
       const std::string mac = o_.make_trailer(digests_);
       std::memcpy(trailer_.data(), mac.data(), std::min(mac.size(), trailer_.size()));
@@ -694,6 +722,7 @@ class ChunkPipeline {
   Options o_;
   std::vector<Piece> pieces_;  // sorted by file offset, not overlapping
   bool bounce_ = false;        // a ring of bounce buffers is in use
+  std::atomic<int64_t> other_threads_cpu_ns_{0};
   EVP_MAC* gmac_ = nullptr;    // with o_.key
   int64_t tasks_ = 0;
   int64_t buffers_ = 0;
@@ -829,6 +858,8 @@ int Helpers(const StateIoOptions& io) {
 
 absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
                             int64_t step, const std::string& secret, const StateIoOptions& io) {
+  const int64_t cpu0 = ThreadCpuNs();
+  int64_t other_cpu_ns = 0;
   const uint32_t version = io.write_version;
   if (version != 2 && version != kStateFileVersion) {
     return absl::InvalidArgumentError(absl::StrCat("state file ", path, ": cannot write format version ", version,
@@ -948,10 +979,13 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     o.body = body;
     o.total = body + static_cast<int64_t>(kMacBytes);
     o.helpers = all_cpu ? Helpers(io) : 0;  // device chunks: copied on this thread
+    o.cancel = io.cancel;
     if (version >= 3) o.key = &key;
     o.make_trailer = [&](const std::vector<Digest>& d) { return ChunkMac(secret, version, body, o.chunk, nonce, d); };
     ChunkPipeline pipe(o, std::move(pieces));
-    MALLE_RETURN_IF_ERROR(pipe.Run());
+    absl::Status run = pipe.Run();
+    other_cpu_ns = pipe.other_threads_cpu_ns();
+    MALLE_RETURN_IF_ERROR(run);
     // O_DIRECT wrote whole blocks: cut the last one's padding off.
     if (direct && ::ftruncate(f.fd, o.total) != 0) return IoError("cannot truncate", tmp, errno);
     if (::fsync(f.fd) != 0) return IoError("cannot fsync", tmp, errno);
@@ -964,6 +998,7 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
     return FsyncDir(dir);
   }();
   if (!s.ok()) ::unlink(tmp.c_str());
+  if (io.cpu_seconds != nullptr) *io.cpu_seconds = 1e-9 * static_cast<double>(ThreadCpuNs() - cpu0 + other_cpu_ns);
   return s;
 }
 

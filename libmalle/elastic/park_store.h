@@ -70,6 +70,7 @@
 #ifndef MALLE_ELASTIC_PARK_STORE_H_
 #define MALLE_ELASTIC_PARK_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -111,6 +112,14 @@ struct StateIoOptions {
   // deployment whose readers are older; a benchmark's side-by-side). Any
   // other is kInvalidArgument.
   uint32_t write_version = kStateFileVersion;
+  // Write only: when this turns true the write stops at the next chunk with
+  // kCancelled and leaves no file (the previous ones stay). A park cancels a
+  // background snapshot that is still being written: it writes a newer state.
+  const std::atomic<bool>* cancel = nullptr;
+  // Write only: if given, receives the CPU time the write took on all its
+  // threads (the calling thread, the helpers, the I/O thread): what a
+  // background write takes from training, whatever its wall time.
+  double* cpu_seconds = nullptr;
 };
 
 // I/O chunk: the size of a bounce buffer, what one write() or read() moves.
@@ -130,7 +139,8 @@ struct StateFileInfo {
 // directory). `secret` empty: unsigned (SHA-256 in place of HMAC-SHA256). Device segments are
 // copied to the host in chunks. Blocks for the I/O. Errors: kInvalidArgument
 // (a corrupt skeleton), kResourceExhausted (disk full), kPermissionDenied,
-// kInternal (other I/O errors), each naming the path; `path` is untouched.
+// kInternal (other I/O errors), kCancelled (io.cancel), each naming the path;
+// `path` is untouched.
 absl::Status WriteStateFile(const std::string& path, const PackedState& state, const std::string& job,
                             int64_t step, const std::string& secret, const StateIoOptions& io = {});
 

@@ -385,6 +385,7 @@ class Engine:
     snapshot_interval: int
     snapshot_copy_seconds: float
     snapshot_write_seconds: float
+    snapshot_write_cpu_seconds: float
 
 class LaunchSession:
     """torchrun/srun: task 0 hosts the control store; members count themselves closed."""

@@ -299,6 +299,9 @@ void BindElastic(py::module_& m) {
       .def_property_readonly("snapshot_write_seconds", [](PyEngine& e) {
         return absl::ToDoubleSeconds(e.engine->snapshot_write_time());
       })
+      .def_property_readonly("snapshot_write_cpu_seconds", [](PyEngine& e) {
+        return absl::ToDoubleSeconds(e.engine->snapshot_write_cpu_time());
+      })
       .def("report_json", [](PyEngine& e) {
         py::gil_scoped_release release;
         return e.engine->ReportJson();

@@ -10,7 +10,10 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -86,6 +90,12 @@ void ExpectSame(const PackedState& packed, const JobState& want) {
   EXPECT_TRUE(at::equal(got->buffers[0].tensor, want.buffers[0].tensor));
   ASSERT_NE(got->part("extra"), nullptr);
   EXPECT_EQ(got->part("extra")->state.bytes, want.parts[0].state.bytes);
+}
+
+int64_t ThreadCpuNs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
 std::string ReadAll(const std::string& path) {
@@ -351,6 +361,29 @@ TEST(StateFileTest, WritesVersionTwoOnRequestAndNoUnknownVersion) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot write format version " + std::to_string(v))));
   }
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad.mstate"));
+}
+
+// A write whose cancel flag is set stops with kCancelled and leaves nothing
+// (the store's older files stay); a write reports the CPU it took.
+TEST(StateFileTest, ACancelledWriteLeavesNoFileAndAWriteReportsItsCpu) {
+  const std::string dir = TempDir("cancel");
+  const PackedState packed = BigFlatState(1, 1.0f).Pack();
+  std::atomic<bool> cancel{true};
+  StateIoOptions io;
+  io.cancel = &cancel;
+  for (const int helpers : {-1, 0}) {
+    io.helper_threads = helpers;
+    EXPECT_THAT(WriteStateFile(dir + "/c.mstate", packed, "j", 1, "k", io),
+                StatusIs(absl::StatusCode::kCancelled, HasSubstr("write cancelled")));
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "helpers " << helpers;
+  }
+  cancel.store(false);
+  double cpu = -1;
+  io.cpu_seconds = &cpu;
+  ASSERT_OK(WriteStateFile(dir + "/c.mstate", packed, "j", 1, "k", io));
+  EXPECT_GT(cpu, 0.0);
+  EXPECT_LT(cpu, 60.0);
+  EXPECT_OK(ReadStateFile(dir + "/c.mstate", "k").status());
 }
 
 // Every file has a chunk key of its own: the same state written twice gets
@@ -647,6 +680,7 @@ struct RunSpec {
   std::string resume_from;
   int steps = 12;
   absl::Duration step_sleep;  // after each step: a step time the test controls
+  std::function<void()> before_leave;  // called just before RequestLeave
 };
 
 JobRun TrainJob(const std::string& job, const RunSpec& spec) {
@@ -711,7 +745,10 @@ JobRun TrainJob(const std::string& job, const RunSpec& spec) {
       out.status = (*trainer)->Save(spec.save_at_path);
       if (!out.status.ok()) return out;
     }
-    if (done == spec.stop_after) (void)(*trainer)->RequestLeave();
+    if (done == spec.stop_after) {
+      if (spec.before_leave) spec.before_leave();
+      (void)(*trainer)->RequestLeave();
+    }
     if (done == spec.abandon_after) break;
     absl::SleepFor(spec.step_sleep);
   }
@@ -854,13 +891,39 @@ TEST(EngineParkTest, AStoreWhoseOnlyStatesAreForgedIsAnErrorNotAFreshStart) {
 }
 
 // A directory store whose writes take `delay` longer, and which counts them.
+// Delays every write by `delay` (with `snapshots_only`, only the writes that
+// can be cancelled: the snapshots), honouring a cancel, and records the nice
+// value of the thread that writes the snapshots. `burn`: the delay is CPU
+// spent (and reported in io.cpu_seconds, as a write's own CPU is), not a sleep.
 class SlowStore : public ParkStore {
  public:
-  SlowStore(std::shared_ptr<ParkStore> inner, absl::Duration delay) : inner_(std::move(inner)), delay_(delay) {}
+  struct Options {
+    absl::Duration delay;
+    bool snapshots_only = false;
+    bool burn = false;
+  };
+  SlowStore(std::shared_ptr<ParkStore> inner, Options o) : inner_(std::move(inner)), o_(o) {}
   absl::Status Write(const PackedState& state, int64_t step, const StateIoOptions& io) override {
-    absl::SleepFor(delay_);
+    if (io.cancel != nullptr) {
+      snapshot_writer_nice_.store(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))));
+      snapshot_started_.store(true);
+    }
+    const int64_t cpu0 = ThreadCpuNs();
+    if (!o_.snapshots_only || io.cancel != nullptr) {
+      const absl::Time until = absl::Now() + o_.delay;
+      while (absl::Now() < until) {
+        if (io.cancel != nullptr && io.cancel->load()) {
+          ++cancelled_;
+          return absl::CancelledError("cancelled while slow");
+        }
+        if (!o_.burn) absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    const double spent = 1e-9 * static_cast<double>(ThreadCpuNs() - cpu0);
     ++writes_;
-    return inner_->Write(state, step, io);
+    absl::Status s = inner_->Write(state, step, io);
+    if (io.cpu_seconds != nullptr) *io.cpu_seconds += spent;
+    return s;
   }
   absl::StatusOr<std::optional<ParkedState>> ReadNewest(std::vector<std::string>* refused,
                                                         const StateIoOptions& io) override {
@@ -869,19 +932,57 @@ class SlowStore : public ParkStore {
   absl::StatusOr<std::vector<StateFileInfo>> List() override { return inner_->List(); }
   std::string where() const override { return inner_->where(); }
   int writes() const { return writes_.load(); }
+  int cancelled() const { return cancelled_.load(); }
+  int snapshot_writer_nice() const { return snapshot_writer_nice_.load(); }
+  bool snapshot_started() const { return snapshot_started_.load(); }
 
  private:
   std::shared_ptr<ParkStore> inner_;
-  absl::Duration delay_;
+  Options o_;
+  std::atomic<bool> snapshot_started_{false};
   std::atomic<int> writes_{0};
+  std::atomic<int> cancelled_{0};
+  std::atomic<int> snapshot_writer_nice_{-100};  // -100: no snapshot written
 };
 
+// A park does not wait for a snapshot still being written (at the writer's
+// nice 19 that could take long on busy cores): it cancels it and writes its
+// newer state; the new incarnation resumes from the park, at its step. The
+// snapshot writer runs at nice 19.
+TEST(EngineParkTest, AParkCancelsASnapshotStillBeingWritten) {
+  const std::string dir = TempDir("engine-cancel");
+  auto slow = std::make_shared<SlowStore>(Store(dir), SlowStore::Options{absl::Seconds(60), /*snapshots_only=*/true});
+  RunSpec spec;
+  spec.store = slow;
+  spec.snapshot_every = 0;  // adaptive: the first snapshot at once, none while it is written
+  spec.stop_after = 4;
+  spec.before_leave = [&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!slow->snapshot_started() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  };
+  const absl::Time t0 = absl::Now();
+  const JobRun parked = TrainJob("cancel", spec);
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_OK(parked.status);
+  EXPECT_TRUE(parked.parked);
+  EXPECT_LT(took, absl::Seconds(20)) << "the park waited for the snapshot's write";
+  EXPECT_EQ(slow->cancelled(), 1);
+  EXPECT_EQ(slow->snapshot_writer_nice(), 19);
+  RunSpec again;
+  again.store = Store(dir);
+  const JobRun resumed = TrainJob("cancel", again);
+  ASSERT_OK(resumed.status);
+  EXPECT_EQ(resumed.first_step, parked.steps) << "resumes from the park, not from the snapshot";
+  ExpectSameRun(resumed, TrainJob("cancel-clean", {}));
+}
+
 TEST(EngineParkTest, AdaptiveSnapshotsPriceTheWriteBeforeTheSecondOne) {
-  // Steps of ~2 ms, writes of 60 ms, budget 1 %: one snapshot per ~3,000
+  // Steps of ~2 ms, writes of 60 ms of CPU, budget 1 %: one snapshot per ~3,000
   // steps. The first snapshot's interval can only price its copy (its write
   // is not done when it is set); the write must be priced once it is over,
   // not after a second snapshot (which came ~30 steps after the first).
-  auto slow = std::make_shared<SlowStore>(Store(TempDir("engine-adaptive")), absl::Milliseconds(60));
+  auto slow = std::make_shared<SlowStore>(Store(TempDir("engine-adaptive")),
+                                          SlowStore::Options{absl::Milliseconds(60), false, /*burn=*/true});
   RunSpec spec;
   spec.store = slow;
   spec.snapshot_every = 0;
