@@ -33,6 +33,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,17 +53,41 @@ class JobPricer {
   // capacities). `pi` has one non-negative price per pool.
   void Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const;
 
+  // Per pattern k, the best score among the options in `opts[k]` (a subset
+  // of PatternOptions(j, k), in its order) and that option: (-inf, -1) where
+  // opts[k] is empty or no option of it fits. The same scores as Scores, for
+  // the options a search still allows (after reduced-cost fixing most of
+  // them are out, and pricing only the rest is what makes a branch node
+  // cheap). Not thread-safe (scratch space); Scores is.
+  void BestByPattern(int j, absl::Span<const double> pi, const std::vector<std::vector<int>>& opts,
+                     std::vector<std::pair<double, int>>& best) const;
+
   // A split of option o of job j of least cost under `pi` (one count per
   // pool); the cost is what Scores charged.
   std::vector<int> Split(int j, int o, absl::Span<const double> pi) const;
+
+  // A pool's price and the nodes a job may take there (decomposition.cc).
+  struct Slot {
+    double price;
+    int amount;
+    int pool;
+  };
 
   // Job j's options of pattern k, by increasing count.
   const std::vector<int>& PatternOptions(int j, int k) const { return by_pattern_[j][k]; }
 
  private:
+  // Calls visit(o, score) for the options `opts` of pattern k of job j
+  // (by increasing count).
+  template <typename Visit>
+  void Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
+            double held_cost, std::vector<Slot>& grow, std::vector<Slot>& shrink,
+            const Visit& visit) const;
+
   const CountModel& model_;
   // by_pattern_[j][k]: job j's options of pattern k.
   std::vector<std::vector<std::vector<int>>> by_pattern_;
+  mutable std::vector<Slot> grow_scratch_, shrink_scratch_;
 };
 
 // How a job moves: stops, stays as it is, grows (or changes pattern at its
