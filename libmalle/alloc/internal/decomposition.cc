@@ -205,6 +205,7 @@ JobPricer::JobPricer(const CountModel& model) : model_(model) {
   by_pattern_.resize(model.jobs.size());
   for (size_t j = 0; j < model.jobs.size(); ++j) {
     const JobModel& job = model.jobs[j];
+    for (const Option& o : job.options) largest_ = std::max(largest_, std::fabs(o.value));
     by_pattern_[j].resize(job.patterns.size());
     for (size_t o = 1; o < job.options.size(); ++o) {
       by_pattern_[j][job.options[o].pattern].push_back(static_cast<int>(o));
@@ -321,13 +322,9 @@ std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer&
                                        std::vector<double>* pool_prices) {
   const int num_jobs = static_cast<int>(model.jobs.size());
   const int num_pools = static_cast<int>(model.pools.size());
-  double largest = 1;
-  for (const JobModel& job : model.jobs) {
-    for (const Option& o : job.options) largest = std::max(largest, std::fabs(o.value));
-  }
   // Per unit of a mode's smallest count: worth more than any unit elsewhere,
   // so that the flow meets every smallest count it can.
-  const double must = 4 * largest;
+  const double must = 4 * std::max(1.0, pricer.largest_value());
   const int s = 0, t = 1;
   auto job_v = [](int j) { return 2 + j; };
   auto pool_v = [num_jobs](int p) { return 2 + num_jobs + p; };
