@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libmalle/alloc/internal/cbc_solver.h"
+#include "libmalle/base/check.h"
 #include "libmalle/base/status_macros.h"
 
 namespace malle::alloc::internal {
@@ -62,6 +63,8 @@ void PatternSlots(const CountModel& model, const JobModel& job, const Pattern& p
   SortSlots(shrink);
 }
 
+}  // namespace
+
 // The least-cost flow of any amount from s to t where every arc out of s
 // has a negative cost and every other arc costs 0 (FlowRound's network:
 // s -> job arcs carry the values, job -> pool -> t arcs only capacities).
@@ -78,7 +81,16 @@ void PatternSlots(const CountModel& model, const JobModel& job, const Pattern& p
 // 0.2-2 ms a flow at 100-1,000 jobs (docs/benchmarks.md, issue 27).
 class MinCostFlow {
  public:
-  explicit MinCostFlow(int vertices) : adj_(vertices) {}
+  explicit MinCostFlow(int vertices = 0) : adj_(vertices) {}
+
+  // Empties the network (keeping its memory: ModeFlow solves thousands).
+  void Reset(int vertices) {
+    if (static_cast<int>(adj_.size()) < vertices) adj_.resize(vertices);
+    for (std::vector<int>& a : adj_) a.clear();
+    adj_.resize(vertices);
+    arcs_.clear();
+  }
+  int To(int arc) const { return arcs_[arc].to; }
 
   int AddArc(int from, int to, long long capacity, double cost) {
     adj_[from].push_back(static_cast<int>(arcs_.size()));
@@ -92,7 +104,8 @@ class MinCostFlow {
   // graph), which FlowRound's pool prices need.
   void Run(int s, int t, bool dist) {
     const int n = static_cast<int>(adj_.size());
-    std::vector<int> sources;
+    std::vector<int>& sources = sources_;
+    sources.clear();
     for (int a : adj_[s]) {
       if ((a & 1) == 0 && arcs_[a].capacity > 0 && arcs_[a].cost < 0) sources.push_back(a);
     }
@@ -101,9 +114,13 @@ class MinCostFlow {
     std::sort(sources.begin(), sources.end(), [this](int a, int b) {
       return arcs_[a].cost != arcs_[b].cost ? arcs_[a].cost < arcs_[b].cost : a < b;
     });
-    std::vector<char> dead(n, 0);
-    std::vector<int> via(n), queue;
-    std::vector<int> seen_at(n, -1);
+    std::vector<char>& dead = dead_;
+    std::vector<int>& via = via_;
+    std::vector<int>& queue = queue_;
+    std::vector<int>& seen_at = seen_at_;
+    dead.assign(n, 0);
+    via.assign(n, 0);
+    seen_at.assign(n, -1);
     int search = 0;
     dead[s] = 1;  // paths never go through s: earlier amounts stay
     for (int src : sources) {
@@ -149,6 +166,7 @@ class MinCostFlow {
   }
 
   long long Flow(int arc) const { return arcs_[arc ^ 1].capacity; }
+  int num_arcs() const { return static_cast<int>(arcs_.size()); }
   // After Run(.., dist = true): the least cost of a path from s to v in the
   // final residual graph (+inf where none), i.e. minus the value of one
   // more unit at v.
@@ -191,7 +209,12 @@ class MinCostFlow {
   std::vector<std::vector<int>> adj_;
   std::vector<Arc> arcs_;
   std::vector<double> dist_;
+  // Run's scratch, kept between runs.
+  std::vector<char> dead_;
+  std::vector<int> via_, queue_, seen_at_, sources_;
 };
+
+namespace {
 
 double HeldCost(const JobModel& job, absl::Span<const double> pi) {
   double cost = 0;
@@ -317,49 +340,32 @@ Direction OptionDirection(const JobModel& job, int o) {
   return opt.nodes >= job.current_nodes ? Direction::kUp : Direction::kDown;
 }
 
-std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
-                                       const std::vector<Mode>& modes,
-                                       std::vector<double>* pool_prices) {
-  const int num_jobs = static_cast<int>(model.jobs.size());
-  const int num_pools = static_cast<int>(model.pools.size());
-  // Per unit of a mode's smallest count: worth more than any unit elsewhere,
-  // so that the flow meets every smallest count it can.
-  const double must = 4 * std::max(1.0, pricer.largest_value());
-  const int s = 0, t = 1;
-  auto job_v = [](int j) { return 2 + j; };
-  auto pool_v = [num_jobs](int p) { return 2 + num_jobs + p; };
-  MinCostFlow flow(2 + num_jobs + num_pools);
-  std::vector<long long> room(num_pools);
-  for (int p = 0; p < num_pools; ++p) room[p] = model.pools[p].capacity;
-  // Per job: its allowed options (by amount of flow), base amount, arcs.
-  struct Plan {
-    std::vector<int> options;  // by increasing count
-    int base = 0;              // flow the smallest count needs
-    std::vector<int> source_arcs;
-    std::vector<std::pair<int, int>> pool_arcs;  // (pool, arc)
-  };
-  std::vector<Plan> plans(num_jobs);
-  for (int j = 0; j < num_jobs; ++j) {
-    const JobModel& job = model.jobs[j];
-    const Mode& mode = modes[j];
-    if (mode.direction == Direction::kStop) continue;
-    if (mode.direction == Direction::kStay) {
-      if (job.current_option == 0) return std::nullopt;
-      for (int p = 0; p < num_pools; ++p) room[p] -= job.current_per_pool[p];
-      continue;
-    }
-    const bool up = mode.direction == Direction::kUp;
-    Plan& plan = plans[j];
-    for (int o : pricer.PatternOptions(j, mode.pattern)) {
-      if (OptionDirection(job, o) == mode.direction) plan.options.push_back(o);
-    }
-    if (plan.options.empty()) return std::nullopt;
-    if (up) {
-      for (int p = 0; p < num_pools; ++p) room[p] -= job.current_per_pool[p];
-    }
+ModeFlow::ModeFlow(const CountModel& model, const JobPricer& pricer)
+    : model_(model),
+      pricer_(pricer),
+      must_(4 * std::max(1.0, pricer.largest_value())),
+      cache_(model.jobs.size()),
+      flow_(std::make_unique<MinCostFlow>()) {}
+
+ModeFlow::~ModeFlow() = default;
+
+// Job j's options in `mode` and the concave envelope of their values, built
+// once per (job, mode): the local search asks for the same ones thousands
+// of times, one job's mode changed at a time.
+const ModeFlow::Plan* ModeFlow::PlanFor(int j, const Mode& mode) {
+  for (const Plan& plan : cache_[j]) {
+    if (plan.mode.pattern == mode.pattern && plan.mode.direction == mode.direction) return &plan;
+  }
+  const JobModel& job = model_.jobs[j];
+  Plan plan;
+  plan.mode = mode;
+  const bool up = mode.direction == Direction::kUp;
+  for (int o : pricer_.PatternOptions(j, mode.pattern)) {
+    if (OptionDirection(job, o) == mode.direction) plan.options.push_back(o);
+  }
+  if (!plan.options.empty()) {
     auto amount = [&](int o) { return job.options[o].nodes - (up ? job.current_nodes : 0); };
     plan.base = amount(plan.options[0]);
-    if (plan.base > 0) plan.source_arcs.push_back(flow.AddArc(s, job_v(j), plan.base, -must));
     // The upper concave envelope of (amount, value) from the base on.
     std::vector<int> hull = {plan.options[0]};
     for (size_t i = 1; i < plan.options.size(); ++i) {
@@ -380,55 +386,126 @@ std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer&
       const int a = hull[i - 1], b = hull[i];
       const double slope = (job.options[b].value - job.options[a].value) / (amount(b) - amount(a));
       if (slope <= 0) break;  // concave: no later segment pays either
-      plan.source_arcs.push_back(flow.AddArc(s, job_v(j), amount(b) - amount(a), -slope));
-    }
-    for (int p : job.patterns[mode.pattern].pools) {
-      const long long cap = up ? model.pools[p].capacity - job.current_per_pool[p]
-                               : job.current_per_pool[p];
-      if (cap > 0) plan.pool_arcs.emplace_back(p, flow.AddArc(job_v(j), pool_v(p), cap, 0.0));
+      plan.segments.emplace_back(amount(b) - amount(a), slope);
     }
   }
-  for (int p = 0; p < num_pools; ++p) {
-    if (room[p] < 0) return std::nullopt;
-    if (room[p] > 0) flow.AddArc(pool_v(p), t, room[p], 0.0);
-  }
-  flow.Run(s, t, /*dist=*/pool_prices != nullptr);
-  if (pool_prices != nullptr) {
-    pool_prices->assign(num_pools, 0.0);
-    for (int p = 0; p < num_pools; ++p) {
-      const double d = flow.Dist(pool_v(p));
-      if (d < 0) (*pool_prices)[p] = std::min(-d, must);
-    }
-  }
-  CountSolution sol;
-  sol.option.assign(num_jobs, 0);
-  sol.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  cache_[j].push_back(std::move(plan));
+  return &cache_[j].back();
+}
+
+bool ModeFlow::Solve(const std::vector<Mode>& modes, bool prices) {
+  const int num_jobs = static_cast<int>(model_.jobs.size());
+  const int num_pools = static_cast<int>(model_.pools.size());
+  const int s = 0, t = 1;
+  auto job_v = [](int j) { return 2 + j; };
+  auto pool_v = [num_jobs](int p) { return 2 + num_jobs + p; };
+  MinCostFlow& flow = *flow_;
+  flow.Reset(2 + num_jobs + num_pools);
+  modes_ = modes;
+  solved_ = false;
+  room_.resize(num_pools);
+  for (int p = 0; p < num_pools; ++p) room_[p] = model_.pools[p].capacity;
+  plans_.assign(num_jobs, nullptr);
+  arcs_.assign(num_jobs, {0, 0, 0});
   for (int j = 0; j < num_jobs; ++j) {
-    const JobModel& job = model.jobs[j];
+    const JobModel& job = model_.jobs[j];
     const Mode& mode = modes[j];
     if (mode.direction == Direction::kStop) continue;
     if (mode.direction == Direction::kStay) {
-      sol.option[j] = job.current_option;
-      sol.per_pool[j] = job.current_per_pool;
+      if (job.current_option == 0) return false;
+      for (int p = 0; p < num_pools; ++p) room_[p] -= job.current_per_pool[p];
       continue;
     }
     const bool up = mode.direction == Direction::kUp;
-    const Plan& plan = plans[j];
-    long long sent = 0;
-    for (int a : plan.source_arcs) sent += flow.Flow(a);
-    if (sent < plan.base) return std::nullopt;
-    const int n = static_cast<int>(sent) + (up ? job.current_nodes : 0);
-    int chosen = -1;
-    for (int o : plan.options) {
-      if (job.options[o].nodes == n) chosen = o;
+    // (Valid until the next Solve: PlanFor(j) is not called again before.)
+    const Plan* plan = PlanFor(j, mode);
+    if (plan->options.empty()) return false;
+    plans_[j] = plan;
+    if (up) {
+      for (int p = 0; p < num_pools; ++p) room_[p] -= job.current_per_pool[p];
     }
-    if (chosen < 0) return std::nullopt;  // a gap in the mode's counts
-    sol.option[j] = chosen;
-    if (up) sol.per_pool[j] = job.current_per_pool;
-    for (const auto& [p, a] : plan.pool_arcs) sol.per_pool[j][p] += static_cast<int>(flow.Flow(a));
+    Arcs& arcs = arcs_[j];
+    arcs.first = -1;
+    if (plan->base > 0) arcs.first = flow.AddArc(s, job_v(j), plan->base, -must_);
+    for (const auto& [amount, slope] : plan->segments) {
+      const int a = flow.AddArc(s, job_v(j), amount, -slope);
+      if (arcs.first < 0) arcs.first = a;
+    }
+    if (arcs.first < 0) arcs.first = flow.num_arcs();
+    arcs.pools = flow.num_arcs();
+    for (int p : job.patterns[mode.pattern].pools) {
+      const long long cap = up ? model_.pools[p].capacity - job.current_per_pool[p]
+                               : job.current_per_pool[p];
+      if (cap > 0) flow.AddArc(job_v(j), pool_v(p), cap, 0.0);
+    }
+    arcs.end = flow.num_arcs();
   }
-  sol.objective = SolutionObjective(model, sol.option);
+  for (int p = 0; p < num_pools; ++p) {
+    if (room_[p] < 0) return false;
+    if (room_[p] > 0) flow.AddArc(pool_v(p), t, room_[p], 0.0);
+  }
+  flow.Run(s, t, prices);
+  if (prices) {
+    prices_.assign(num_pools, 0.0);
+    for (int p = 0; p < num_pools; ++p) {
+      const double d = flow.Dist(pool_v(p));
+      if (d < 0) prices_[p] = std::min(-d, must_);
+    }
+  }
+  option_.assign(num_jobs, 0);
+  objective_ = 0;
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model_.jobs[j];
+    const Mode& mode = modes[j];
+    if (mode.direction == Direction::kStay) option_[j] = job.current_option;
+    if (plans_[j] != nullptr) {
+      const Plan& plan = *plans_[j];
+      long long sent = 0;
+      for (int a = arcs_[j].first; a < arcs_[j].pools; a += 2) sent += flow.Flow(a);
+      if (sent < plan.base) return false;
+      const int n =
+          static_cast<int>(sent) + (mode.direction == Direction::kUp ? job.current_nodes : 0);
+      int chosen = -1;
+      for (int o : plan.options) {
+        if (job.options[o].nodes == n) chosen = o;
+      }
+      if (chosen < 0) return false;  // a gap in the mode's counts
+      option_[j] = chosen;
+    }
+    objective_ += job.options[option_[j]].value;
+  }
+  solved_ = true;
+  return true;
+}
+
+CountSolution ModeFlow::Solution() const {
+  MALLE_CHECK(solved_) << "ModeFlow::Solution without a successful Solve";
+  const int num_jobs = static_cast<int>(model_.jobs.size());
+  const int num_pools = static_cast<int>(model_.pools.size());
+  const MinCostFlow& flow = *flow_;
+  CountSolution sol;
+  sol.option = option_;
+  sol.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model_.jobs[j];
+    const Direction d = modes_[j].direction;
+    if (d == Direction::kStay || d == Direction::kUp) sol.per_pool[j] = job.current_per_pool;
+    if (plans_[j] == nullptr) continue;
+    for (int a = arcs_[j].pools; a < arcs_[j].end; a += 2) {
+      sol.per_pool[j][flow.To(a) - 2 - num_jobs] += static_cast<int>(flow.Flow(a));
+    }
+  }
+  sol.objective = SolutionObjective(model_, sol.option);
   return sol;
+}
+
+std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
+                                       const std::vector<Mode>& modes,
+                                       std::vector<double>* pool_prices) {
+  ModeFlow flow(model, pricer);
+  if (!flow.Solve(modes, pool_prices != nullptr)) return std::nullopt;
+  if (pool_prices != nullptr) *pool_prices = flow.pool_prices();
+  return flow.Solution();
 }
 
 Mode OptionMode(const JobModel& job, int o) {
@@ -474,8 +551,9 @@ CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
   // Prices of the pools in the best allocation's flow (the value of one
   // more node in each): a switch whose gain at these prices is negative
   // is not tried. A screen, not a bound (the flow re-balances).
+  ModeFlow flow(model, pricer);
   std::vector<double> prices;
-  (void)FlowRound(model, pricer, modes, &prices);
+  if (flow.Solve(modes, /*prices=*/true)) prices = flow.pool_prices();
   std::vector<double> score, mode_profit;
   bool gained = true;
   while (gained && absl::Now() < deadline) {
@@ -518,17 +596,18 @@ CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
         }
         modes[j] = c.mode;
         ++count;
-        std::optional<CountSolution> sol = FlowRound(model, pricer, modes);
-        if (sol &&
-            sol->objective > best.objective + 1e-9 * std::max(1.0, std::fabs(best.objective)) &&
-            CheckSolution(model, *sol).ok()) {
-          // The flow may have changed other jobs' counts within their modes.
-          best = *std::move(sol);
-          // The prices cost a shortest-path search: only for the switches
-          // kept (the flow is deterministic: the same allocation).
-          (void)FlowRound(model, pricer, modes, &prices);
-          gained = true;
-          break;
+        if (flow.Solve(modes) &&
+            flow.objective() > best.objective + 1e-9 * std::max(1.0, std::fabs(best.objective))) {
+          CountSolution sol = flow.Solution();
+          if (CheckSolution(model, sol).ok()) {
+            // The flow may have changed other jobs' counts within their modes.
+            best = std::move(sol);
+            // The prices cost a shortest-path search: only for the switches
+            // kept (the flow is deterministic: the same allocation).
+            if (flow.Solve(modes, /*prices=*/true)) prices = flow.pool_prices();
+            gained = true;
+            break;
+          }
         }
         modes[j] = was;
       }
@@ -792,12 +871,14 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // Incumbents by rounding: every job takes the mode of its heaviest LP
   // column, the flow decides the counts.
   int rounded = 0, rounded_better = 0;
+  double searched_from = kInf;  // the incumbent the last local search ended with
   int ls_flows = 0;
   double ls_gain = 0;
   // Where the time goes (in the detail string): the root's column
   // generation, the local search, and the whole solve.
   const absl::Time t_start = absl::Now();
   absl::Duration root_time, ls_time;
+  ModeFlow round_flow(model, pricer);
   auto flow_round = [&](const std::vector<double>& lp_x) {
     std::vector<Mode> modes(num_jobs);
     std::vector<double> weight(num_jobs, 0.0);
@@ -809,11 +890,62 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       modes[col.job] = {job.options[col.option].pattern, OptionDirection(job, col.option)};
     }
     ++rounded;
-    std::optional<CountSolution> sol = FlowRound(model, pricer, modes);
-    if (sol && sol->objective > out.solution.objective && CheckSolution(model, *sol).ok()) {
-      out.solution = *std::move(sol);
+    if (!round_flow.Solve(modes) || !(round_flow.objective() > out.solution.objective)) return;
+    CountSolution sol = round_flow.Solution();
+    if (CheckSolution(model, sol).ok()) {
+      out.solution = std::move(sol);
       ++rounded_better;
     }
+  };
+
+  // The local search over modes from the incumbent: after the root, and
+  // again whenever a rounding or a leaf improves the incumbent (its modes
+  // come from one LP optimum, and a few switches often complete it: the
+  // optimum of rep 4 of the bench was found at node 1,972 of 1,973 by a
+  // rounding, and is found at once by a search from an earlier one).
+  auto local_search = [&] {
+    // Each job's modes that some option of the root's reduced costs
+    // leaves, best first, bounded by the root's L less their shortfall.
+    std::vector<std::vector<ModeCandidate>> candidates(num_jobs);
+    for (int j = 0; j < num_jobs; ++j) {
+      const JobModel& job = model.jobs[j];
+      std::vector<ModeCandidate>& mine = candidates[j];
+      for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
+        const double b = root_l - shortfall[j][o];
+        if (!(b > out.solution.objective)) continue;
+        const Mode m = OptionMode(job, o);
+        auto it = std::find_if(mine.begin(), mine.end(),
+                               [&m](const ModeCandidate& c) { return SameMode(c.mode, m); });
+        if (it == mine.end()) {
+          mine.push_back({m, b});
+        } else {
+          it->bound = std::max(it->bound, b);
+        }
+      }
+      std::stable_sort(
+          mine.begin(), mine.end(),
+          [](const ModeCandidate& a, const ModeCandidate& b) { return a.bound > b.bound; });
+      // A job with nothing left keeps its mode (no empty list: that
+      // would mean every mode).
+      if (mine.empty()) mine.push_back({OptionMode(job, out.solution.option[j]), -kInf});
+    }
+    // The jobs the incumbent serves worst (largest shortfall) first.
+    std::vector<int> order(num_jobs);
+    for (int j = 0; j < num_jobs; ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return shortfall[a][out.solution.option[a]] > shortfall[b][out.solution.option[b]];
+    });
+    const absl::Time now = absl::Now();
+    const absl::Time until = settings.deadline == absl::InfiniteFuture()
+                                 ? absl::InfiniteFuture()
+                                 : now + (settings.deadline - now) * settings.local_search_share;
+    int flows = 0;
+    const double before = out.solution.objective;
+    out.solution = ImproveModes(model, pricer, out.solution, candidates, order, until, &flows);
+    ls_time += absl::Now() - now;
+    ls_flows += flows;
+    ls_gain += out.solution.objective - before;
+    refresh_banned();
   };
 
   // Best-first over open nodes (largest bound first), plunging.
@@ -865,55 +997,14 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       }
     }
     refresh_banned();
-    // Rounding costs about as much as a node: at the root, then every
-    // few nodes.
-    constexpr int kRoundEvery = 8;
-    if (!x.empty() && bound > threshold() && nodes_done % kRoundEvery == 0) flow_round(x);
-    if (nodes_done == 0 && !shortfall.empty() && bound > threshold() && settings.local_search) {
-      // Modes worth trying: those with an option the root's reduced costs
-      // do not rule out.
-      // Each job's modes that some option of the root's reduced costs
-      // leaves, best first, bounded by the root's L less their shortfall.
-      std::vector<std::vector<ModeCandidate>> candidates(num_jobs);
-      for (int j = 0; j < num_jobs; ++j) {
-        const JobModel& job = model.jobs[j];
-        std::vector<ModeCandidate>& mine = candidates[j];
-        for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
-          const double b = root_l - shortfall[j][o];
-          if (!(b > out.solution.objective)) continue;
-          const Mode m = OptionMode(job, o);
-          auto it = std::find_if(mine.begin(), mine.end(),
-                                 [&m](const ModeCandidate& c) { return SameMode(c.mode, m); });
-          if (it == mine.end()) {
-            mine.push_back({m, b});
-          } else {
-            it->bound = std::max(it->bound, b);
-          }
-        }
-        std::stable_sort(
-            mine.begin(), mine.end(),
-            [](const ModeCandidate& a, const ModeCandidate& b) { return a.bound > b.bound; });
-        // A job with nothing left keeps its mode (no empty list: that
-        // would mean every mode).
-        if (mine.empty()) mine.push_back({OptionMode(job, out.solution.option[j]), -kInf});
-      }
-      // The jobs the incumbent serves worst (largest shortfall) first.
-      std::vector<int> order(num_jobs);
-      for (int j = 0; j < num_jobs; ++j) order[j] = j;
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return shortfall[a][out.solution.option[a]] > shortfall[b][out.solution.option[b]];
-      });
-      const absl::Time now = absl::Now();
-      const absl::Time until = settings.deadline == absl::InfiniteFuture()
-                                   ? absl::InfiniteFuture()
-                                   : now + (settings.deadline - now) * settings.local_search_share;
-      int flows = 0;
-      const double before = out.solution.objective;
-      out.solution = ImproveModes(model, pricer, out.solution, candidates, order, until, &flows);
-      ls_time += absl::Now() - now;
-      ls_flows += flows;
-      ls_gain += out.solution.objective - before;
-      refresh_banned();
+    // A rounding at every node: with ModeFlow's cached envelopes a flow
+    // costs 20-50 us, a node 0.4-3 ms (it was every 8th node when a flow
+    // cost as much as a node).
+    if (!x.empty() && bound > threshold()) flow_round(x);
+    if (settings.local_search && !shortfall.empty() && bound > threshold() &&
+        (nodes_done == 0 || searched_from < out.solution.objective)) {
+      local_search();
+      searched_from = out.solution.objective;
     }
     ++nodes_done;
     node.bound = std::min(node.bound, bound);

@@ -31,6 +31,7 @@
 #define MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
 
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -114,6 +115,56 @@ Direction OptionDirection(const JobModel& job, int o);
 std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
                                        const std::vector<Mode>& modes,
                                        std::vector<double>* pool_prices = nullptr);
+
+class MinCostFlow;  // decomposition.cc
+
+// FlowRound for many mode vectors in a row (the local search): each job's
+// envelope per mode is built once, the network's memory is kept, and the
+// objective comes without the per-pool split (Solution builds it).
+// Not thread-safe.
+class ModeFlow {
+ public:
+  ModeFlow(const CountModel& model, const JobPricer& pricer);
+  ~ModeFlow();
+  ModeFlow(const ModeFlow&) = delete;
+  ModeFlow& operator=(const ModeFlow&) = delete;
+
+  // The flow for `modes` (FlowRound's); false when they cannot all be met.
+  // `prices`: also the pool prices (a shortest-path search more).
+  bool Solve(const std::vector<Mode>& modes, bool prices = false);
+  // After a successful Solve: the allocation's objective, its options, the
+  // whole allocation, the pool prices (when asked for).
+  double objective() const { return objective_; }
+  const std::vector<int>& options() const { return option_; }
+  CountSolution Solution() const;
+  const std::vector<double>& pool_prices() const { return prices_; }
+
+ private:
+  struct Plan {
+    Mode mode;
+    std::vector<int> options;  // by increasing count
+    int base = 0;              // flow the smallest count needs
+    std::vector<std::pair<int, double>> segments;  // (amount, slope) above the base
+  };
+  struct Arcs {
+    int first, pools, end;  // source arcs [first, pools), pool arcs [pools, end), step 2
+  };
+  const Plan* PlanFor(int j, const Mode& mode);
+
+  const CountModel& model_;
+  const JobPricer& pricer_;
+  double must_;
+  std::vector<std::vector<Plan>> cache_;  // per job
+  std::unique_ptr<MinCostFlow> flow_;
+  std::vector<Mode> modes_;
+  std::vector<const Plan*> plans_;
+  std::vector<Arcs> arcs_;
+  std::vector<long long> room_;
+  std::vector<int> option_;
+  std::vector<double> prices_;
+  double objective_ = 0;
+  bool solved_ = false;
+};
 
 // The mode of option o of job j (pattern -1 for the stop option).
 Mode OptionMode(const JobModel& job, int o);
