@@ -27,12 +27,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // pool index so that splits do not depend on the sort's whims.
 using Slot = JobPricer::Slot;
 
-void SortSlots(std::vector<Slot>& slots) {
-  std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
-    return a.price != b.price ? a.price < b.price : a.pool < b.pool;
-  });
-}
-
 // Cost of taking `amount` nodes from `slots` (sorted), cheapest first; +inf
 // if they hold fewer.
 double TakeCost(const std::vector<Slot>& slots, int amount) {
@@ -46,21 +40,23 @@ double TakeCost(const std::vector<Slot>& slots, int amount) {
   return amount > 0 ? kInf : cost;
 }
 
-// Growth slots of `pattern` for job `job`: every pool's nodes not held by
-// the job (a split never puts more in a pool than it has). Shrink slots:
-// the job's held nodes inside the pattern.
-void PatternSlots(const CountModel& model, const JobModel& job, const Pattern& pattern,
-                  absl::Span<const double> pi, std::vector<Slot>& grow, std::vector<Slot>& shrink) {
+// Growth slots of pattern k for job j: every pool's nodes not held by the
+// job (a split never puts more in a pool than it has). Shrink slots: the
+// job's held nodes inside the pattern. Both cheapest first: `by_price`
+// (every pool, by price then index) filtered by the pattern's membership,
+// which is the order a sort of the pattern's slots would give, without one.
+void PatternSlots(const CountModel& model, const JobModel& job, absl::Span<const char> member,
+                  absl::Span<const double> pi, absl::Span<const int> by_price,
+                  std::vector<Slot>& grow, std::vector<Slot>& shrink) {
   grow.clear();
   shrink.clear();
-  for (int p : pattern.pools) {
+  for (int p : by_price) {
+    if (!member[p]) continue;
     const int held = job.current_per_pool[p];
     const int room = model.pools[p].capacity - held;
     if (room > 0) grow.push_back({pi[p], room, p});
     if (held > 0) shrink.push_back({pi[p], held, p});
   }
-  SortSlots(grow);
-  SortSlots(shrink);
 }
 
 }  // namespace
@@ -229,6 +225,11 @@ JobPricer::JobPricer(const CountModel& model) : model_(model) {
   for (size_t j = 0; j < model.jobs.size(); ++j) {
     const JobModel& job = model.jobs[j];
     for (const Option& o : job.options) largest_ = std::max(largest_, std::fabs(o.value));
+    member_.emplace_back();
+    for (const Pattern& pattern : job.patterns) {
+      member_[j].emplace_back(model.pools.size(), 0);
+      for (int p : pattern.pools) member_[j].back()[p] = 1;
+    }
     by_pattern_[j].resize(job.patterns.size());
     for (size_t o = 1; o < job.options.size(); ++o) {
       by_pattern_[j][job.options[o].pattern].push_back(static_cast<int>(o));
@@ -243,11 +244,11 @@ JobPricer::JobPricer(const CountModel& model) : model_(model) {
 
 template <typename Visit>
 void JobPricer::Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
-                     double held_cost, std::vector<Slot>& grow, std::vector<Slot>& shrink,
-                     const Visit& visit) const {
+                     absl::Span<const int> by_price, double held_cost, std::vector<Slot>& grow,
+                     std::vector<Slot>& shrink, const Visit& visit) const {
   const JobModel& job = model_.jobs[j];
   const int cur = job.current_nodes;
-  PatternSlots(model_, job, job.patterns[k], pi, grow, shrink);
+  PatternSlots(model_, job, member_[j][k], pi, by_price, grow, shrink);
   // Options come by increasing count: walk the slots once for the growing
   // ones (cost of the first `extra` nodes, cheapest first).
   size_t slot = 0;
@@ -281,16 +282,25 @@ void JobPricer::Scores(int j, absl::Span<const double> pi, std::vector<double>& 
   score.assign(job.options.size(), -kInf);
   score[0] = job.options[0].value;
   const double held_cost = HeldCost(job, pi);
+  const std::vector<int> by_price = PoolsByPrice(pi);
   std::vector<Slot> grow, shrink;
   for (size_t k = 0; k < job.patterns.size(); ++k) {
     const std::vector<int>& opts = by_pattern_[j][k];
     if (opts.empty()) continue;
-    Walk(j, static_cast<int>(k), opts, pi, held_cost, grow, shrink,
+    Walk(j, static_cast<int>(k), opts, pi, by_price, held_cost, grow, shrink,
          [&score](int o, double v) { score[o] = v; });
   }
 }
 
-void JobPricer::BestByPattern(int j, absl::Span<const double> pi,
+std::vector<int> PoolsByPrice(absl::Span<const double> pi) {
+  std::vector<int> order(pi.size());
+  for (size_t p = 0; p < pi.size(); ++p) order[p] = static_cast<int>(p);
+  std::sort(order.begin(), order.end(),
+            [&pi](int a, int b) { return pi[a] != pi[b] ? pi[a] < pi[b] : a < b; });
+  return order;
+}
+
+void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
                               const std::vector<std::vector<int>>& opts,
                               std::vector<std::pair<double, int>>& best) const {
   const JobModel& job = model_.jobs[j];
@@ -301,7 +311,8 @@ void JobPricer::BestByPattern(int j, absl::Span<const double> pi,
   for (size_t k = 0; k < job.patterns.size(); ++k) {
     if (opts[k].empty()) continue;
     std::pair<double, int>& b = best[k];
-    Walk(j, static_cast<int>(k), opts[k], pi, held_cost, grow, shrink, [&b](int o, double v) {
+    Walk(j, static_cast<int>(k), opts[k], pi, by_price, held_cost, grow, shrink,
+         [&b](int o, double v) {
       if (b.second < 0 || v > b.first) b = {v, o};
     });
   }
@@ -313,7 +324,7 @@ std::vector<int> JobPricer::Split(int j, int o, absl::Span<const double> pi) con
   const Option& opt = job.options[o];
   if (opt.nodes == 0) return x;
   std::vector<Slot> grow, shrink;
-  PatternSlots(model_, job, job.patterns[opt.pattern], pi, grow, shrink);
+  PatternSlots(model_, job, member_[j][opt.pattern], pi, PoolsByPrice(pi), grow, shrink);
   int left;
   const std::vector<Slot>* from;
   if (opt.nodes >= job.current_nodes) {
@@ -828,6 +839,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       double l = 0;
       for (int p = 0; p < num_pools; ++p) l += pi[p] * model.pools[p].capacity;
       const double tol = 1e-9 * 1e3;
+      const std::vector<int> by_price = PoolsByPrice(pi);
       int added = 0;
       for (int j = 0; j < num_jobs; ++j) {
         // The best allowed score (at least the artificial column's) goes
@@ -843,7 +855,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
           const double rc = job.options[0].value * scale - dual;
           if (rc > tol) picks.emplace_back(rc, 0);
         }
-        pricer.BestByPattern(j, pi, node_options(j), by_pattern);
+        pricer.BestByPattern(j, pi, by_price, node_options(j), by_pattern);
         for (const auto& [v, o] : by_pattern) {
           if (o < 0) continue;
           best = std::max(best, v);

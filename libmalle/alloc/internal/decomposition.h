@@ -60,7 +60,9 @@ class JobPricer {
   // the options a search still allows (after reduced-cost fixing most of
   // them are out, and pricing only the rest is what makes a branch node
   // cheap). Not thread-safe (scratch space); Scores is.
-  void BestByPattern(int j, absl::Span<const double> pi, const std::vector<std::vector<int>>& opts,
+  // `by_price`: PoolsByPrice(pi), computed once for all the jobs.
+  void BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
+                     const std::vector<std::vector<int>>& opts,
                      std::vector<std::pair<double, int>>& best) const;
 
   // A split of option o of job j of least cost under `pi` (one count per
@@ -86,15 +88,21 @@ class JobPricer {
   // (by increasing count).
   template <typename Visit>
   void Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
-            double held_cost, std::vector<Slot>& grow, std::vector<Slot>& shrink,
-            const Visit& visit) const;
+            absl::Span<const int> by_price, double held_cost, std::vector<Slot>& grow,
+            std::vector<Slot>& shrink, const Visit& visit) const;
 
   const CountModel& model_;
   // by_pattern_[j][k]: job j's options of pattern k.
   std::vector<std::vector<std::vector<int>>> by_pattern_;
   double largest_ = 0.0;
+  // member_[j][k][p]: pool p is in pattern k of job j.
+  std::vector<std::vector<std::vector<char>>> member_;
   mutable std::vector<Slot> grow_scratch_, shrink_scratch_;
 };
+
+// Every pool, by increasing price (ties by index): the order in which a
+// job's split takes pools.
+std::vector<int> PoolsByPrice(absl::Span<const double> pi);
 
 // How a job moves: stops, stays as it is, grows (or changes pattern at its
 // count) or shrinks, inside one pattern.
