@@ -729,6 +729,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   }
   ColumnLp master(row_lb, row_ub);
   std::vector<Column> columns;
+  std::vector<std::vector<int>> job_columns(num_jobs);  // by job
   std::vector<std::set<std::pair<int, std::vector<int>>>> seen(num_jobs);
   auto add_column = [&](int j, int o, std::vector<int> x, double ub) {
     if (!seen[j].insert({o, x}).second) return false;
@@ -744,6 +745,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     // anything below its value, and pricing needs the true one.
     master.AddColumn(rows, vals, o < 0 ? artificial : model.jobs[j].options[o].value * scale, 0.0,
                      ub);
+    job_columns[j].push_back(static_cast<int>(columns.size()));
     columns.push_back({j, o, std::move(x)});
     return true;
   };
@@ -966,6 +968,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   std::optional<Node> plunge = Node{{}, kInf, 0};
   std::vector<double> x;
   bool out_of_time = false;
+  std::vector<int> ruled;        // the jobs the last node's decisions concern
+  double bounds_at = std::nan("");  // banned_at when every bound was last set
   while (plunge || !open.empty()) {
     Node node;
     if (plunge) {
@@ -987,11 +991,26 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       break;
     }
     refresh_banned();
-    for (auto& r : rules) r.clear();
+    for (int j : ruled) rules[j].clear();
     for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
-    for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
-      master.SetColumnUpper(c, allowed(columns[c].job, columns[c].option) ? kInf : 0.0);
+    // The columns' bounds: all of them when the fixing changed, else only
+    // those of the jobs the previous node's decisions or this one's concern
+    // (the others' bounds cannot have changed; a full pass at every node
+    // was 6 % of the run at 1,000 jobs, ~10,000 columns).
+    auto set_bounds = [&](int j) {
+      for (int c : job_columns[j]) master.SetColumnUpper(c, allowed(j, columns[c].option) ? kInf : 0.0);
+    };
+    if (bounds_at != banned_at) {
+      for (int j = 0; j < num_jobs; ++j) set_bounds(j);
+      bounds_at = banned_at;
+    } else {
+      for (int j : ruled) set_bounds(j);
     }
+    ruled.clear();
+    for (const Decision& d : node.decisions) ruled.push_back(d.job);
+    std::sort(ruled.begin(), ruled.end());
+    ruled.erase(std::unique(ruled.begin(), ruled.end()), ruled.end());
+    for (int j : ruled) set_bounds(j);
     MALLE_ASSIGN_OR_RETURN(const double bound, solve_node(x));
     if (nodes_done == 0) {
       root_time = absl::Now() - t_start;
