@@ -23,8 +23,9 @@
 // branch forbids are bounded to 0, and the children are re-priced from the
 // parent's basis. Nodes whose bound is within the relative gap of the
 // incumbent are pruned. Best-first, plunging into the child that holds
-// the job's heaviest column, which also finds incumbents; after the root,
-// a local search over the jobs' modes (ImproveModes) finds better ones.
+// the job's heaviest column, which also finds incumbents (and a rounding
+// at every node); after the root and after every better incumbent, a
+// local search over the jobs' modes (ImproveModes) finds better ones.
 //
 // Thread-safety: pure functions; the caller serialises COIN (milp.cc).
 #ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
@@ -212,8 +213,9 @@ double LagrangianBound(const CountModel& model, const JobPricer& pricer,
 struct DecompositionSettings {
   absl::Time deadline = absl::InfiniteFuture();
   double relative_gap = 1e-4;
-  // After the root: ImproveModes over the modes the root's reduced costs
-  // leave, for at most this share of the time left.
+  // After the root and after every better incumbent: ImproveModes over
+  // the modes the root's reduced costs leave, each run for at most this
+  // share of the time left.
   bool local_search = true;
   double local_search_share = 0.3;
 };
