@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -302,7 +303,7 @@ std::vector<int> PoolsByPrice(absl::Span<const double> pi) {
 
 void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
                               const std::vector<std::vector<int>>& opts,
-                              std::vector<std::pair<double, int>>& best) const {
+                              std::vector<std::pair<double, int>>& best, double* scores) const {
   const JobModel& job = model_.jobs[j];
   best.assign(job.patterns.size(), {-kInf, -1});
   const double held_cost = HeldCost(job, pi);
@@ -312,7 +313,8 @@ void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<con
     if (opts[k].empty()) continue;
     std::pair<double, int>& b = best[k];
     Walk(j, static_cast<int>(k), opts[k], pi, by_price, held_cost, grow, shrink,
-         [&b](int o, double v) {
+         [&b, scores](int o, double v) {
+      if (scores != nullptr) scores[o] = v;
       if (b.second < 0 || v > b.first) b = {v, o};
     });
   }
@@ -679,10 +681,19 @@ struct Decision {
   }
 };
 
+// Options fixed out of a subtree by a node's Lagrangian bound (global
+// option ids), shared by the node's descendants: each node stores only
+// what it added.
+struct FixChain {
+  std::shared_ptr<const FixChain> parent;
+  std::vector<int> fixed;
+};
+
 struct Node {
   std::vector<Decision> decisions;
   double bound;  // the parent's (an upper bound on the node's optimum)
   int depth;
+  std::shared_ptr<const FixChain> fix;  // null: nothing fixed at the nodes above
 };
 
 double Gap(double bound, double objective) {
@@ -774,6 +785,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       active[j].push_back(pricer.PatternOptions(j, k));
     }
   }
+  // node_options' copies are valid (cleared at each node and when the
+  // fixing changes).
+  std::vector<char> node_opts_ok(num_jobs, 0);
   auto refresh_banned = [&] {
     if (shortfall.empty() || threshold() <= banned_at) return;
     banned_at = threshold();
@@ -788,10 +802,19 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
                    opts.end());
       }
     }
+    std::fill(node_opts_ok.begin(), node_opts_ok.end(), 0);
   };
+  // Global option ids, and the options fixed out of the current node's
+  // subtree by its ancestors' bounds (node_fixed_jobs: the jobs concerned).
+  std::vector<int> option_base(num_jobs + 1, 0);
+  for (int j = 0; j < num_jobs; ++j) {
+    option_base[j + 1] = option_base[j] + static_cast<int>(model.jobs[j].options.size());
+  }
+  std::vector<char> node_fixed(option_base[num_jobs], 0), node_fixed_job(num_jobs, 0);
   auto allowed = [&](int j, int o) {
     if (o < 0) return true;
     if (!banned.empty() && banned[j][o]) return false;
+    if (node_fixed[option_base[j] + o]) return false;
     const Option& opt = model.jobs[j].options[o];
     for (const Decision* d : rules[j]) {
       if (!d->Allows(opt, o)) return false;
@@ -802,8 +825,10 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // node's decisions forbid (a copy only for the few jobs they concern).
   std::vector<std::vector<std::vector<int>>> node_opts(num_jobs);
   auto node_options = [&](int j) -> const std::vector<std::vector<int>>& {
-    if (rules[j].empty()) return active[j];
+    if (rules[j].empty() && !node_fixed_job[j]) return active[j];
     std::vector<std::vector<int>>& mine = node_opts[j];
+    if (node_opts_ok[j]) return mine;
+    node_opts_ok[j] = 1;
     mine.resize(active[j].size());
     for (size_t k = 0; k < active[j].size(); ++k) {
       mine[k].clear();
@@ -815,6 +840,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   };
 
   std::vector<double> pi(num_pools, 0.0);
+  // The last pricing round's scores (by global option id, for the options
+  // it priced) and each job's best allowed score: the node's fixing.
+  std::vector<double> node_score(option_base[num_jobs], -kInf), job_best(num_jobs, -kInf);
   int lp_solves = 0, nodes_done = 0, pruned = 0, leaves = 0, root_rounds = 0;
   double root_bound = kInf;
   double last_l = kInf;  // L at the last prices solve_node priced with
@@ -857,7 +885,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
           const double rc = job.options[0].value * scale - dual;
           if (rc > tol) picks.emplace_back(rc, 0);
         }
-        pricer.BestByPattern(j, pi, by_price, node_options(j), by_pattern);
+        pricer.BestByPattern(j, pi, by_price, node_options(j), by_pattern,
+                             &node_score[option_base[j]]);
         for (const auto& [v, o] : by_pattern) {
           if (o < 0) continue;
           best = std::max(best, v);
@@ -865,6 +894,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
           if (rc > tol) picks.emplace_back(rc, o);
         }
         l += best;
+        job_best[j] = best;
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
@@ -965,10 +995,16 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // Best-first over open nodes (largest bound first), plunging.
   auto worse = [](const Node& a, const Node& b) { return a.bound < b.bound; };
   std::vector<Node> open;
-  std::optional<Node> plunge = Node{{}, kInf, 0};
+  std::optional<Node> plunge = Node{{}, kInf, 0, nullptr};
+  long long node_fixings = 0;
   std::vector<double> x;
   bool out_of_time = false;
   std::vector<int> ruled;        // the jobs the last node's decisions concern
+  std::shared_ptr<const FixChain> current_fix;  // the fixings marked in node_fixed
+  std::vector<int> option_job(option_base[num_jobs]);
+  for (int j = 0; j < num_jobs; ++j) {
+    for (int id = option_base[j]; id < option_base[j + 1]; ++id) option_job[id] = j;
+  }
   double bounds_at = std::nan("");  // banned_at when every bound was last set
   while (plunge || !open.empty()) {
     Node node;
@@ -993,6 +1029,20 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     refresh_banned();
     for (int j : ruled) rules[j].clear();
     for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
+    std::fill(node_opts_ok.begin(), node_opts_ok.end(), 0);
+    // The node's fixings replace the last node's.
+    const bool fixed_before = current_fix != nullptr;
+    for (const FixChain* f = current_fix.get(); f != nullptr; f = f->parent.get()) {
+      for (int id : f->fixed) node_fixed[id] = 0;
+    }
+    std::fill(node_fixed_job.begin(), node_fixed_job.end(), 0);
+    current_fix = node.fix;
+    for (const FixChain* f = current_fix.get(); f != nullptr; f = f->parent.get()) {
+      for (int id : f->fixed) {
+        node_fixed[id] = 1;
+        node_fixed_job[option_job[id]] = 1;
+      }
+    }
     // The columns' bounds: all of them when the fixing changed, else only
     // those of the jobs the previous node's decisions or this one's concern
     // (the others' bounds cannot have changed; a full pass at every node
@@ -1000,7 +1050,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     auto set_bounds = [&](int j) {
       for (int c : job_columns[j]) master.SetColumnUpper(c, allowed(j, columns[c].option) ? kInf : 0.0);
     };
-    if (bounds_at != banned_at) {
+    if (bounds_at != banned_at || fixed_before || current_fix != nullptr) {
       for (int j = 0; j < num_jobs; ++j) set_bounds(j);
       bounds_at = banned_at;
     } else {
@@ -1149,9 +1199,37 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       out_d = {j, Decision::kNotPattern, k};
       heavy_in = true;
     }
-    Node a{node.decisions, node.bound, node.depth + 1};
+    // Fixing by the node's own bound (its last L, at the prices pi): an
+    // allocation in the subtree that gives job j option o is worth at most
+    // L less o's shortfall from j's best allowed score at pi; below the
+    // threshold, o is out of the subtree. The children's LPs lose columns
+    // that only a fractional optimum could use.
+    std::shared_ptr<const FixChain> child_fix = current_fix;
+    {
+      // (The last round priced every allowed option at pi; the fixing since
+      // refreshed can only have shrunk the lists.)
+      std::vector<int> fixed;
+      const double margin = last_l - threshold();
+      for (int jj = 0; jj < num_jobs; ++jj) {
+        const double best = job_best[jj];
+        if (allowed(jj, 0) && best - model.jobs[jj].options[0].value > margin) {
+          fixed.push_back(option_base[jj]);
+        }
+        const double* sc = &node_score[option_base[jj]];
+        for (const std::vector<int>& opts : node_options(jj)) {
+          for (int o : opts) {
+            if (best - sc[o] > margin) fixed.push_back(option_base[jj] + o);
+          }
+        }
+      }
+      if (!fixed.empty()) {
+        node_fixings += fixed.size();
+        child_fix = std::make_shared<const FixChain>(FixChain{current_fix, std::move(fixed)});
+      }
+    }
+    Node a{node.decisions, node.bound, node.depth + 1, child_fix};
     a.decisions.push_back(in);
-    Node b{node.decisions, node.bound, node.depth + 1};
+    Node b{node.decisions, node.bound, node.depth + 1, child_fix};
     b.decisions.push_back(out_d);
     if (!heavy_in) std::swap(a, b);
     plunge = std::move(a);
@@ -1172,10 +1250,11 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves, %d columns; %d roundings (%d improved); mode search %d flows, +%.6g; "
+      "%d LP solves, %d columns; %lld options fixed at nodes; %d roundings (%d improved); "
+      "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), rounded, rounded_better, ls_flows, ls_gain,
+      lp_solves, columns.size(), node_fixings, rounded, rounded_better, ls_flows, ls_gain,
       absl::ToDoubleMilliseconds(absl::Now() - t_start), absl::ToDoubleMilliseconds(root_time),
       absl::ToDoubleMilliseconds(ls_time),
       out.proven    ? "proven"

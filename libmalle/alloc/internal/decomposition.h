@@ -62,9 +62,11 @@ class JobPricer {
   // them are out, and pricing only the rest is what makes a branch node
   // cheap). Not thread-safe (scratch space); Scores is.
   // `by_price`: PoolsByPrice(pi), computed once for all the jobs.
+  // `scores` (optional, one entry per option of the job): receives the
+  // score of every option walked.
   void BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
                      const std::vector<std::vector<int>>& opts,
-                     std::vector<std::pair<double, int>>& best) const;
+                     std::vector<std::pair<double, int>>& best, double* scores = nullptr) const;
 
   // A split of option o of job j of least cost under `pi` (one count per
   // pool); the cost is what Scores charged.
