@@ -732,23 +732,42 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   // L at zero prices (every job at its best option, nodes free): finite and
   // valid before any LP is solved.
   const double free_bound = LagrangianBound(model, pricer, std::vector<double>(num_pools, 0.0));
-  std::vector<double> row_lb(num_jobs + num_pools), row_ub(num_jobs + num_pools);
-  for (int j = 0; j < num_jobs; ++j) row_lb[j] = row_ub[j] = 1.0;
-  for (int p = 0; p < num_pools; ++p) {
-    row_lb[num_jobs + p] = -kInf;
-    row_ub[num_jobs + p] = model.pools[p].capacity;
-  }
-  auto master_lp = std::make_unique<ColumnLp>(row_lb, row_ub);
+  // The master's rows: one per job still in it (job_row), then one per
+  // pool (from pool_row0). A job the fixing leaves a single option with a
+  // fixed split (stop, or stay) leaves the master when it is rebuilt: its
+  // nodes come off the pools' rows, its score enters L as a constant.
+  std::vector<int> job_row(num_jobs);
+  for (int j = 0; j < num_jobs; ++j) job_row[j] = j;
+  int pool_row0 = num_jobs;
+  std::vector<int> fixed_option(num_jobs, -1);  // >= 0: out of the master
+  auto master_rows = [&] {
+    std::vector<double> lb, ub;
+    for (int j = 0; j < num_jobs; ++j) {
+      if (fixed_option[j] >= 0) continue;
+      lb.push_back(1.0);
+      ub.push_back(1.0);
+    }
+    for (int p = 0; p < num_pools; ++p) {
+      int left = model.pools[p].capacity;
+      for (int j = 0; j < num_jobs; ++j) {
+        if (fixed_option[j] > 0) left -= model.jobs[j].current_per_pool[p];
+      }
+      lb.push_back(-kInf);
+      ub.push_back(left);
+    }
+    return std::make_pair(lb, ub);
+  };
+  auto master_lp = std::make_unique<ColumnLp>(master_rows().first, master_rows().second);
   std::vector<Column> columns;
   std::vector<std::vector<int>> job_columns(num_jobs);  // by job
   std::vector<std::set<std::pair<int, std::vector<int>>>> seen(num_jobs);
   // Puts column (j, o, x) into the master LP (not into `columns`).
   auto lp_column = [&](int j, int o, const std::vector<int>& x, double ub) {
-    std::vector<int> rows = {j};
+    std::vector<int> rows = {job_row[j]};
     std::vector<double> vals = {1.0};
     for (int p = 0; p < num_pools; ++p) {
       if (x[p] == 0) continue;
-      rows.push_back(num_jobs + p);
+      rows.push_back(pool_row0 + p);
       vals.push_back(x[p]);
     }
     // No upper bound of 1 (the job's row keeps the column below it): a
@@ -869,20 +888,23 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       ++lp_solves;
       if (nodes_done == 0) ++root_rounds;
       if (!lp.optimal) return absl::InternalError("decomposition: master LP not solved by Clp");
-      for (int p = 0; p < num_pools; ++p) pi[p] = std::max(0.0, lp.row_duals[num_jobs + p]) / scale;
+      for (int p = 0; p < num_pools; ++p) pi[p] = std::max(0.0, lp.row_duals[pool_row0 + p]) / scale;
       double l = 0;
       for (int p = 0; p < num_pools; ++p) l += pi[p] * model.pools[p].capacity;
       const double tol = 1e-9 * 1e3;
       const std::vector<int> by_price = PoolsByPrice(pi);
       int added = 0;
       for (int j = 0; j < num_jobs; ++j) {
-        // The best allowed score (at least the artificial column's) goes
-        // into L; columns with a positive reduced cost: the best option of
-        // each pattern, the few best of those.
+        // The best allowed score goes into L; columns with a positive
+        // reduced cost: the best option of each pattern, the few best of
+        // those. A job out of the master is priced the same way (L must
+        // not depend on which jobs the master holds: it is valid for any
+        // prices, the master only supplies them), and gets no columns.
         constexpr size_t kPerJob = 3;
-        const double dual = lp.row_duals[j];
         const JobModel& job = model.jobs[j];
-        double best = artificial / scale;
+        const bool in_master = fixed_option[j] < 0;
+        const double dual = in_master ? lp.row_duals[job_row[j]] : kInf;
+        double best = -kInf;
         picks.clear();
         if (allowed(j, 0)) {
           best = std::max(best, job.options[0].value);
@@ -897,8 +919,16 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
           const double rc = v * scale - dual;
           if (rc > tol) picks.emplace_back(rc, o);
         }
+        // L takes each job's best real option, not the artificial column's
+        // value when that is higher: the artificial is no allocation, and
+        // flooring at it inflated L whenever prices were high (a job out
+        // of the master, whose held nodes the prices charge, gave up to
+        // 6e10 too much). Only a job with no option allowed at all is
+        // floored there (no allocation in the node: L far below anything).
+        if (!(best > -kInf)) best = artificial / scale;
         l += best;
         job_best[j] = best;
+        if (!in_master) continue;
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
@@ -929,6 +959,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   ModeFlow round_flow(model, pricer);
   auto flow_round = [&](const std::vector<double>& lp_x) {
     std::vector<Mode> modes(num_jobs);
+    for (int j = 0; j < num_jobs; ++j) {
+      if (fixed_option[j] >= 0) modes[j] = OptionMode(model.jobs[j], fixed_option[j]);
+    }
     std::vector<double> weight(num_jobs, 0.0);
     for (int c = 0; c < static_cast<int>(lp_x.size()); ++c) {
       const Column& col = columns[c];
@@ -1039,16 +1072,46 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     // once; 60 % of the columns at 1,000 jobs after the root).
     if (compact_at != banned_at && !banned.empty()) {
       compact_at = banned_at;
+      // Jobs left with one option whose split is fixed (stop, or stay:
+      // a stay keeps exactly the nodes it holds).
+      std::vector<int> single(num_jobs, -1);
+      int new_fixed = 0, free_jobs = 0;
+      for (int j = 0; j < num_jobs; ++j) {
+        if (fixed_option[j] >= 0) continue;
+        ++free_jobs;
+        int n = 0, last = -1;
+        for (int o = 0; o < static_cast<int>(banned[j].size()) && n < 2; ++o) {
+          if (!banned[j][o]) {
+            ++n;
+            last = o;
+          }
+        }
+        if (n == 1 && (last == 0 || last == model.jobs[j].current_option)) {
+          single[j] = last;
+          ++new_fixed;
+        }
+      }
       int out_cols = 0;
-      for (const Column& c : columns) out_cols += c.option >= 0 && banned[c.job][c.option];
-      if (2 * out_cols > static_cast<int>(columns.size())) {
+      for (const Column& c : columns) {
+        out_cols += c.option >= 0 && (banned[c.job][c.option] || single[c.job] >= 0);
+      }
+      if (2 * out_cols > static_cast<int>(columns.size()) || 4 * new_fixed > free_jobs) {
+        for (int j = 0; j < num_jobs; ++j) {
+          if (single[j] >= 0) fixed_option[j] = single[j];
+        }
+        int row = 0;
+        for (int j = 0; j < num_jobs; ++j) job_row[j] = fixed_option[j] >= 0 ? -1 : row++;
+        pool_row0 = row;
         std::vector<Column> kept;
         kept.reserve(columns.size() - out_cols);
         for (Column& c : columns) {
-          if (c.option < 0 || !banned[c.job][c.option]) kept.push_back(std::move(c));
+          if (fixed_option[c.job] < 0 && (c.option < 0 || !banned[c.job][c.option])) {
+            kept.push_back(std::move(c));
+          }
         }
         columns = std::move(kept);
-        master_lp = std::make_unique<ColumnLp>(row_lb, row_ub);
+        const auto [lb, ub] = master_rows();
+        master_lp = std::make_unique<ColumnLp>(lb, ub);
         for (auto& jc : job_columns) jc.clear();
         for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
           lp_column(columns[c].job, columns[c].option, columns[c].x, kInf);
@@ -1142,6 +1205,10 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     double branch_score = -1;
     std::vector<int> option(num_jobs, 0);
     for (int j = 0; j < num_jobs; ++j) {
+      if (fixed_option[j] >= 0) {
+        option[j] = fixed_option[j];
+        continue;
+      }
       auto& u = used[j];
       std::sort(u.begin(), u.end(), std::greater<>());
       bool one_option = !u.empty() && columns[u[0].second].option >= 0;
@@ -1279,16 +1346,17 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.bound = std::max(out.bound, out.solution.objective);
   out.proven = !out_of_time && Gap(out.bound, out.solution.objective) <= gap * (1 + 1e-9);
   out.branch_nodes = nodes_done;
-  out.master_rows = num_jobs + num_pools;
+  out.master_rows = pool_row0 + num_pools;
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves, %d columns (%d rebuilds); %lld options fixed at nodes; "
+      "%d LP solves, %d columns (%d rebuilds, %d jobs out of the master); "
+      "%lld options fixed at nodes; "
       "%d roundings (%d improved); "
       "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), compactions, node_fixings, rounded, rounded_better, ls_flows, ls_gain,
+      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings, rounded, rounded_better, ls_flows, ls_gain,
       absl::ToDoubleMilliseconds(absl::Now() - t_start), absl::ToDoubleMilliseconds(root_time),
       absl::ToDoubleMilliseconds(ls_time),
       out.proven    ? "proven"
