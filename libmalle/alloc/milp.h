@@ -111,8 +111,9 @@ struct MilpOptions {
   // With decomposition: after the root and after every better incumbent,
   // a local search over the jobs' modes (stop, stay, grow or shrink in a
   // pattern; each switch re-balanced by a min-cost flow), each run for at
-  // most decomposition_local_search_share of the time left. It finds incumbents the roundings miss, which the search
-  // then needs to prune (docs/allocator.md); never changes exactness.
+  // most decomposition_local_search_share of the time left. It finds
+  // incumbents the roundings miss, which the search then needs to prune
+  // (docs/allocator.md); never changes exactness.
   bool decomposition_local_search = true;
   double decomposition_local_search_share = 0.3;
   DpOptions fallback;          // options for the DP fallback

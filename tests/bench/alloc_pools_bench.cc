@@ -348,8 +348,7 @@ int main(int argc, char** argv) {
     windows.push_back(w);
   }
   if (absl::GetFlag(FLAGS_reps) < 1 || absl::GetFlag(FLAGS_first_rep) < 0 ||
-      !(absl::GetFlag(FLAGS_gap) >= 0) ||
-      !(absl::GetFlag(FLAGS_milp_time_limit_s) > 0)) {
+      !(absl::GetFlag(FLAGS_gap) >= 0) || !(absl::GetFlag(FLAGS_milp_time_limit_s) > 0)) {
     std::cerr << "--reps must be >= 1, --first_rep >= 0, --gap >= 0 and --milp_time_limit_s > 0\n";
     return 2;
   }

@@ -314,9 +314,9 @@ void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<con
     std::pair<double, int>& b = best[k];
     Walk(j, static_cast<int>(k), opts[k], pi, by_price, held_cost, grow, shrink,
          [&b, scores](int o, double v) {
-      if (scores != nullptr) scores[o] = v;
-      if (b.second < 0 || v > b.first) b = {v, o};
-    });
+           if (scores != nullptr) scores[o] = v;
+           if (b.second < 0 || v > b.first) b = {v, o};
+         });
   }
 }
 
@@ -447,8 +447,8 @@ bool ModeFlow::Solve(const std::vector<Mode>& modes, bool prices) {
     if (arcs.first < 0) arcs.first = flow.num_arcs();
     arcs.pools = flow.num_arcs();
     for (int p : job.patterns[mode.pattern].pools) {
-      const long long cap = up ? model_.pools[p].capacity - job.current_per_pool[p]
-                               : job.current_per_pool[p];
+      const long long cap =
+          up ? model_.pools[p].capacity - job.current_per_pool[p] : job.current_per_pool[p];
       if (cap > 0) flow.AddArc(job_v(j), pool_v(p), cap, 0.0);
     }
     arcs.end = flow.num_arcs();
@@ -888,7 +888,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       ++lp_solves;
       if (nodes_done == 0) ++root_rounds;
       if (!lp.optimal) return absl::InternalError("decomposition: master LP not solved by Clp");
-      for (int p = 0; p < num_pools; ++p) pi[p] = std::max(0.0, lp.row_duals[pool_row0 + p]) / scale;
+      for (int p = 0; p < num_pools; ++p)
+        pi[p] = std::max(0.0, lp.row_duals[pool_row0 + p]) / scale;
       double l = 0;
       for (int p = 0; p < num_pools; ++p) l += pi[p] * model.pools[p].capacity;
       const double tol = 1e-9 * 1e3;
@@ -1036,8 +1037,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   long long node_fixings = 0;
   std::vector<double> x;
   bool out_of_time = false;
-  std::vector<int> ruled;        // the jobs the last node's decisions concern
-  double compact_at = -kInf;     // banned_at when the master was last checked
+  std::vector<int> ruled;     // the jobs the last node's decisions concern
+  double compact_at = -kInf;  // banned_at when the master was last checked
   int compactions = 0;
   std::shared_ptr<const FixChain> current_fix;  // the fixings marked in node_fixed
   std::vector<int> option_job(option_base[num_jobs]);
@@ -1356,9 +1357,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings, rounded, rounded_better, ls_flows, ls_gain,
-      absl::ToDoubleMilliseconds(absl::Now() - t_start), absl::ToDoubleMilliseconds(root_time),
-      absl::ToDoubleMilliseconds(ls_time),
+      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings, rounded,
+      rounded_better, ls_flows, ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
+      absl::ToDoubleMilliseconds(root_time), absl::ToDoubleMilliseconds(ls_time),
       out.proven    ? "proven"
       : out_of_time ? "out of time"
                     : "search ended unproven");

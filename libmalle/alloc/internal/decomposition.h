@@ -153,8 +153,8 @@ class ModeFlow {
  private:
   struct Plan {
     Mode mode;
-    std::vector<int> options;  // by increasing count
-    int base = 0;              // flow the smallest count needs
+    std::vector<int> options;                      // by increasing count
+    int base = 0;                                  // flow the smallest count needs
     std::vector<std::pair<int, double>> segments;  // (amount, slope) above the base
   };
   struct Arcs {
