@@ -108,11 +108,12 @@ struct MilpOptions {
   // within relative_gap or the time limit is reached. False: CBC on the
   // whole count formulation (`pools`, `pricing`).
   bool decomposition = true;
-  // With decomposition: after the root, a local search over the jobs'
-  // modes (stop, stay, grow or shrink in a pattern; each switch re-balanced
-  // by a min-cost flow) for at most decomposition_local_search_share of the
-  // time left. It finds incumbents the roundings miss, which the search
-  // then needs to prune (docs/allocator.md); never changes exactness.
+  // With decomposition: after the root and after every better incumbent,
+  // a local search over the jobs' modes (stop, stay, grow or shrink in a
+  // pattern; each switch re-balanced by a min-cost flow), each run for at
+  // most decomposition_local_search_share of the time left. It finds
+  // incumbents the roundings miss, which the search then needs to prune
+  // (docs/allocator.md); never changes exactness.
   bool decomposition_local_search = true;
   double decomposition_local_search_share = 0.3;
   DpOptions fallback;          // options for the DP fallback

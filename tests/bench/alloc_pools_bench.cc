@@ -55,6 +55,9 @@
 ABSL_FLAG(std::string, nodes, "4734,50000", "idle node counts N, comma-separated");
 ABSL_FLAG(std::string, jobs, "100,1000", "job counts J, comma-separated (<= jobs in --mix)");
 ABSL_FLAG(int, reps, 20, "instances per (N, J)");
+ABSL_FLAG(int, first_rep, 0,
+          "index of the first instance (instances first_rep .. first_rep + reps - 1; the same "
+          "index gives the same instance, so one can be profiled alone)");
 ABSL_FLAG(double, t_fwd_s, 120, "forward window T_fwd, seconds");
 ABSL_FLAG(double, slow_speed, 0.85, "speed of the slow class (the fast one is 1)");
 ABSL_FLAG(double, cross_locality, 0.9, "throughput factor of a job spanning both groups");
@@ -75,6 +78,7 @@ ABSL_FLAG(bool, milp_decomposition, true,
 ABSL_FLAG(std::string, milp_local_search, "true",
           "decomposition: the local search over modes after the root: true, false, or both "
           "(each instance solved both ways, back to back, one row each)");
+ABSL_FLAG(bool, print_reasons, false, "print every MILP answer's reason (stderr), not only notes");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
@@ -233,7 +237,8 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
                                                            : alloc::MilpOptions::Pools::kUnionRows;
   mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
   mo.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
-  for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+  const int first = absl::GetFlag(FLAGS_first_rep);
+  for (int rep = first; rep < first + absl::GetFlag(FLAGS_reps); ++rep) {
     MALLE_ASSIGN_OR_RETURN(Problem problem,
                            MakeInstance(mix, first_row.n, first_row.j, rep, windows));
     auto timed = [&](auto solve) -> absl::StatusOr<std::pair<PolicyResult, double>> {
@@ -313,6 +318,7 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
           : m.optimal ? "proven"
                       : "limit",
           obj, greedy.second);
+      if (absl::GetFlag(FLAGS_print_reasons)) std::cerr << "    " << m.reason << "\n";
     }
   }
   return absl::OkStatus();
@@ -341,9 +347,9 @@ int main(int argc, char** argv) {
     }
     windows.push_back(w);
   }
-  if (absl::GetFlag(FLAGS_reps) < 1 || !(absl::GetFlag(FLAGS_gap) >= 0) ||
-      !(absl::GetFlag(FLAGS_milp_time_limit_s) > 0)) {
-    std::cerr << "--reps must be >= 1, --gap >= 0 and --milp_time_limit_s > 0\n";
+  if (absl::GetFlag(FLAGS_reps) < 1 || absl::GetFlag(FLAGS_first_rep) < 0 ||
+      !(absl::GetFlag(FLAGS_gap) >= 0) || !(absl::GetFlag(FLAGS_milp_time_limit_s) > 0)) {
+    std::cerr << "--reps must be >= 1, --first_rep >= 0, --gap >= 0 and --milp_time_limit_s > 0\n";
     return 2;
   }
   auto mix = malle::sim::LoadJobMix(absl::GetFlag(FLAGS_mix), {/*strict=*/true});

@@ -23,16 +23,19 @@
 // branch forbids are bounded to 0, and the children are re-priced from the
 // parent's basis. Nodes whose bound is within the relative gap of the
 // incumbent are pruned. Best-first, plunging into the child that holds
-// the job's heaviest column, which also finds incumbents; after the root,
-// a local search over the jobs' modes (ImproveModes) finds better ones.
+// the job's heaviest column, which also finds incumbents (and a rounding
+// at every node); after the root and after every better incumbent, a
+// local search over the jobs' modes (ImproveModes) finds better ones.
 //
 // Thread-safety: pure functions; the caller serialises COIN (milp.cc).
 #ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
 #define MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
 
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,18 +55,57 @@ class JobPricer {
   // capacities). `pi` has one non-negative price per pool.
   void Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const;
 
+  // Per pattern k, the best score among the options in `opts[k]` (a subset
+  // of PatternOptions(j, k), in its order) and that option: (-inf, -1) where
+  // opts[k] is empty or no option of it fits. The same scores as Scores, for
+  // the options a search still allows (after reduced-cost fixing most of
+  // them are out, and pricing only the rest is what makes a branch node
+  // cheap). Not thread-safe (scratch space); Scores is.
+  // `by_price`: PoolsByPrice(pi), computed once for all the jobs.
+  // `scores` (optional, one entry per option of the job): receives the
+  // score of every option walked.
+  void BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
+                     const std::vector<std::vector<int>>& opts,
+                     std::vector<std::pair<double, int>>& best, double* scores = nullptr) const;
+
   // A split of option o of job j of least cost under `pi` (one count per
   // pool); the cost is what Scores charged.
   std::vector<int> Split(int j, int o, absl::Span<const double> pi) const;
 
+  // A pool's price and the nodes a job may take there (decomposition.cc).
+  struct Slot {
+    double price;
+    int amount;
+    int pool;
+  };
+
   // Job j's options of pattern k, by increasing count.
   const std::vector<int>& PatternOptions(int j, int k) const { return by_pattern_[j][k]; }
 
+  // The largest |value| of any option (FlowRound scales by it; computing it
+  // took 94 % of a flow at 1,000 jobs).
+  double largest_value() const { return largest_; }
+
  private:
+  // Calls visit(o, score) for the options `opts` of pattern k of job j
+  // (by increasing count).
+  template <typename Visit>
+  void Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
+            absl::Span<const int> by_price, double held_cost, std::vector<Slot>& grow,
+            std::vector<Slot>& shrink, const Visit& visit) const;
+
   const CountModel& model_;
   // by_pattern_[j][k]: job j's options of pattern k.
   std::vector<std::vector<std::vector<int>>> by_pattern_;
+  double largest_ = 0.0;
+  // member_[j][k][p]: pool p is in pattern k of job j.
+  std::vector<std::vector<std::vector<char>>> member_;
+  mutable std::vector<Slot> grow_scratch_, shrink_scratch_;
 };
+
+// Every pool, by increasing price (ties by index): the order in which a
+// job's split takes pools.
+std::vector<int> PoolsByPrice(absl::Span<const double> pi);
 
 // How a job moves: stops, stays as it is, grows (or changes pattern at its
 // count) or shrinks, inside one pattern.
@@ -84,6 +126,56 @@ Direction OptionDirection(const JobModel& job, int o);
 std::optional<CountSolution> FlowRound(const CountModel& model, const JobPricer& pricer,
                                        const std::vector<Mode>& modes,
                                        std::vector<double>* pool_prices = nullptr);
+
+class MinCostFlow;  // decomposition.cc
+
+// FlowRound for many mode vectors in a row (the local search): each job's
+// envelope per mode is built once, the network's memory is kept, and the
+// objective comes without the per-pool split (Solution builds it).
+// Not thread-safe.
+class ModeFlow {
+ public:
+  ModeFlow(const CountModel& model, const JobPricer& pricer);
+  ~ModeFlow();
+  ModeFlow(const ModeFlow&) = delete;
+  ModeFlow& operator=(const ModeFlow&) = delete;
+
+  // The flow for `modes` (FlowRound's); false when they cannot all be met.
+  // `prices`: also the pool prices (a shortest-path search more).
+  bool Solve(const std::vector<Mode>& modes, bool prices = false);
+  // After a successful Solve: the allocation's objective, its options, the
+  // whole allocation, the pool prices (when asked for).
+  double objective() const { return objective_; }
+  const std::vector<int>& options() const { return option_; }
+  CountSolution Solution() const;
+  const std::vector<double>& pool_prices() const { return prices_; }
+
+ private:
+  struct Plan {
+    Mode mode;
+    std::vector<int> options;                      // by increasing count
+    int base = 0;                                  // flow the smallest count needs
+    std::vector<std::pair<int, double>> segments;  // (amount, slope) above the base
+  };
+  struct Arcs {
+    int first, pools, end;  // source arcs [first, pools), pool arcs [pools, end), step 2
+  };
+  const Plan* PlanFor(int j, const Mode& mode);
+
+  const CountModel& model_;
+  const JobPricer& pricer_;
+  double must_;
+  std::vector<std::vector<Plan>> cache_;  // per job
+  std::unique_ptr<MinCostFlow> flow_;
+  std::vector<Mode> modes_;
+  std::vector<const Plan*> plans_;
+  std::vector<Arcs> arcs_;
+  std::vector<long long> room_;
+  std::vector<int> option_;
+  std::vector<double> prices_;
+  double objective_ = 0;
+  bool solved_ = false;
+};
 
 // The mode of option o of job j (pattern -1 for the stop option).
 Mode OptionMode(const JobModel& job, int o);
@@ -123,8 +215,9 @@ double LagrangianBound(const CountModel& model, const JobPricer& pricer,
 struct DecompositionSettings {
   absl::Time deadline = absl::InfiniteFuture();
   double relative_gap = 1e-4;
-  // After the root: ImproveModes over the modes the root's reduced costs
-  // leave, for at most this share of the time left.
+  // After the root and after every better incumbent: ImproveModes over
+  // the modes the root's reduced costs leave, each run for at most this
+  // share of the time left.
   bool local_search = true;
   double local_search_share = 0.3;
 };

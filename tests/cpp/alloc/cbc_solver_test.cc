@@ -378,6 +378,69 @@ TEST(ColumnLpTest, EqualityRowsAndQueuedBounds) {
   EXPECT_NEAR(r.objective, 7.0, 1e-9);
 }
 
+// The warm path (Clp keeps its work areas and factorization between
+// solves) against a cold solve of the same LP after every step of a random
+// sequence of column additions and bound changes, as branch-and-price
+// makes them: a master of equality rows (one per "job", an artificial
+// column each keeps it feasible) and capacity rows.
+TEST(ColumnLpTest, WarmSolvesAgreeWithColdOnes) {
+  std::mt19937 rng(2801);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int solves = 0;
+  for (int instance = 0; instance < 20; ++instance) {
+    const int jobs = 3 + rng() % 6, pools = 2 + rng() % 4;
+    std::vector<double> lb(jobs + pools), ub(jobs + pools);
+    for (int r = 0; r < jobs; ++r) lb[r] = ub[r] = 1.0;
+    for (int p = 0; p < pools; ++p) {
+      lb[jobs + p] = -kInf;
+      ub[jobs + p] = 1 + rng() % 6;
+    }
+    struct Col {
+      std::vector<int> rows;
+      std::vector<double> vals;
+      double obj, upper;
+    };
+    std::vector<Col> cols;
+    ColumnLp warm(lb, ub);
+    auto add = [&](Col c) {
+      warm.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
+      cols.push_back(std::move(c));
+    };
+    for (int j = 0; j < jobs; ++j) add({{j}, {1.0}, -100.0, kInf});  // artificial
+    for (int step = 0; step < 30; ++step) {
+      if (cols.size() == static_cast<size_t>(jobs) || rng() % 3 != 0) {
+        for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+          Col c{{static_cast<int>(rng() % jobs)}, {1.0}, 10 * u(rng), kInf};
+          for (int p = 0; p < pools; ++p) {
+            if (rng() % 2 == 0) {
+              c.rows.push_back(jobs + p);
+              c.vals.push_back(1 + rng() % 4);
+            }
+          }
+          add(std::move(c));
+        }
+      } else {
+        const int c = jobs + rng() % (cols.size() - jobs);
+        cols[c].upper = rng() % 2 == 0 ? 0.0 : kInf;
+        warm.SetColumnUpper(c, cols[c].upper);
+      }
+      ColumnLp cold(lb, ub);
+      for (const Col& c : cols) cold.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
+      ASSERT_OK_AND_ASSIGN(LpResult w, warm.Solve());
+      ASSERT_OK_AND_ASSIGN(LpResult c, cold.Solve());
+      ASSERT_TRUE(w.optimal && c.optimal) << "instance " << instance << " step " << step;
+      EXPECT_NEAR(w.objective, c.objective, 1e-7 * std::max(1.0, std::fabs(c.objective)))
+          << "instance " << instance << " step " << step;
+      for (size_t k = 0; k < cols.size(); ++k) {
+        EXPECT_LE(w.x[k], cols[k].upper + 1e-9) << "instance " << instance << " column " << k;
+      }
+      ++solves;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_EQ(solves, 600);
+}
+
 TEST(CbcSolverTest, StatusNames) {
   EXPECT_EQ(MipStatusName(Status::kOptimal), "optimal");
   EXPECT_EQ(MipStatusName(Status::kLimitWithSolution), "time limit with solution");

@@ -258,6 +258,46 @@ TEST(MilpTest, MultiPoolMatchesDpOnRandomProblems) {
   EXPECT_GT(multi, 150);  // the generator really makes several pools
 }
 
+// The decomposition's search changes the LPs it solves as the fixing
+// grows: columns and jobs (those left one stop or stay option) leave the
+// master, options leave a node's subtree. The optimum must not change:
+// against the DP on random multi-pool problems, on which all of that
+// happens (the detail in the reason says how often).
+TEST(MilpTest, DecompositionMatchesDpWhileTheMasterShrinks) {
+  std::mt19937 rng(2811);
+  MilpOptions options;
+  options.isolation = SolveIsolation::kInProcess;
+  options.time_limit = absl::Seconds(10);
+  options.relative_gap = 1e-9;
+  GenOptions g;
+  g.multi_pool = true;
+  g.max_nodes = 10;
+  g.max_jobs = 4;
+  int jobs_out = 0, rebuilt = 0, node_fixed = 0;
+  for (int i = 0; i < 300; ++i) {
+    const Problem problem = RandomProblem(rng, g);
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+    if (model.single_pool()) continue;
+    ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(model));
+    ASSERT_OK_AND_ASSIGN(PolicyResult milp, SolveMilp(model, options));
+    EXPECT_LE(Rel(milp.solution.objective, dp.solution.objective), kTolerance)
+        << "instance " << i << ": milp " << milp.solution.objective << " dp "
+        << dp.solution.objective << " reason: " << milp.reason;
+    EXPECT_TRUE(milp.optimal) << "instance " << i << ": " << milp.reason;
+    EXPECT_THAT(CheckSolution(model, milp.solution), IsOk()) << "instance " << i;
+    jobs_out += milp.reason.find(" 0 jobs out of the master") == std::string::npos &&
+                milp.reason.find("jobs out of the master") != std::string::npos;
+    rebuilt += milp.reason.find("(0 rebuilds") == std::string::npos &&
+               milp.reason.find("rebuilds") != std::string::npos;
+    node_fixed += milp.reason.find(" 0 options fixed at nodes") == std::string::npos &&
+                  milp.reason.find("options fixed at nodes") != std::string::npos;
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(jobs_out, 0);
+  EXPECT_GT(rebuilt, 0);
+  EXPECT_GT(node_fixed, 0);
+}
+
 // Rank weights (Problem::rank_weight_exponent) only change option values,
 // so the MILP must still equal the DP, on one pool and on several. Work left
 // is random with ties (copies keep the copied amount) and amounts small
