@@ -63,6 +63,24 @@ comm::Communicator& CommOf(ElasticGroup& g) {
   return g.comm();
 }
 
+// The tensors a collective hands to libmalle, as aliases without a Python object.
+//
+// c10d's threads keep a collective's tensors after the call returns: a Gloo worker until the
+// work is destroyed, and a work left behind by a failed generation until Gloo gives up on it
+// (the reaper waits for it when it tears the group down). In torch 2.x, dropping a reference
+// to a tensor that has a Python object decrefs that object under the GIL
+// (c10::intrusive_ptr's 2 -> 1 transition). On such a thread while the interpreter finalizes
+// (a rank that returned from its program), CPython ends the thread with pthread_exit, whose
+// unwinding stops at torch's noexcept decref: std::terminate, SIGABRT after a clean exit.
+// detach() is a new TensorImpl on the same storage, so results still land in the caller's
+// tensor, and no thread but the caller's ever touches its Python object.
+std::vector<at::Tensor> WithoutPyObject(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) aliases.push_back(t.detach());
+  return aliases;
+}
+
 py::dict PhasesDict(const Transition::Phases& p) {
   py::dict d;
   d["detect"] = absl::ToDoubleSeconds(p.detect);
@@ -232,8 +250,9 @@ void BindComm(py::module_& m) {
           [](ElasticGroup& g, std::vector<at::Tensor> tensors, const std::string& op) {
             const ReduceOp parsed = ParseOp(op);
             comm::Communicator& c = CommOf(g);
+            std::vector<at::Tensor> aliases = WithoutPyObject(tensors);
             py::gil_scoped_release release;
-            ThrowIfError(c.AllReduce(tensors, parsed));
+            ThrowIfError(c.AllReduce(aliases, parsed));
           },
           py::arg("tensors"), py::arg("op") = "sum",
           "In-place allreduce over the current generation.")
@@ -242,8 +261,9 @@ void BindComm(py::module_& m) {
           [](ElasticGroup& g, std::vector<at::Tensor> tensors, const std::string& op) {
             const ReduceOp parsed = ParseOp(op);
             comm::Communicator& c = CommOf(g);
+            std::vector<at::Tensor> aliases = WithoutPyObject(tensors);
             py::gil_scoped_release release;
-            return ValueOrThrow(c.AllReduceAsync(tensors, parsed));
+            return ValueOrThrow(c.AllReduceAsync(aliases, parsed));
           },
           py::arg("tensors"), py::arg("op") = "sum",
           "Starts an in-place allreduce and returns a PendingCollective.")
@@ -255,16 +275,18 @@ void BindComm(py::module_& m) {
               ThrowIfError(absl::InvalidArgumentError(
                   absl::StrCat("root: must be a rank in [0, ", c.size(), "), got ", root)));
             }
+            std::vector<at::Tensor> aliases = WithoutPyObject(tensors);
             py::gil_scoped_release release;
-            ThrowIfError(c.Broadcast(tensors, root));
+            ThrowIfError(c.Broadcast(aliases, root));
           },
           py::arg("tensors"), py::arg("root"), "In-place broadcast from rank `root`.")
       .def(
           "send",
           [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
             comm::Communicator& c = CommOf(g);
+            at::Tensor alias = tensor.detach();  // see WithoutPyObject
             py::gil_scoped_release release;
-            ThrowIfError(c.Send(std::move(tensor), peer, tag));
+            ThrowIfError(c.Send(std::move(alias), peer, tag));
           },
           py::arg("tensor"), py::arg("peer"), py::arg("tag"),
           "Sends `tensor` to rank `peer` (matched by `tag`); blocks until it is sent.")
@@ -272,8 +294,9 @@ void BindComm(py::module_& m) {
           "recv",
           [](ElasticGroup& g, at::Tensor tensor, int peer, int tag) {
             comm::Communicator& c = CommOf(g);
+            at::Tensor alias = tensor.detach();  // see WithoutPyObject
             py::gil_scoped_release release;
-            ThrowIfError(c.Recv(std::move(tensor), peer, tag));
+            ThrowIfError(c.Recv(std::move(alias), peer, tag));
           },
           py::arg("tensor"), py::arg("peer"), py::arg("tag"),
           "Receives into `tensor` (its size must match) from rank `peer` (matched by `tag`).")
