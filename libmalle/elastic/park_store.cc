@@ -32,6 +32,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -773,31 +775,14 @@ ChunkKey ChunkKeyOf(const std::string& secret, const std::string& nonce) {
   return key;
 }
 
-std::string Hex(const std::string& bytes) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-// Hex digits back to bytes; nullopt if `hex` is not 2 * `bytes` of them.
+// Lowercase hex digits back to bytes; nullopt unless `hex` is exactly 2 *
+// `bytes` of them (absl::HexStringToBytes itself checks nothing).
 std::optional<std::string> Unhex(const std::string& hex, size_t bytes) {
   if (hex.size() != 2 * bytes) return std::nullopt;
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::string out(bytes, '\0');
-  for (size_t i = 0; i < bytes; ++i) {
-    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out[i] = static_cast<char>(hi * 16 + lo);
+  for (const char c : hex) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c)) && (c < 'a' || c > 'f')) return std::nullopt;
   }
-  return out;
+  return absl::HexStringToBytes(hex);
 }
 
 // Faults in fresh memory on a thread of its own, in order, ahead of the
@@ -884,12 +869,16 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   // the offsets, so its length depends on them: lay out for a guessed length,
   // pad the header with spaces to it, or guess again (longer).
   const uint64_t prefix_and_skeleton = kPrefixBytes + state.skeleton.size();
-  // The chunk key's nonce: random per file.
-  std::string nonce(kChunkNonceBytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
-    return absl::InternalError(absl::StrCat("state file ", path, ": OpenSSL could not make a random nonce"));
+  // Version 3: the chunk key, from a nonce random per file.
+  std::string nonce;
+  ChunkKey key;
+  if (version >= 3) {
+    nonce.assign(kChunkNonceBytes, '\0');
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
+      return absl::InternalError(absl::StrCat("state file ", path, ": OpenSSL could not make a random nonce"));
+    }
+    key = ChunkKeyOf(secret, nonce);
   }
-  const ChunkKey key = ChunkKeyOf(secret, nonce);
   nlohmann::json header_base = {{"job", job},
                                 {"step", step},
                                 {"written_unix_ns", absl::ToUnixNanos(absl::Now())},
@@ -898,7 +887,7 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
                                 {"segments", segments}};
   if (version >= 3) {
     header_base["chunk_mac"] = kV3ChunkMac;
-    header_base["chunk_key_nonce"] = Hex(nonce);
+    header_base["chunk_key_nonce"] = absl::BytesToHexString(nonce);
   }
   std::string header_text;
   std::vector<int64_t> offsets(bytes_views.size());
@@ -1213,8 +1202,11 @@ absl::StatusOr<PackedState> ReadStateFile(const std::string& path, const std::st
     o.chunk = chunk;
     o.io_bytes = std::max(kStateIoChunkBytes, chunk);
     o.helpers = Helpers(io);
-    const ChunkKey key = ChunkKeyOf(secret, nonce);
-    if (version >= 3) o.key = &key;
+    ChunkKey key;
+    if (version >= 3) {
+      key = ChunkKeyOf(secret, nonce);
+      o.key = &key;
+    }
     std::vector<std::pair<char*, int64_t>> fresh;
     for (size_t i = 0; i < segs.size(); ++i) {
       if (!out.direct[i]) fresh.emplace_back(static_cast<char*>(out.buffers[i].data_ptr()), segs[i].bytes);
