@@ -83,9 +83,23 @@ std::string ChangeSummary(const CountModel& model, const CountSolution& solution
 absl::StatusOr<Decision> Decide(const Problem& problem, const DecideOptions& options) {
   MALLE_ASSIGN_OR_RETURN(CountModel model, CompileCountModel(problem, options.model));
   absl::StatusOr<PolicyResult> result = RunPolicy(model, options);
+  if (!result.ok() && absl::IsResourceExhausted(result.status()) &&
+      options.policy == PolicyKind::kDp) {
+    // Multi-pool model too large for the DP policy: the MILP (branch-and-
+    // price with several pools) is exact too, within its gap and time
+    // limit, and answers these in milliseconds where the DP would take
+    // minutes or refuses; a heuristic would give worse answers than either.
+    const std::string cause(result.status().message());
+    result = SolveMilp(model, options.milp);
+    if (result.ok()) {
+      result->fell_back = true;
+      result->reason = absl::StrCat("dp could not answer (", cause, "); the milp answered: ",
+                                    result->reason);
+    }
+  }
   if (!result.ok() && absl::IsResourceExhausted(result.status())) {
     // Multi-pool model too large for the exact DP (the MILP's fallback, or
-    // the DP policy itself): a heuristic answer beats no answer.
+    // the DP policy and then the MILP): a heuristic answer beats no answer.
     const std::string cause(result.status().message());
     MALLE_LOG(WARNING) << PolicyName(options.policy) << " could not answer (" << cause
                        << "); using greedy";

@@ -109,11 +109,18 @@ absl::StatusOr<PolicyResult> SolveMultiPool(const CountModel& model, const DpOpt
 
   // Every per-pool vector each job may take, with its best option.
   std::vector<std::vector<Candidate>> candidates(num_jobs);
+  long long enumerated = 0;  // vectors looked at, over all jobs
   for (int j = 0; j < num_jobs; ++j) {
     const JobModel& job = model.jobs[j];
     std::vector<int> x(num_pools, 0);
     // Odometer over x with sum(x) <= max_nodes.
     while (true) {
+      if (++enumerated > options.max_work / states) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "dp: %d states x more than %d per-pool vectors (%d of %d jobs enumerated) exceed "
+            "max_work = %d steps; use the milp policy",
+            states, enumerated - 1, j, num_jobs, options.max_work));
+      }
       int option = 0;
       if (auto v = JobVectorValue(job, x, &option)) {
         int64_t offset = 0;

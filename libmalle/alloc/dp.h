@@ -6,7 +6,8 @@
 // the oracle the MILP is tested against and the MILP's fallback.
 // Several pools: state = nodes left in every pool (mixed radix), each job
 // enumerates its per-pool vectors; exact but exponential in the number of
-// pools, refused (ResourceExhausted) above DpOptions::max_states.
+// pools, refused (ResourceExhausted) above DpOptions::max_states or when
+// states x per-pool vectors exceeds DpOptions::max_work.
 //
 //   MALLE_ASSIGN_OR_RETURN(PolicyResult r, SolveDp(model, {}));
 //
@@ -25,6 +26,12 @@ struct DpOptions {
   // largest number of per-pool vectors per job, that the DP will enumerate.
   long long max_states = 2'000'000;
   long long max_vectors_per_job = 200'000;
+  // Multi-pool only: largest states x (per-pool vectors enumerated, over all
+  // jobs), the DP's steps. Within the two limits above a decision could
+  // take minutes (9 pools of Summit's 4,734 nodes by idle-window bucket,
+  // hundreds of jobs: a simulated replay with forecasts did not finish 3
+  // hours of the trace in 5 minutes); 3e8 steps is about a second.
+  long long max_work = 300'000'000;
 };
 
 // Returns an optimal solution (optimal = true). ResourceExhausted when a

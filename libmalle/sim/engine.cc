@@ -490,6 +490,9 @@ absl::Status Replay::Decide() {
   }
   latencies_ms_.push_back(ms);
   ++summary_.decisions;
+  if (decision->result.fell_back && ++summary_.decisions_fell_back == 1) {
+    summary_.first_fallback_reason = decision->result.reason;
+  }
   Record("decide", -1, -1, 0, 0, ms);
   if (options_.on_decision) options_.on_decision(problem, *decision, took);
   // Two passes: a node one job releases may be taken by a job listed before
@@ -716,6 +719,12 @@ void Replay::Summarise(double ideal) {
         "the policies hardly competed: the jobs present could use more nodes than were idle "
         "during %.1f%% of their time only; any sensible policy gives every job its max_nodes",
         100 * contended_s_ / active_s_));
+  }
+  if (summary_.decisions_fell_back > 0) {
+    w.push_back(absl::StrFormat(
+        "%d of %d decisions were not answered by the policy's own method but by its fallback "
+        "(the figures are partly another method's); the first: %s",
+        summary_.decisions_fell_back, summary_.decisions, summary_.first_fallback_reason));
   }
   if (summary_.jobs_submitted > 0 && summary_.jobs_finished == 0) {
     w.push_back("no job finished: completion times and makespan are undefined");
@@ -982,14 +991,15 @@ std::string JobsToCsv(const std::vector<JobOutcome>& jobs) {
 std::string SummariesToCsv(const std::vector<Summary>& summaries) {
   std::string out =
       "policy,samples_trained,idle_node_hours,used_node_hours,efficiency,utilisation,"
-      "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decision_p50_ms,"
+      "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decisions_fell_back,"
+      "decision_p50_ms,"
       "decision_p99_ms,decision_max_ms,wall_s,jct_mean_s,jct_median_s,makespan_s,"
       "preemption_cost,lost_to_preemptions,lost_to_snapshots,stops\n";
   for (const Summary& s : summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
                     s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions, ",",
-                    s.reclaims, ",", s.decisions, ",", Csv(s.decision_p50_ms), ",",
+                    s.reclaims, ",", s.decisions, ",", s.decisions_fell_back, ",", Csv(s.decision_p50_ms), ",",
                     Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",",
                     Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
                     // The mode's name only: the description has commas.

@@ -242,6 +242,12 @@ struct Summary {
   int jobs_submitted = 0, jobs_finished = 0;
   int resizes = 0, preemptions = 0, reclaims = 0;
   int decisions = 0;
+  // Decisions the policy's own method could not answer, another did
+  // (alloc::PolicyResult::fell_back: the DP beyond its multi-pool limits,
+  // answered by the MILP; the MILP's fallbacks), and the first one's reason.
+  // Each replay with some says so in `warnings`.
+  int decisions_fell_back = 0;
+  std::string first_fallback_reason;
   double decision_p50_ms = 0, decision_p99_ms = 0, decision_max_ms = 0;
   double wall_s = 0;            // time the replay took
   // Job completion time (JCT) = finish - arrival, over the jobs that

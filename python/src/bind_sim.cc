@@ -184,6 +184,7 @@ py::dict SummaryDict(const sim::Summary& s) {
   d["preemptions"] = s.preemptions;
   d["reclaims"] = s.reclaims;
   d["decisions"] = s.decisions;
+  d["decisions_fell_back"] = s.decisions_fell_back;
   d["decision_p50_ms"] = s.decision_p50_ms;
   d["decision_p99_ms"] = s.decision_p99_ms;
   d["decision_max_ms"] = s.decision_max_ms;

@@ -305,6 +305,7 @@ def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
                     {"resize_hysteresis": 2.0}, {"objective": "completion"}):
         s = sim.simulate(trace, mix, policy="dp", **options).summary
         assert s["decisions"] > 0, options
+        assert s["decisions_fell_back"] == 0, (options, s["warnings"])
     # Hysteresis 2 charges the grow at 100 s 2 x 10 s x 20 samples/s = 400 samples against
     # 900 s x 10 samples/s gained: still worth it.
     s = sim.simulate(trace, mix, policy="dp", resize_hysteresis=2.0).summary

@@ -87,7 +87,7 @@ TEST(DecideTest, InvalidProblemIsInvalidArgument) {
                                            HasSubstr("jobs[1].id: duplicate job id \"alexnet\"")));
 }
 
-TEST(DecideTest, DpTooLargeFallsBackToGreedy) {
+Problem SixPools() {
   Problem p;
   p.forward_window = absl::Seconds(10);
   for (int c = 0; c < 6; ++c) p.classes.push_back({absl::StrCat("c", c), "", 1.0 - 0.1 * c});
@@ -95,11 +95,38 @@ TEST(DecideTest, DpTooLargeFallsBackToGreedy) {
     p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 6)});
   }
   p.jobs = {Job("a", 1, 4, {{1, 1}, {4, 4}})};
+  return p;
+}
+
+// Six pools of 20 nodes: 21^6 states, beyond the DP's limit; the MILP
+// (exact too) answers for it, and says so.
+TEST(DecideTest, DpTooLargeIsAnsweredByTheMilp) {
   DecideOptions o;
   o.policy = PolicyKind::kDp;
-  ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+  ASSERT_OK_AND_ASSIGN(Decision d, Decide(SixPools(), o));
   EXPECT_TRUE(d.result.fell_back);
   EXPECT_THAT(d.result.reason, HasSubstr("dp could not answer"));
+  EXPECT_THAT(d.result.reason, HasSubstr("max_states"));
+  EXPECT_THAT(d.result.reason, HasSubstr("the milp answered"));
+  EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
+  // The four fastest nodes (class c0): the MILP's optimum, which greedy
+  // need not find.
+  for (const std::string& n : d.allocation.jobs[0].nodes) {
+    const int i = std::stoi(n.substr(1));
+    EXPECT_EQ(i % 6, 0) << n;
+  }
+}
+
+// When the MILP cannot answer either (it crashes, and its own fallback is
+// the same DP), greedy does.
+TEST(DecideTest, DpAndMilpBothUnableFallToGreedy) {
+  DecideOptions o;
+  o.policy = PolicyKind::kDp;
+  o.milp.fault = MilpFault::kCrash;
+  o.milp.dp_start = false;
+  ASSERT_OK_AND_ASSIGN(Decision d, Decide(SixPools(), o));
+  EXPECT_TRUE(d.result.fell_back);
+  EXPECT_THAT(d.result.reason, HasSubstr("could not answer"));
   EXPECT_THAT(d.result.reason, HasSubstr("greedy"));
   EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
 }

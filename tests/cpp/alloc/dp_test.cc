@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cpp/testing/status_matchers.h"
@@ -14,6 +15,7 @@ namespace {
 using ::malle::testing::IsOk;
 using ::malle::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 JobSpec Job(const std::string& id, int min, int max, Curve curve) {
   JobSpec j;
@@ -142,6 +144,29 @@ TEST(DpTest, MultiPoolRefusesHugeStateSpaces) {
   p.jobs = {Job("a", 1, 4, {{1, 1}, {4, 4}})};
   ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
   EXPECT_THAT(SolveDp(m).status(), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+// Three pools of 60 nodes (226,981 states, within max_states) and 100
+// jobs of up to 64 nodes, each with ~45,000 per-pool vectors: ~1e12 DP
+// steps, hours. Refused at once, naming the limit; a small instance of
+// the same shape is still solved.
+TEST(DpTest, MultiPoolRefusesTooMuchWork) {
+  Problem p;
+  p.forward_window = absl::Seconds(10);
+  for (int c = 0; c < 3; ++c) p.classes.push_back({absl::StrCat("c", c), "", 1.0 - 0.1 * c});
+  for (int i = 0; i < 180; ++i) p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 3)});
+  for (int j = 0; j < 100; ++j) p.jobs.push_back(Job(absl::StrCat("j", j), 1, 64, {{1, 1}, {64, 40}}));
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  const absl::Time t0 = absl::Now();
+  EXPECT_THAT(SolveDp(m).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_work")));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  p.jobs.resize(3);
+  for (JobSpec& j : p.jobs) j.max_nodes = 4;
+  p.nodes.resize(12);
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+  EXPECT_TRUE(r.optimal);
 }
 
 }  // namespace

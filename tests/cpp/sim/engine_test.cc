@@ -23,7 +23,10 @@ namespace {
 
 using ::malle::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Rows "time,node,idle"; the trace ends at the last row's time.
 IdleTrace Trace(const std::string& rows) {
@@ -609,6 +612,30 @@ TEST(EngineTest, OracleForecastAvoidsANodeReclaimedBeforeThePausePaysOff) {
   EXPECT_DOUBLE_EQ(oracle.summary.efficiency, 1.0);
 }
 
+// The forecast splits the idle nodes into pools by horizon; a DP too
+// small for them (max_work 1) cannot answer, the MILP does (the same
+// decisions: both exact), and the replay counts and says so.
+TEST(EngineTest, DecisionsTheDpCannotAnswerAreCountedAndWarned) {
+  constexpr char kShort[] = "0,n0,1\n0,n1,0\n100,n1,1\n105,n1,0\n1000,n0,1\n";
+  SimOptions o = Dp();
+  o.resize_cost = alloc::ResizeCostModel::kLostWork;
+  o.forecast = ForecastMode::kOracle;
+  ASSERT_OK_AND_ASSIGN(SimResult dp, Simulate(Trace(kShort), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_EQ(dp.summary.decisions_fell_back, 0);
+  for (const std::string& w : dp.summary.warnings) EXPECT_THAT(w, Not(HasSubstr("fallback")));
+  o.decide.dp.max_work = 1;
+  ASSERT_OK_AND_ASSIGN(SimResult small, Simulate(Trace(kShort), {Job("j", 1, 2, 1e9)}, o));
+  EXPECT_THAT(EventsOf(small, "resize"), ElementsAre("0 j 0->1"));
+  EXPECT_DOUBLE_EQ(small.summary.samples_trained, dp.summary.samples_trained);
+  EXPECT_GT(small.summary.decisions_fell_back, 0);
+  EXPECT_LE(small.summary.decisions_fell_back, small.summary.decisions);
+  EXPECT_THAT(small.summary.first_fallback_reason, HasSubstr("max_work"));
+  EXPECT_THAT(small.summary.warnings,
+              Contains(AllOf(HasSubstr(absl::StrCat(small.summary.decisions_fell_back, " of ",
+                                                    small.summary.decisions, " decisions")),
+                             HasSubstr("the milp answered"))));
+}
+
 TEST(EngineTest, EstimatedForecastLearnsFromPastFragments) {
   // n0 idle throughout; n1 idle for 5 s every 10 s (40 fragments).
   std::string rows = "0,n0,1\n0,n1,0\n";
@@ -645,7 +672,8 @@ TEST(EngineTest, CsvWriters) {
   s.samples_trained = 1.5;
   s.jobs_finished = 2;
   const std::string summaries = SummariesToCsv({s});
-  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,nan,nan,nan,,0,0,0\n"));
+  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,0,nan,nan,nan,,0,0,0\n"));
+  EXPECT_THAT(summaries, HasSubstr(",reclaims,decisions,decisions_fell_back,decision_p50_ms,"));
   EXPECT_THAT(summaries, HasSubstr(",wall_s,jct_mean_s,jct_median_s,makespan_s,preemption_cost,"
                                    "lost_to_preemptions,lost_to_snapshots,stops\n"));
   // The mode's name, not its description (which has commas).
