@@ -1517,8 +1517,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     }
   }
   const CountSolution* first = start_solution ? &*start_solution : nullptr;
-  const bool decompose = options.decomposition && options.segments && options.use_mip_start &&
-                         !model.single_pool();
+  const bool decompose = options.decomposition && options.segments && options.use_mip_start;
   Formulation f;
   if (!decompose) {
     f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first, options)

@@ -61,6 +61,9 @@ ABSL_FLAG(bool, in_process, true, "also time SolveMilp with SolveIsolation::kInP
 ABSL_FLAG(bool, milp_heuristic_start, true,
           "MilpOptions::heuristic_start: CBC starts from the best of the current allocation and "
           "the heuristics' answers (false: from the current allocation)");
+ABSL_FLAG(bool, milp_decomposition, true,
+          "MilpOptions::decomposition: branch-and-price on the decomposition by job (the "
+          "default, also with one pool); false: CBC on the count formulation");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
 
@@ -191,6 +194,7 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, bool pernode, Row& row) {
   malle::alloc::MilpOptions fork_opts;
   fork_opts.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
   fork_opts.heuristic_start = absl::GetFlag(FLAGS_milp_heuristic_start);
+  fork_opts.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
   malle::alloc::MilpOptions inproc_opts = fork_opts;
   inproc_opts.isolation = malle::alloc::SolveIsolation::kInProcess;
   malle::bench::PerNodeOptions pn_opts;

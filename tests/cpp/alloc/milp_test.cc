@@ -146,15 +146,28 @@ void ExpectAgrees(const Problem& problem, const MilpOptions& options, const std:
   EXPECT_GT(milp.columns, 0) << label;
 }
 
+// One pool: the decomposition (the default) and CBC on the segment
+// formulation (decomposition = false), each against the DP.
 TEST(MilpTest, SinglePoolMatchesDpOnRandomProblems) {
-  std::mt19937 rng(20240601);
-  MilpOptions options;
-  options.isolation = SolveIsolation::kInProcess;
-  options.time_limit = absl::Seconds(10);  // never the reason to disagree
-  for (int i = 0; i < 1000; ++i) {
-    const Problem problem = RandomProblem(rng, {});
-    ExpectAgrees(problem, options, absl::StrCat("instance ", i));
-    if (::testing::Test::HasFailure()) break;  // one report is enough
+  for (const bool decomposition : {true, false}) {
+    std::mt19937 rng(20240601);
+    MilpOptions options;
+    EXPECT_TRUE(options.decomposition);  // the default
+    options.decomposition = decomposition;
+    options.isolation = SolveIsolation::kInProcess;
+    options.time_limit = absl::Seconds(10);  // never the reason to disagree
+    for (int i = 0; i < 1000; ++i) {
+      const Problem problem = RandomProblem(rng, {});
+      const std::string label = absl::StrCat(decomposition ? "decomposition" : "cbc", " instance ", i);
+      ExpectAgrees(problem, options, label);
+      ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
+      ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
+      if (model.jobs.size() > 0 && r.optimal && !r.fell_back) {
+        EXPECT_EQ(r.reason.find("decomposition:") != std::string::npos, decomposition)
+            << label << ": " << r.reason;
+      }
+      if (::testing::Test::HasFailure()) return;  // one report is enough
+    }
   }
 }
 
