@@ -93,7 +93,7 @@ ABSL_FLAG(int, skip_snapshots, 999,
           "distinct trace times skipped before the replay starts (BFTrainer: 999)");
 ABSL_FLAG(double, hours, 0, "replay only this many hours from the start (0 = the whole trace)");
 ABSL_FLAG(double, learned_warmup_s, 0, "learned curves: seconds at a size before it counts");
-ABSL_FLAG(double, milp_time_limit_s, 1, "CBC time limit per MILP decision, seconds");
+ABSL_FLAG(double, milp_time_limit_s, 1, "MILP time limit per decision (branch-and-price, or CBC), seconds");
 ABSL_FLAG(double, milp_relative_gap, 1e-9, "CBC relative gap");
 ABSL_FLAG(bool, milp_fork, true, "solve the MILP in a forked child (the live default)");
 ABSL_FLAG(bool, milp_dp_start, false,
@@ -131,7 +131,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 struct MilpAudit {
   int decisions = 0;
   int optimal = 0;        // proven optimal by CBC
-  int time_limit = 0;     // CBC's incumbent at the time limit
+  int time_limit = 0;     // the MILP's incumbent at the time limit
   int fell_back = 0;      // answered by the DP fallback (crash, hang, no incumbent...)
   int audited = 0;        // solved again by the DP
   int worse_than_dp = 0;  // objective below the DP's by more than 1e-9 relative
@@ -420,11 +420,11 @@ void PrintAudit(const std::vector<Row>& rows) {
         a.max_gap_dp, a.audited > 0 ? a.sum_gap_dp / a.audited : 0.0, a.worse_than_dp,
         a.milp_ms / 1000, static_cast<int>(a.slow_ms.size()), absl::StrJoin(slow, " "));
   }
-  std::cout << "  optimal: proven by CBC; limit: CBC's incumbent at the time limit; fellbk: "
+  std::cout << "  optimal: proven by the MILP; limit: its incumbent at the time limit; fellbk: "
                "answered by the DP\n"
                "  fallback; audited: decisions solved again by the exact DP (those not proven "
                "optimal, or all\n"
-               "  with --audit_all); gap_bound: max (CBC bound - objective) / objective; "
+               "  with --audit_all); gap_bound: max (MILP bound - objective) / objective; "
                "gap_dp: (DP - MILP) /\n"
                "  DP objective, max and mean; <dp: answers worse than the DP's; milp_s: total "
                "decision time;\n"
