@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -263,11 +264,11 @@ class Bench {
       if (!recovered) break;
       s["(c) kill -9: kill -> survivors recovered"].push_back(MaxOf(*recovered, "t_ms") - t);
       const json& lead = (*recovered)[0];
-      if (lead["kind"] != "recovered")
+      if (lead.value("kind", "") != "recovered")
         std::cerr << "  note: " << job << " recovery came as " << lead.dump() << "\n";
       for (const char* phase : {"detect", "agree", "build", "sync"})
         s[absl::StrCat("    (c) of which ", phase, " (leader)")].push_back(
-            lead[absl::StrCat(phase, "_ms")].get<double>());
+            lead.value(absl::StrCat(phase, "_ms"), std::nan("")));
       ok = true;
     } while (false);
     if (boot_ms) s["(d) restart from scratch, ours: spawn -> gen 0 built"].push_back(*boot_ms);
