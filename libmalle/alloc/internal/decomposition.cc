@@ -278,12 +278,12 @@ void JobPricer::Walk(int j, int k, absl::Span<const int> opts, absl::Span<const 
   }
 }
 
-void JobPricer::Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const {
+void JobPricer::Scores(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
+                       std::vector<double>& score) const {
   const JobModel& job = model_.jobs[j];
   score.assign(job.options.size(), -kInf);
   score[0] = job.options[0].value;
   const double held_cost = HeldCost(job, pi);
-  const std::vector<int> by_price = PoolsByPrice(pi);
   std::vector<Slot> grow, shrink;
   for (size_t k = 0; k < job.patterns.size(); ++k) {
     const std::vector<int>& opts = by_pattern_[j][k];
@@ -320,13 +320,14 @@ void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<con
   }
 }
 
-std::vector<int> JobPricer::Split(int j, int o, absl::Span<const double> pi) const {
+std::vector<int> JobPricer::Split(int j, int o, absl::Span<const double> pi,
+                                  absl::Span<const int> by_price) const {
   const JobModel& job = model_.jobs[j];
   std::vector<int> x(model_.pools.size(), 0);
   const Option& opt = job.options[o];
   if (opt.nodes == 0) return x;
   std::vector<Slot> grow, shrink;
-  PatternSlots(model_, job, member_[j][opt.pattern], pi, PoolsByPrice(pi), grow, shrink);
+  PatternSlots(model_, job, member_[j][opt.pattern], pi, by_price, grow, shrink);
   int left;
   const std::vector<Slot>* from;
   if (opt.nodes >= job.current_nodes) {
@@ -566,7 +567,11 @@ CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
   // is not tried. A screen, not a bound (the flow re-balances).
   ModeFlow flow(model, pricer);
   std::vector<double> prices;
-  if (flow.Solve(modes, /*prices=*/true)) prices = flow.pool_prices();
+  std::vector<int> by_price;  // PoolsByPrice(prices)
+  if (flow.Solve(modes, /*prices=*/true)) {
+    prices = flow.pool_prices();
+    by_price = PoolsByPrice(prices);
+  }
   std::vector<double> score, mode_profit;
   bool gained = true;
   while (gained && absl::Now() < deadline) {
@@ -593,7 +598,7 @@ CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
                        : 1 + 4 * m.pattern + static_cast<int>(m.direction);
           };
           if (!scored) {
-            pricer.Scores(j, prices, score);
+            pricer.Scores(j, prices, by_price, score);
             now_profit = job.options[best.option[j]].value;
             for (size_t p = 0; p < prices.size(); ++p)
               now_profit -= prices[p] * best.per_pool[j][p];
@@ -617,7 +622,10 @@ CountSolution ImproveModes(const CountModel& model, const JobPricer& pricer,
             best = std::move(sol);
             // The prices cost a shortest-path search: only for the switches
             // kept (the flow is deterministic: the same allocation).
-            if (flow.Solve(modes, /*prices=*/true)) prices = flow.pool_prices();
+            if (flow.Solve(modes, /*prices=*/true)) {
+              prices = flow.pool_prices();
+              by_price = PoolsByPrice(prices);
+            }
             gained = true;
             break;
           }
@@ -635,9 +643,10 @@ double LagrangianBound(const CountModel& model, const JobPricer& pricer,
   double bound = 0;
   for (size_t p = 0; p < model.pools.size(); ++p) bound += pi[p] * model.pools[p].capacity;
   std::vector<double> score;
+  const std::vector<int> by_price = PoolsByPrice(pi);
   if (best != nullptr) best->assign(model.jobs.size(), -kInf);
   for (size_t j = 0; j < model.jobs.size(); ++j) {
-    pricer.Scores(static_cast<int>(j), pi, score);
+    pricer.Scores(static_cast<int>(j), pi, by_price, score);
     const double b = *std::max_element(score.begin(), score.end());
     bound += b;
     if (best != nullptr) (*best)[j] = b;
@@ -757,7 +766,11 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     }
     return std::make_pair(lb, ub);
   };
-  auto master_lp = std::make_unique<ColumnLp>(master_rows().first, master_rows().second);
+  std::unique_ptr<ColumnLp> master_lp;
+  {
+    const auto [lb, ub] = master_rows();
+    master_lp = std::make_unique<ColumnLp>(lb, ub);
+  }
   std::vector<Column> columns;
   std::vector<std::vector<int>> job_columns(num_jobs);  // by job
   std::vector<std::set<std::pair<int, std::vector<int>>>> seen(num_jobs);
@@ -933,7 +946,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
-          added += add_column(j, o, pricer.Split(j, o, pi), kInf) ? 1 : 0;
+          added += add_column(j, o, pricer.Split(j, o, pi, by_price), kInf) ? 1 : 0;
         }
       }
       bound = std::min(bound, l);
@@ -1166,8 +1179,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         // The root's final prices: L there is the LP's value.
         root_l = last_l;
         shortfall.assign(num_jobs, {});
+        const std::vector<int> by_price = PoolsByPrice(pi);
         for (int j = 0; j < num_jobs; ++j) {
-          pricer.Scores(j, pi, score);
+          pricer.Scores(j, pi, by_price, score);
           const double best = *std::max_element(score.begin(), score.end());
           shortfall[j].resize(score.size());
           for (size_t o = 0; o < score.size(); ++o) shortfall[j][o] = best - score[o];

@@ -52,8 +52,10 @@ class JobPricer {
 
   // score[o] = value(o) - min over o's splits of pi . split, for every option
   // of job j (-inf where the option has no split within the pools'
-  // capacities). `pi` has one non-negative price per pool.
-  void Scores(int j, absl::Span<const double> pi, std::vector<double>& score) const;
+  // capacities). `pi` has one non-negative price per pool; `by_price`:
+  // PoolsByPrice(pi), computed once for all the jobs priced at pi.
+  void Scores(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
+              std::vector<double>& score) const;
 
   // Per pattern k, the best score among the options in `opts[k]` (a subset
   // of PatternOptions(j, k), in its order) and that option: (-inf, -1) where
@@ -69,8 +71,9 @@ class JobPricer {
                      std::vector<std::pair<double, int>>& best, double* scores = nullptr) const;
 
   // A split of option o of job j of least cost under `pi` (one count per
-  // pool); the cost is what Scores charged.
-  std::vector<int> Split(int j, int o, absl::Span<const double> pi) const;
+  // pool); the cost is what Scores charged. `by_price`: PoolsByPrice(pi).
+  std::vector<int> Split(int j, int o, absl::Span<const double> pi,
+                         absl::Span<const int> by_price) const;
 
   // A pool's price and the nodes a job may take there (decomposition.cc).
   struct Slot {

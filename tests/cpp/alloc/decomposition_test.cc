@@ -115,7 +115,7 @@ TEST(DecompositionTest, ScoresChargeTheCheapestSplit) {
     std::vector<double> score;
     for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
       const JobModel& job = model.jobs[j];
-      pricer.Scores(j, pi, score);
+      pricer.Scores(j, pi, PoolsByPrice(pi), score);
       ASSERT_EQ(score.size(), job.options.size());
       EXPECT_DOUBLE_EQ(score[0], job.options[0].value);
       for (int o = 1; o < static_cast<int>(job.options.size()); ++o) {
@@ -128,7 +128,7 @@ TEST(DecompositionTest, ScoresChargeTheCheapestSplit) {
         const double expected = job.options[o].value - cheapest;
         EXPECT_NEAR(score[o], expected, 1e-9 * std::max(1.0, std::fabs(expected)))
             << "instance " << i << " job " << j << " option " << o;
-        const std::vector<int> x = pricer.Split(j, o, pi);
+        const std::vector<int> x = pricer.Split(j, o, pi, PoolsByPrice(pi));
         double cost = 0;
         int n = 0;
         for (size_t p = 0; p < x.size(); ++p) {
