@@ -780,7 +780,9 @@ ChunkKey ChunkKeyOf(const std::string& secret, const std::string& nonce) {
 std::optional<std::string> Unhex(const std::string& hex, size_t bytes) {
   if (hex.size() != 2 * bytes) return std::nullopt;
   for (const char c : hex) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c)) && (c < 'a' || c > 'f')) return std::nullopt;
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c)) && (c < 'a' || c > 'f')) {
+      return std::nullopt;
+    }
   }
   return absl::HexStringToBytes(hex);
 }
@@ -874,8 +876,10 @@ absl::Status WriteStateFile(const std::string& path, const PackedState& state, c
   ChunkKey key;
   if (version >= 3) {
     nonce.assign(kChunkNonceBytes, '\0');
-    if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
-      return absl::InternalError(absl::StrCat("state file ", path, ": OpenSSL could not make a random nonce"));
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()),
+                   static_cast<int>(nonce.size())) != 1) {
+      return absl::InternalError(
+          absl::StrCat("state file ", path, ": OpenSSL could not make a random nonce"));
     }
     key = ChunkKeyOf(secret, nonce);
   }

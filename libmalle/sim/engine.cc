@@ -999,9 +999,10 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
                     s.jobs_submitted, ",", s.jobs_finished, ",", s.resizes, ",", s.preemptions, ",",
-                    s.reclaims, ",", s.decisions, ",", s.decisions_fell_back, ",", Csv(s.decision_p50_ms), ",",
-                    Csv(s.decision_p99_ms), ",", Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",",
-                    Csv(s.jct_mean_s), ",", Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
+                    s.reclaims, ",", s.decisions, ",", s.decisions_fell_back, ",",
+                    Csv(s.decision_p50_ms), ",", Csv(s.decision_p99_ms), ",",
+                    Csv(s.decision_max_ms), ",", Csv(s.wall_s), ",", Csv(s.jct_mean_s), ",",
+                    Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
                     // The mode's name only: the description has commas.
                     s.preemption_cost.substr(0, s.preemption_cost.find(' ')), ",",
                     Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops, "\n");

@@ -55,7 +55,8 @@ ABSL_FLAG(std::string, pernode_nodes, "128,512", "N at which the per-node refere
 ABSL_FLAG(std::string, pernode_jobs, "10,100", "J at which the per-node reference runs");
 ABSL_FLAG(int, pernode_reps, 3, "instances per (N, J) for the per-node reference (<= --reps)");
 ABSL_FLAG(double, t_fwd_s, 120, "forward window T_fwd, seconds");
-ABSL_FLAG(double, milp_time_limit_s, 10, "time limit for our MILP (branch-and-price, or CBC), seconds");
+ABSL_FLAG(double, milp_time_limit_s, 10,
+          "time limit for our MILP (branch-and-price, or CBC), seconds");
 ABSL_FLAG(double, pernode_time_limit_s, 60, "CBC time limit for the per-node reference, seconds");
 ABSL_FLAG(bool, in_process, true, "also time SolveMilp with SolveIsolation::kInProcess");
 ABSL_FLAG(bool, milp_heuristic_start, true,

@@ -93,7 +93,8 @@ ABSL_FLAG(int, skip_snapshots, 999,
           "distinct trace times skipped before the replay starts (BFTrainer: 999)");
 ABSL_FLAG(double, hours, 0, "replay only this many hours from the start (0 = the whole trace)");
 ABSL_FLAG(double, learned_warmup_s, 0, "learned curves: seconds at a size before it counts");
-ABSL_FLAG(double, milp_time_limit_s, 1, "MILP time limit per decision (branch-and-price, or CBC), seconds");
+ABSL_FLAG(double, milp_time_limit_s, 1,
+          "MILP time limit per decision (branch-and-price, or CBC), seconds");
 ABSL_FLAG(double, milp_relative_gap, 1e-9, "CBC relative gap");
 ABSL_FLAG(bool, milp_fork, true, "solve the MILP in a forked child (the live default)");
 ABSL_FLAG(bool, milp_dp_start, false,

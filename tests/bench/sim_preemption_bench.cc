@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, policies, "dp,greedy,equal_share,static",
           "comma-separated policies (milp takes ~10 min a replay here)");
 ABSL_FLAG(std::string, modes, "free,park,snapshot,restart", "preemption accountings");
 ABSL_FLAG(int, skip_snapshots, 999, "trace timestamps skipped (BFTrainer's replayer: 999)");
-ABSL_FLAG(double, milp_time_limit_s, 1, "MILP time limit per decision (branch-and-price, or CBC), seconds");
+ABSL_FLAG(double, milp_time_limit_s, 1,
+          "MILP time limit per decision (branch-and-price, or CBC), seconds");
 ABSL_FLAG(double, state_mb, 250, "job state, MB (sim::PreemptionCostOptions::state_bytes)");
 ABSL_FLAG(double, write_mb_s, 125, "park store write bandwidth, MB/s");
 ABSL_FLAG(double, read_mb_s, 1000, "park store read bandwidth, MB/s");

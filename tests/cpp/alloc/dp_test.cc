@@ -154,8 +154,12 @@ TEST(DpTest, MultiPoolRefusesTooMuchWork) {
   Problem p;
   p.forward_window = absl::Seconds(10);
   for (int c = 0; c < 3; ++c) p.classes.push_back({absl::StrCat("c", c), "", 1.0 - 0.1 * c});
-  for (int i = 0; i < 180; ++i) p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 3)});
-  for (int j = 0; j < 100; ++j) p.jobs.push_back(Job(absl::StrCat("j", j), 1, 64, {{1, 1}, {64, 40}}));
+  for (int i = 0; i < 180; ++i) {
+    p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 3)});
+  }
+  for (int j = 0; j < 100; ++j) {
+    p.jobs.push_back(Job(absl::StrCat("j", j), 1, 64, {{1, 1}, {64, 40}}));
+  }
   ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
   const absl::Time t0 = absl::Now();
   EXPECT_THAT(SolveDp(m).status(),

@@ -158,7 +158,8 @@ TEST(MilpTest, SinglePoolMatchesDpOnRandomProblems) {
     options.time_limit = absl::Seconds(10);  // never the reason to disagree
     for (int i = 0; i < 1000; ++i) {
       const Problem problem = RandomProblem(rng, {});
-      const std::string label = absl::StrCat(decomposition ? "decomposition" : "cbc", " instance ", i);
+      const std::string label =
+          absl::StrCat(decomposition ? "decomposition" : "cbc", " instance ", i);
       ExpectAgrees(problem, options, label);
       ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(problem));
       ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));

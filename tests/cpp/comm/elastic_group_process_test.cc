@@ -300,7 +300,8 @@ TEST_F(ElasticProcessTest, UnreportedKillIsSeenWithoutWaitingOutTheGrace) {
   EXPECT_EQ(WaitExit(order[1]), 128 + SIGKILL);
   const std::vector<std::string> survivors = {order[0], order[2]};
   for (const std::string& m : survivors) {
-    json r = WaitFor(m, [](const json& e) { return e.value("kind", "") == "recovered"; }, absl::Seconds(15));
+    json r = WaitFor(
+        m, [](const json& e) { return e.value("kind", "") == "recovered"; }, absl::Seconds(15));
     EXPECT_EQ(r["size"], 2) << m;
     EXPECT_LT(r["agree_ms"].get<double>(), 5000) << m << ": waited for the dead member's check-in";
   }
