@@ -1010,4 +1010,48 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
   return out;
 }
 
+namespace {
+
+struct UserFigure {
+  const char* name;
+  bool higher_better;
+  double Summary::*field;
+};
+
+constexpr UserFigure kUserFigures[] = {
+    {"samples/nh", true, &Summary::samples_per_node_hour},
+    {"JCT mean", false, &Summary::jct_mean_s},
+    {"JCT p95", false, &Summary::jct_p95_s},
+    {"eff", true, &Summary::efficiency},
+};
+
+// -1: ours worse, 0: equal (or both NaN), +1: ours better.
+int CompareFigure(const UserFigure& f, const Summary& ours, const Summary& base) {
+  const double a = ours.*f.field, b = base.*f.field;
+  if (std::isnan(a) || std::isnan(b))
+    return std::isnan(a) == std::isnan(b) ? 0 : std::isnan(a) ? -1 : 1;
+  if (a == b) return 0;
+  return (a > b) == f.higher_better ? 1 : -1;
+}
+
+}  // namespace
+
+std::vector<std::string> WorseUserFigures(const Summary& ours, const Summary& base) {
+  std::vector<std::string> out;
+  for (const UserFigure& f : kUserFigures) {
+    if (CompareFigure(f, ours, base) < 0) out.push_back(f.name);
+  }
+  return out;
+}
+
+bool DominatedOnUserFigures(const Summary& ours, const Summary& base) {
+  bool worse_somewhere = false;
+  for (const UserFigure& f : kUserFigures) {
+    const int c = CompareFigure(f, ours, base);
+    if (c > 0) return false;
+    worse_somewhere = worse_somewhere || c < 0;
+  }
+  return worse_somewhere;
+}
+
 }  // namespace malle::sim

@@ -296,6 +296,18 @@ std::string EventsToCsv(const std::vector<EventRecord>& events);
 std::string JobsToCsv(const std::vector<JobOutcome>& jobs);
 std::string SummariesToCsv(const std::vector<Summary>& summaries);
 
+// The four figures users feel, compared between two replays of the same jobs:
+// samples per node-hour held and efficiency (higher is better), mean and p95
+// JCT (lower is better). WorseUserFigures names those where `ours` is worse
+// than `base`, in that order ("samples/nh", "JCT mean", "JCT p95", "eff"); a
+// NaN of ours (e.g. no job finished) is worse unless base's is NaN too.
+// DominatedOnUserFigures: `base` is at least as good on all four and better
+// on at least one. No policy can be at least as good as every baseline on
+// all four in general (EngineTest.NoScheduleBeatsStaticAndEqualShareAtOnce),
+// so "not dominated by any baseline" is the target that can be asked of one.
+std::vector<std::string> WorseUserFigures(const Summary& ours, const Summary& base);
+bool DominatedOnUserFigures(const Summary& ours, const Summary& base);
+
 }  // namespace malle::sim
 
 #endif  // MALLE_SIM_ENGINE_H_

@@ -818,6 +818,82 @@ TEST(EngineTest, RankWeightsFinishTheShortJobFirst) {
                        HasSubstr("rank_weight_exponent: must be finite and >= 0, got -0.5")));
 }
 
+// The target "at least as good as every baseline on samples per node-hour,
+// mean and p95 JCT and efficiency" cannot be met by any schedule, in
+// general. Two identical jobs on two nodes, r(1) = 10/s, r(2) = 18/s, 1,000
+// samples each. Equal share runs each on one node: both done at 100 s, 10
+// samples per node-second, the most any schedule can have (r(n)/n <= 10, and
+// = 10 only at one node without a pause). Static runs them one after the
+// other on two nodes: 55.6 s and 111.1 s, mean 83.3 s, 9 per node-second.
+// A schedule with equal share's samples per node-hour keeps both jobs on one
+// node all along, so each takes >= 1,000 / 10 = 100 s: its mean JCT is >=
+// 100 s > static's 83.3 s. Each baseline dominates neither; no schedule is at
+// least as good as both.
+TEST(EngineTest, NoScheduleBeatsStaticAndEqualShareAtOnce) {
+  std::vector<MixJob> jobs = {Job("a", 1, 2, 1000), Job("b", 1, 2, 1000)};
+  for (MixJob& j : jobs) j.throughput = {{0, 0}, {1, 10}, {2, 18}};
+  auto run = [&](alloc::PolicyKind k) {
+    SimOptions o;
+    o.decide.policy = k;
+    absl::StatusOr<SimResult> r = Simulate(Trace(kTwoNodes), jobs, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->summary : Summary{};
+  };
+  const Summary equal = run(alloc::PolicyKind::kEqualShare);
+  const Summary fixed = run(alloc::PolicyKind::kStatic);
+  EXPECT_EQ(equal.jobs_finished, 2);
+  EXPECT_DOUBLE_EQ(equal.jct_mean_s, 100);
+  EXPECT_DOUBLE_EQ(equal.jct_p95_s, 100);
+  EXPECT_DOUBLE_EQ(equal.samples_per_node_hour, 10 * 3600);
+  EXPECT_DOUBLE_EQ(equal.efficiency, 1);
+  EXPECT_EQ(fixed.jobs_finished, 2);
+  EXPECT_NEAR(fixed.jct_mean_s, (1000.0 / 18 + 2000.0 / 18) / 2, 1e-6);
+  EXPECT_NEAR(fixed.jct_p95_s, 2000.0 / 18, 1e-6);
+  EXPECT_NEAR(fixed.samples_per_node_hour, 9 * 3600, 1e-6);
+  EXPECT_DOUBLE_EQ(fixed.efficiency, 1);
+
+  // The bound: the most samples per node-hour any schedule can have, and the
+  // least mean JCT of a schedule that has it (every job on its most
+  // efficient size all along, from its arrival at 0).
+  double best_per_node = 0, least_mean_jct = 0;
+  for (const MixJob& j : jobs) {
+    int best_n = 0;
+    double best = 0;
+    for (const auto& [n, rate] : j.throughput) {
+      if (n > 0 && rate / n > best) best = rate / n, best_n = n;
+    }
+    best_per_node = std::max(best_per_node, best);
+    least_mean_jct += j.work_samples / (best * best_n) / jobs.size();
+  }
+  EXPECT_DOUBLE_EQ(equal.samples_per_node_hour, best_per_node * 3600);
+  EXPECT_GT(least_mean_jct, fixed.jct_mean_s);
+
+  EXPECT_THAT(WorseUserFigures(fixed, equal), ElementsAre("samples/nh", "JCT p95"));
+  EXPECT_THAT(WorseUserFigures(equal, fixed), ElementsAre("JCT mean"));
+  EXPECT_FALSE(DominatedOnUserFigures(fixed, equal));
+  EXPECT_FALSE(DominatedOnUserFigures(equal, fixed));
+  EXPECT_FALSE(DominatedOnUserFigures(equal, equal));
+
+  // Our policies land on one side or the other, dominated by neither.
+  for (alloc::PolicyKind k : {alloc::PolicyKind::kDp, alloc::PolicyKind::kMilp}) {
+    const Summary ours = run(k);
+    EXPECT_FALSE(DominatedOnUserFigures(ours, equal)) << alloc::PolicyName(k);
+    EXPECT_FALSE(DominatedOnUserFigures(ours, fixed)) << alloc::PolicyName(k);
+    EXPECT_FALSE(WorseUserFigures(ours, equal).empty() && WorseUserFigures(ours, fixed).empty())
+        << alloc::PolicyName(k);
+  }
+
+  // A policy worse on one figure and no better on any is dominated; NaN (no
+  // job finished) is worse than any figure.
+  Summary worse = equal;
+  worse.jct_p95_s = 101;
+  EXPECT_TRUE(DominatedOnUserFigures(worse, equal));
+  EXPECT_THAT(WorseUserFigures(worse, equal), ElementsAre("JCT p95"));
+  worse.jct_mean_s = std::nan("");
+  EXPECT_THAT(WorseUserFigures(worse, equal), ElementsAre("JCT mean", "JCT p95"));
+  EXPECT_THAT(WorseUserFigures(equal, worse), ::testing::IsEmpty());
+}
+
 TEST(EngineTest, HandBuiltTraceWithoutEnd) {
   IdleTrace t;
   t.nodes = {"a", "b"};
