@@ -190,6 +190,13 @@ def sim_run(
     """Replays `trace` with `mix`; returns {"summary": dict, "jobs": [dict], "timeline":
     [tuple], "events": [tuple]}. Releases the GIL for the replay."""
 
+def sim_worse_user_figures(ours: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """The figures users feel ('samples/nh', 'JCT mean', 'JCT p95', 'eff') where the summary
+    `ours` is worse than `base`."""
+
+def sim_dominated_on_user_figures(ours: dict[str, Any], base: dict[str, Any]) -> bool:
+    """`base` at least as good as `ours` on all four figures users feel, better on one."""
+
 # --- comm (bind_comm.cc): the store and the elastic group; used by launchers, tools, tests ---
 
 class ControlStore:

@@ -268,6 +268,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             sim.plot_utilisation(result, out / "utilisation.png")
             sim.plot_gantt(result, out / "gantt.png")
     print(sim.summary_table(results))
+    if len(results) > 1:
+        print()
+        print(sim.dominance_table(results))
     if args.out and args.synthetic is not None:
         # The mix is part of the result: write it so that the run can be repeated with --jobs.
         pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)

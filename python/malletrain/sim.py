@@ -383,6 +383,40 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
     return "\n".join(lines)
 
 
+USER_FIGURES = ("samples/nh", "JCT mean", "JCT p95", "eff")
+
+
+def worse_figures(ours: SimulationResult, base: SimulationResult) -> list[str]:
+    """The figures users feel (samples per node-hour, mean and p95 JCT, efficiency: the names
+    in :data:`USER_FIGURES`) on which ``ours`` is worse than ``base``, two replays of the same
+    jobs. A figure ours lacks (NaN: no job finished) is worse."""
+    return _C.sim_worse_user_figures(ours.summary, base.summary)
+
+
+def dominated(ours: SimulationResult, base: SimulationResult) -> bool:
+    """Whether ``base`` is at least as good as ``ours`` on every figure users feel and better on
+    one. No policy can be at least as good as every other on all four in general (a faster mean
+    JCT can need jobs on less efficient sizes; docs/simulator.md), so "dominated by none" is the
+    verdict to look for."""
+    return _C.sim_dominated_on_user_figures(ours.summary, base.summary)
+
+
+def dominance_table(results: Sequence[SimulationResult]) -> str:
+    """For each replay (same jobs, same trace, different policies): the policies that dominate
+    it on the figures users feel, and those on which it is better than each other policy."""
+    lines = [f"dominated? (by a policy at least as good on {', '.join(USER_FIGURES)} and "
+             "better on one)"]
+    for r in results:
+        name = r.summary["policy"]
+        others = [o for o in results if o is not r]
+        by = [o.summary["policy"] for o in others if dominated(r, o)]
+        better = [f"{o.summary['policy']}: {', '.join(worse_figures(o, r)) or '-'}"
+                  for o in others]
+        verdict = f"by {', '.join(by)}" if by else "no"
+        lines.append(f"  {name:<11} {verdict:<24} better than {'; '.join(better)}")
+    return "\n".join(lines)
+
+
 PLOTS_MISSING = ("plots need matplotlib, which is not installed: "
                  "pip install 'malletrain[plots]' (or pip install matplotlib)")
 

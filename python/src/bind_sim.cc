@@ -427,6 +427,41 @@ void BindSim(py::module_& m) {
       py::arg("trace"), py::arg("mix"), py::arg("options"), py::arg("progress") = nullptr,
       "Replays the trace with the mix under options.policy; returns plain records. Blocks "
       "for the whole replay (the GIL is released; `progress` is called with it held).");
+
+  // The four figures users feel, from a summary dict (sim_run's), by name.
+  auto user_figures = [](const py::dict& d, const char* which) {
+    sim::Summary s;
+    const std::pair<const char*, double sim::Summary::*> fields[] = {
+        {"samples_per_node_hour", &sim::Summary::samples_per_node_hour},
+        {"jct_mean_s", &sim::Summary::jct_mean_s},
+        {"jct_p95_s", &sim::Summary::jct_p95_s},
+        {"efficiency", &sim::Summary::efficiency},
+    };
+    for (const auto& [key, field] : fields) {
+      if (!d.contains(key)) {
+        throw StatusError(absl::InvalidArgumentError(
+            absl::StrCat(which, ": a simulation summary needs \"", key, "\"")));
+      }
+      s.*field = py::cast<double>(d[key]);
+    }
+    return s;
+  };
+  m.def(
+      "sim_worse_user_figures",
+      [user_figures](const py::dict& ours, const py::dict& base) {
+        return sim::WorseUserFigures(user_figures(ours, "ours"), user_figures(base, "base"));
+      },
+      py::arg("ours"), py::arg("base"),
+      "The figures users feel where `ours` is worse than `base` (two summaries of the same "
+      "jobs): 'samples/nh', 'JCT mean', 'JCT p95', 'eff', in that order. Never blocks.");
+  m.def(
+      "sim_dominated_on_user_figures",
+      [user_figures](const py::dict& ours, const py::dict& base) {
+        return sim::DominatedOnUserFigures(user_figures(ours, "ours"), user_figures(base, "base"));
+      },
+      py::arg("ours"), py::arg("base"),
+      "Whether `base` is at least as good as `ours` on all four figures users feel and better "
+      "on one. Never blocks.");
 }
 
 }  // namespace malle::python

@@ -299,6 +299,41 @@ def test_summary_table_has_units_and_warnings(tiny):
     assert math.isnan(s["jct_p95_s"])
 
 
+def test_dominance_on_the_figures_users_feel(tmp_path, capsys):
+    # Two identical jobs (10 samples/s on one node, 18 on two; 1,000 samples) on two nodes idle
+    # all along: equal share runs each on one node (both done at 100 s, the most samples per
+    # node-hour there can be), static one after the other on both (55.6 s and 111.1 s). Each
+    # is better on something: neither dominates the other (docs/simulator.md).
+    trace = tmp_path / "two.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
+    mix = tmp_path / "two_jobs.csv"
+    mix.write_text(MIX_HEADER + "a,0,1,2,1000,10,5,0;1;2,0;10;18\n"
+                   "b,0,1,2,1000,10,5,0;1;2,0;10;18\n")
+    equal = sim.simulate(trace, mix, policy="equal_share")
+    fixed = sim.simulate(trace, mix, policy="static")
+    assert equal.summary["jct_mean_s"] == pytest.approx(100)
+    assert equal.summary["samples_per_node_hour"] == pytest.approx(10 * 3600)
+    assert fixed.summary["jct_mean_s"] == pytest.approx(1500 / 18)
+    assert fixed.summary["samples_per_node_hour"] == pytest.approx(9 * 3600)
+    assert sim.worse_figures(fixed, equal) == ["samples/nh", "JCT p95"]
+    assert sim.worse_figures(equal, fixed) == ["JCT mean"]
+    assert not sim.dominated(fixed, equal) and not sim.dominated(equal, fixed)
+    worse = sim.SimulationResult(dict(equal.summary, jct_p95_s=101.0), [], [])
+    assert sim.dominated(worse, equal) and not sim.dominated(equal, worse)
+    table = sim.dominance_table([equal, fixed, worse])
+    assert "equal_share no " in table
+    assert "by equal_share" in table.splitlines()[3]
+    with pytest.raises(ValueError, match="jct_p95_s"):
+        sim.worse_figures(sim.SimulationResult({"samples_per_node_hour": 1.0, "jct_mean_s": 1.0,
+                                                "efficiency": 1.0}, [], []), equal)
+
+    assert main(["simulate", "--trace", str(trace), "--jobs", str(mix), "--policy",
+                 "equal_share,static", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "dominated?" in printed
+    assert "better than static: samples/nh, JCT p95" in printed
+
+
 def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
     trace, mix = tiny
     for options in ({"forecast": "reservation"}, {"reclaim_hazard": True},
