@@ -127,6 +127,7 @@ constexpr std::pair<absl::string_view, Objective> kObjectiveNames[] = {
     {"throughput", Objective::kThroughput},
     {"speedup", Objective::kSpeedup},
     {"weighted", Objective::kWeighted},
+    {"completion", Objective::kCompletion},
 };
 constexpr std::pair<absl::string_view, ResizeCostModel> kResizeCostNames[] = {
     {"lost_work", ResizeCostModel::kLostWork},
@@ -216,11 +217,10 @@ absl::StatusOr<BatchOption> ReadBatchOption(const Json& value, const std::string
 }
 
 absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
-  MALLE_RETURN_IF_ERROR(
-      CheckKeys(value, path,
-                  {"id", "min_nodes", "max_nodes", "throughput", "batch_options",
-                   "current_batch_option", "resize_up_s", "resize_down_s", "weight", "stop_penalty",
-                   "nodes"}));
+  MALLE_RETURN_IF_ERROR(CheckKeys(
+      value, path,
+      {"id", "min_nodes", "max_nodes", "throughput", "batch_options", "current_batch_option",
+       "resize_up_s", "resize_down_s", "weight", "stop_penalty", "remaining_samples", "nodes"}));
   JobSpec job;
   const Json* id = Find(value, "id");
   if (id == nullptr) return PathError(Member(path, "id"), "missing (required)");
@@ -263,6 +263,10 @@ absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
     MALLE_ASSIGN_OR_RETURN(job.stop_penalty,
                            ReadNumber(*v, Member(path, "stop_penalty"), "a penalty"));
   }
+  if (const Json* v = Find(value, "remaining_samples")) {
+    MALLE_ASSIGN_OR_RETURN(job.remaining_samples,
+                           ReadNumber(*v, Member(path, "remaining_samples"), "a sample count"));
+  }
   if (const Json* v = Find(value, "nodes")) {
     const std::string nodes_path = Member(path, "nodes");
     MALLE_RETURN_IF_ERROR(CheckArray(*v, nodes_path));
@@ -300,8 +304,9 @@ absl::Status ToJsonNames(const absl::Status& status) {
 absl::StatusOr<Problem> ReadProblem(const Json& document) {
   MALLE_RETURN_IF_ERROR(
       CheckKeys(document, "",
-                  {"version", "forward_window_s", "objective", "resize_cost",
-                   "cross_locality_factor", "classes", "nodes", "node_count", "jobs"}));
+                {"version", "forward_window_s", "objective", "resize_cost", "cross_locality_factor",
+                 "reclaim_rate", "resize_hysteresis", "rank_weight_exponent", "classes", "nodes",
+                 "node_count", "jobs"}));
   const Json* version = Find(document, "version");
   if (version == nullptr) {
     return PathError("version", absl::StrCat("missing (required); expected ", kProblemJsonVersion));
@@ -327,6 +332,19 @@ absl::StatusOr<Problem> ReadProblem(const Json& document) {
   if (const Json* f = Find(document, "cross_locality_factor")) {
     MALLE_ASSIGN_OR_RETURN(problem.cross_locality_factor,
                            ReadNumber(*f, "cross_locality_factor", "a throughput factor"));
+  }
+  if (const Json* f = Find(document, "reclaim_rate")) {
+    MALLE_ASSIGN_OR_RETURN(
+        problem.reclaim_rate,
+        ReadNumber(*f, "reclaim_rate", "a rate (reclaims per idle node-second)"));
+  }
+  if (const Json* f = Find(document, "resize_hysteresis")) {
+    MALLE_ASSIGN_OR_RETURN(problem.resize_hysteresis,
+                           ReadNumber(*f, "resize_hysteresis", "a factor (>= 1)"));
+  }
+  if (const Json* f = Find(document, "rank_weight_exponent")) {
+    MALLE_ASSIGN_OR_RETURN(problem.rank_weight_exponent,
+                           ReadNumber(*f, "rank_weight_exponent", "an exponent (>= 0)"));
   }
   if (const Json* f = Find(document, "classes")) {
     MALLE_RETURN_IF_ERROR(CheckArray(*f, "classes"));
@@ -445,6 +463,12 @@ std::string ProblemToJson(const Problem& problem, int indent) {
   out["objective"] = NameOf(kObjectiveNames, problem.objective);
   out["resize_cost"] = NameOf(kResizeCostNames, problem.resize_cost);
   out["cross_locality_factor"] = problem.cross_locality_factor;
+  // The objective terms, when not at their defaults (no term).
+  if (problem.reclaim_rate != 0) out["reclaim_rate"] = problem.reclaim_rate;
+  if (problem.resize_hysteresis != 1) out["resize_hysteresis"] = problem.resize_hysteresis;
+  if (problem.rank_weight_exponent != 0) {
+    out["rank_weight_exponent"] = problem.rank_weight_exponent;
+  }
   OrderedJson classes = OrderedJson::array();
   for (const NodeClass& c : problem.classes) {
     classes.push_back(OrderedJson{{"id", c.id}, {"locality", c.locality}, {"speed", c.speed}});
@@ -473,6 +497,7 @@ std::string ProblemToJson(const Problem& problem, int indent) {
     job["resize_down_s"] = SecondsToJson(j.resize_down_pause);
     job["weight"] = j.weight;
     if (j.stop_penalty != 0) job["stop_penalty"] = j.stop_penalty;
+    if (j.remaining_samples != 0) job["remaining_samples"] = j.remaining_samples;
     job["nodes"] = j.current_nodes;
     jobs.push_back(std::move(job));
   }

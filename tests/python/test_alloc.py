@@ -187,6 +187,25 @@ def test_bad_options(kwargs, error, message):
     assert message in str(info.value)
 
 
+def test_objective_terms_from_python():
+    # Rank weights (docs/allocator-json.md): the job closer to done weighs 2, the other 1, so
+    # both nodes go to it (2 x 1.8 beats 2 x 1 + 1 x 1); without them, one node each.
+    problem = {
+        "version": 1, "node_count": 2, "objective": "speedup", "forward_window_s": 30,
+        "jobs": [{"id": name, "min_nodes": 1, "max_nodes": 2, "throughput": [[1, 10], [2, 18]],
+                  "remaining_samples": work} for name, work in (("long", 4000), ("short", 1000))],
+    }
+    sizes = lambda d: {j["id"]: len(j["nodes"]) for j in d["jobs"]}  # noqa: E731
+    assert sizes(alloc.solve(problem, policy="dp")) == {"long": 1, "short": 1}
+    ranked = dict(problem, rank_weight_exponent=1, resize_hysteresis=2, reclaim_rate=1e-6)
+    assert sizes(alloc.solve(ranked, policy="dp")) == {"long": 0, "short": 2}
+    assert sizes(alloc.solve(ranked, policy="milp")) == {"long": 0, "short": 2}
+    with pytest.raises(malletrain.MalleValueError,
+                       match=r'jobs\[0\] \("long"\).remaining_samples: must be > 0'):
+        alloc.solve(dict(problem, objective="completion",
+                         jobs=[dict(problem["jobs"][0], remaining_samples=0)]))
+
+
 def test_bad_problem_types():
     with pytest.raises(TypeError, match="problem must be a dict"):
         alloc.solve(42)

@@ -30,6 +30,9 @@ constexpr char kFullProblem[] = R"({
   "objective": "weighted",
   "resize_cost": "bftrainer",
   "cross_locality_factor": 0.8,
+  "reclaim_rate": 2.5e-6,
+  "resize_hysteresis": 2,
+  "rank_weight_exponent": 1.5,
   "classes": [
     {"id": "fast", "locality": "rack0", "speed": 1.0},
     {"id": "slow", "locality": "rack1", "speed": 0.5}
@@ -43,11 +46,12 @@ constexpr char kFullProblem[] = R"({
   "jobs": [
     {"id": "resnet", "min_nodes": 1, "max_nodes": 4,
      "throughput": [[0, 0], [1, 5218.8], [2, 10582.5], [4, 20436]],
-     "resize_up_s": 18.722, "resize_down_s": 11.031, "weight": 2.0, "nodes": ["a0", "b0"]},
+     "resize_up_s": 18.722, "resize_down_s": 11.031, "weight": 2.0, "remaining_samples": 1.3e8,
+     "nodes": ["a0", "b0"]},
     {"id": "vgg", "min_nodes": 2, "max_nodes": 4,
      "batch_options": [{"name": "bs256", "throughput": [[2, 2389.2], [4, 4691.7]]},
                        {"name": "bs1024", "throughput": [[2, 2500], [4, 5100.5]]}],
-     "current_batch_option": 1}
+     "current_batch_option": 1, "remaining_samples": 4e6}
   ]
 })";
 
@@ -72,6 +76,9 @@ void ExpectProblemsEqual(const Problem& a, const Problem& b) {
   EXPECT_EQ(a.objective, b.objective);
   EXPECT_EQ(a.resize_cost, b.resize_cost);
   EXPECT_EQ(a.cross_locality_factor, b.cross_locality_factor);
+  EXPECT_EQ(a.reclaim_rate, b.reclaim_rate);
+  EXPECT_EQ(a.resize_hysteresis, b.resize_hysteresis);
+  EXPECT_EQ(a.rank_weight_exponent, b.rank_weight_exponent);
   ASSERT_EQ(a.classes.size(), b.classes.size());
   for (size_t i = 0; i < a.classes.size(); ++i) {
     EXPECT_EQ(a.classes[i].id, b.classes[i].id);
@@ -101,6 +108,7 @@ void ExpectProblemsEqual(const Problem& a, const Problem& b) {
     EXPECT_EQ(x.resize_up_pause, y.resize_up_pause);
     EXPECT_EQ(x.resize_down_pause, y.resize_down_pause);
     EXPECT_EQ(x.weight, y.weight);
+    EXPECT_EQ(x.remaining_samples, y.remaining_samples);
     EXPECT_EQ(x.current_nodes, y.current_nodes);
   }
 }
@@ -111,6 +119,9 @@ TEST(ParseProblemJsonTest, ReadsEveryField) {
   EXPECT_EQ(p.objective, Objective::kWeighted);
   EXPECT_EQ(p.resize_cost, ResizeCostModel::kBftrainer);
   EXPECT_EQ(p.cross_locality_factor, 0.8);
+  EXPECT_EQ(p.reclaim_rate, 2.5e-6);
+  EXPECT_EQ(p.resize_hysteresis, 2);
+  EXPECT_EQ(p.rank_weight_exponent, 1.5);
   ASSERT_EQ(p.classes.size(), 2u);
   EXPECT_EQ(p.classes[1].id, "slow");
   EXPECT_EQ(p.classes[1].locality, "rack1");
@@ -131,6 +142,7 @@ TEST(ParseProblemJsonTest, ReadsEveryField) {
   EXPECT_EQ(resnet.resize_up_pause, absl::Seconds(18.722));
   EXPECT_EQ(resnet.resize_down_pause, absl::Seconds(11.031));
   EXPECT_EQ(resnet.weight, 2.0);
+  EXPECT_EQ(resnet.remaining_samples, 1.3e8);
   EXPECT_THAT(resnet.current_nodes, ElementsAre("a0", "b0"));
   const JobSpec& vgg = p.jobs[1];
   EXPECT_TRUE(vgg.throughput.empty());
@@ -149,6 +161,9 @@ TEST(ParseProblemJsonTest, OmittedFieldsTakeTheStructDefaults) {
   EXPECT_EQ(p.objective, defaults.objective);
   EXPECT_EQ(p.resize_cost, defaults.resize_cost);
   EXPECT_EQ(p.cross_locality_factor, defaults.cross_locality_factor);
+  EXPECT_EQ(p.reclaim_rate, defaults.reclaim_rate);
+  EXPECT_EQ(p.resize_hysteresis, defaults.resize_hysteresis);
+  EXPECT_EQ(p.rank_weight_exponent, defaults.rank_weight_exponent);
   EXPECT_TRUE(p.classes.empty());
   EXPECT_EQ(p.nodes[0].class_id, "");
   EXPECT_EQ(p.nodes[0].expected_idle, absl::InfiniteDuration());
@@ -158,6 +173,7 @@ TEST(ParseProblemJsonTest, OmittedFieldsTakeTheStructDefaults) {
   EXPECT_EQ(job.resize_up_pause, job_defaults.resize_up_pause);
   EXPECT_EQ(job.resize_down_pause, job_defaults.resize_down_pause);
   EXPECT_EQ(job.weight, job_defaults.weight);
+  EXPECT_EQ(job.remaining_samples, job_defaults.remaining_samples);
   EXPECT_EQ(job.current_batch_option, 0);
   EXPECT_TRUE(job.current_nodes.empty());
 }
@@ -226,6 +242,56 @@ TEST(ProblemToJsonTest, WritesTheDocumentedKeys) {
   EXPECT_EQ(out["jobs"][0]["throughput"][1], Json::array({1, 5218.8}));
   EXPECT_EQ(out["jobs"][0]["nodes"], Json::array({"a0", "b0"}));
   EXPECT_EQ(out["jobs"][1]["batch_options"][1]["name"], "bs1024");
+  EXPECT_EQ(out["reclaim_rate"], 2.5e-6);
+  EXPECT_EQ(out["resize_hysteresis"], 2.0);
+  EXPECT_EQ(out["rank_weight_exponent"], 1.5);
+  EXPECT_EQ(out["jobs"][0]["remaining_samples"], 1.3e8);
+  // The terms at their defaults (none) are left out, as before they existed.
+  ASSERT_OK_AND_ASSIGN(Problem small, ParseProblemJson(kSmallProblem));
+  const Json plain = Json::parse(ProblemToJson(small));
+  for (const char* key : {"reclaim_rate", "resize_hysteresis", "rank_weight_exponent"}) {
+    EXPECT_FALSE(plain.contains(key)) << key;
+  }
+  EXPECT_FALSE(plain["jobs"][0].contains("remaining_samples"));
+}
+
+// The objective terms a JSON problem can carry (docs/allocator.md) change the
+// decision as they do from C++: with rank weights the job closer to done
+// grows first, and the completion objective reads remaining_samples.
+TEST(ParseProblemJsonTest, ObjectiveTermsReachTheDecision) {
+  constexpr char kTwo[] = R"({
+    "version": 1, "node_count": 2, "objective": "speedup", "forward_window_s": 30,
+    "jobs": [
+      {"id": "long", "min_nodes": 1, "max_nodes": 2, "throughput": [[1, 10], [2, 18]],
+       "remaining_samples": 4000},
+      {"id": "short", "min_nodes": 1, "max_nodes": 2, "throughput": [[1, 10], [2, 18]],
+       "remaining_samples": 1000}
+    ]})";
+  auto counts = [](const std::string& text) -> std::vector<int> {
+    absl::StatusOr<Problem> p = ParseProblemJson(text);
+    EXPECT_THAT(p.status(), IsOk());
+    if (!p.ok()) return {};
+    absl::StatusOr<Decision> d = Decide(*p, DecideOptions{PolicyKind::kDp});
+    EXPECT_THAT(d.status(), IsOk());
+    if (!d.ok()) return {};
+    std::vector<int> out;
+    for (const JobAllocation& j : d->allocation.jobs)
+      out.push_back(static_cast<int>(j.nodes.size()));
+    return out;
+  };
+  // Speedup alone: one node each (10 + 10 beats 18).
+  EXPECT_THAT(counts(kTwo), ElementsAre(1, 1));
+  // Rank weights: the short job weighs 2, the long one 1: 2 x 18 / 10 beats
+  // 2 x 1 + 1 x 1.
+  const std::string ranked = absl::StrReplaceAll(
+      kTwo,
+      {{"\"objective\": \"speedup\"", "\"objective\": \"speedup\", \"rank_weight_exponent\": 1"}});
+  EXPECT_THAT(counts(ranked), ElementsAre(0, 2));
+  const std::string completion =
+      absl::StrReplaceAll(kTwo, {{"\"objective\": \"speedup\"", "\"objective\": \"completion\""}});
+  // Completion: work over the window as a share of what is left: 540 / 1000
+  // for the short job on both nodes beats 300 / 4000 + 300 / 1000.
+  EXPECT_THAT(counts(completion), ElementsAre(0, 2));
 }
 
 // One bad input and what the error must say (the JSON path first).
@@ -291,10 +357,31 @@ std::vector<BadCase> BadCases() {
              "\"forward_window_s\": 0"),
        "forward_window_s: must be > 0 seconds"},
       {"bad_objective", Patch("\"node_count\": 4", "\"node_count\": 4, \"objective\": \"fast\""),
-       "objective: expected one of \"throughput\", \"speedup\", \"weighted\", got the string "
-       "\"fast\""},
+       "objective: expected one of \"throughput\", \"speedup\", \"weighted\", \"completion\", "
+       "got the string \"fast\""},
       {"bad_resize_cost", Patch("\"node_count\": 4", "\"node_count\": 4, \"resize_cost\": 1"),
        "resize_cost: expected a string, got 1"},
+      {"hysteresis_below_one",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"resize_hysteresis\": 0.5"),
+       "resize_hysteresis: must be finite and >= 1, got 0.5"},
+      {"hysteresis_string",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"resize_hysteresis\": \"2\""),
+       "resize_hysteresis: expected a factor (>= 1), got the string \"2\""},
+      {"negative_reclaim_rate",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"reclaim_rate\": -1e-6"),
+       "reclaim_rate: must be finite and >= 0, got -1e-06"},
+      {"negative_rank_exponent",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_weight_exponent\": -1"),
+       "rank_weight_exponent: must be finite and >= 0, got -1"},
+      {"rank_weights_without_work",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_weight_exponent\": 1"),
+       "jobs[0] (\"a\").remaining_samples: must be > 0 with rank_weight_exponent > 0"},
+      {"completion_without_work",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"objective\": \"completion\""),
+       "jobs[0] (\"a\").remaining_samples: must be > 0 for the completion objective"},
+      {"negative_remaining",
+       Patch("\"nodes\": [\"n0\"]", "\"nodes\": [\"n0\"], \"remaining_samples\": -5"),
+       "jobs[0] (\"a\").remaining_samples: must be finite and >= 0, got -5"},
       {"node_id_number", Patch("\"nodes\": [\"n0\"]", "\"nodes\": [0]"),
        "jobs[0].nodes[0]: expected a string, got 0"},
       {"nodes_and_node_count", Patch("\"node_count\": 4", "\"node_count\": 4, \"nodes\": []"),
