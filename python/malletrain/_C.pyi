@@ -142,6 +142,7 @@ class SimOptions:
     forecast: str
     reclaim_hazard: bool
     resize_hysteresis: float
+    rank_weight_exponent: float
     forward_window_s: float
     debounce_s: float
     max_waiting: int

@@ -189,6 +189,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.repeat_period is not None and args.repeat_mix is None:
         print("malletrain simulate: --repeat-period: only with --repeat-mix", file=sys.stderr)
         return 2
+    terms_for = [p.strip() for p in args.terms_for.split(",") if p.strip()]
+    unknown = [p for p in terms_for if p != "all" and p not in sim.POLICIES]
+    if not terms_for or unknown:
+        print(f"malletrain simulate: --terms-for: expected 'all' or policies among "
+              f"{', '.join(sim.POLICIES)}, got {args.terms_for!r}", file=sys.stderr)
+        return 2
     if args.out and not sim.plots_available():
         # Before the simulation, not after it: --out writes plots too.
         print(f"malletrain simulate: --out: {sim.PLOTS_MISSING}", file=sys.stderr)
@@ -238,18 +244,27 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.update(max(0, int(fraction * 1000) - bar.n))
 
+        # The objective terms apply to the policies in --terms-for; the others run as
+        # published (throughput objective, no terms), as sim_bench's --terms_for does.
+        terms = "all" in terms_for or policy in terms_for
         try:
             result = sim.simulate(
                 trace, mix, policy=policy, curves=args.curves, forecast=args.forecast,
-                accounting=args.accounting, objective=args.objective,
+                accounting=args.accounting,
+                objective=args.objective if terms else "throughput",
                 preemption_cost=args.preemption_cost, state_bytes=args.state_mb * 1e6,
                 write_bytes_per_s=args.park_write_mb_s * 1e6,
                 read_bytes_per_s=args.park_read_mb_s * 1e6,
                 copy_bytes_per_s=args.snapshot_copy_mb_s * 1e6,
                 park_fixed=args.park_fixed_s, unpark_fixed=args.unpark_fixed_s,
                 snapshot_interval=args.snapshot_interval_s, snapshot_budget=args.snapshot_budget,
-                reclaim_hazard=args.reclaim_hazard, resize_hysteresis=args.hysteresis,
-                forward_window=args.forward_window, debounce=args.debounce,
+                reclaim_hazard=args.reclaim_hazard and terms,
+                resize_hysteresis=args.hysteresis if terms else 1.0,
+                rank_weights=args.rank_weights if terms else 0.0,
+                forward_window=(args.terms_forward_window
+                                if terms and args.terms_forward_window is not None
+                                else args.forward_window),
+                debounce=args.debounce,
                 max_waiting=args.max_waiting, time_limit=args.time_limit,
                 skip_snapshots=args.skip_snapshots, record_events=args.events,
                 progress=progress)
@@ -419,6 +434,17 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
                    "0.01, the live engine's)")
     p.add_argument("--objective", default="throughput",
                    help="throughput, speedup, weighted or completion (the value of finishing)")
+    p.add_argument("--rank-weights", type=_positive_float_or_zero, default=0.0, metavar="P",
+                   help="each job's value times rank^P, rank 1 for the job with the most work "
+                   "left (0 = off; --objective speedup --rank-weights 1 is the setting that won "
+                   "in docs/benchmarks.md)")
+    p.add_argument("--terms-for", default="all", metavar="POLICIES",
+                   help="the policies that get --objective, --reclaim-hazard, --hysteresis and "
+                   "--rank-weights (default all); the others run as published (throughput "
+                   "objective, no terms), e.g. --terms-for dp")
+    p.add_argument("--terms-forward-window", type=_positive_seconds, metavar="SECONDS",
+                   help="the forward window of the policies in --terms-for (default: "
+                   "--forward-window)")
     p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")
     p.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--max-waiting", type=int, default=64)

@@ -234,6 +234,7 @@ def simulate(
     forecast: str = "none",
     reclaim_hazard: bool = False,
     resize_hysteresis: float = 1.0,
+    rank_weights: float = 0.0,
     forward_window: float | datetime.timedelta = 120.0,
     debounce: float | datetime.timedelta = 0.0,
     max_waiting: int = 64,
@@ -257,6 +258,9 @@ def simulate(
     that makes it, as SWF logs give it). ``reclaim_hazard=True`` tells the policy the machine's
     reclaim rate so far, so that it prices the forced shrinks more nodes risk;
     ``resize_hysteresis`` (>= 1) makes it charge every resize that many times its pause.
+    ``rank_weights`` (>= 0; 0 = off) multiplies each job's value by rank^rank_weights, rank 1
+    for the job with the most work left: with ``objective="speedup"`` and 1, the setting that
+    won on the figures users feel in docs/benchmarks.md.
     ``objective`` is ``throughput``, ``speedup``, ``weighted`` or ``completion`` (work as a
     share of the work left: the value of finishing). ``accounting="bftrainer"`` charges a
     resize as BFTrainer's replayer does
@@ -300,6 +304,9 @@ def simulate(
     if isinstance(resize_hysteresis, bool) or not isinstance(resize_hysteresis, (int, float)):
         raise TypeError(f"resize_hysteresis: expected a number, got {resize_hysteresis!r}")
     o.resize_hysteresis = float(resize_hysteresis)
+    if isinstance(rank_weights, bool) or not isinstance(rank_weights, (int, float)):
+        raise TypeError(f"rank_weights: expected a number, got {rank_weights!r}")
+    o.rank_weight_exponent = float(rank_weights)
     o.forward_window_s = _seconds(forward_window, "forward_window")
     o.debounce_s = _seconds(debounce, "debounce")
     o.max_waiting = int(max_waiting)

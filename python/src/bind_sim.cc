@@ -106,6 +106,7 @@ struct Options {
   std::string forecast = "none";
   bool reclaim_hazard = false;
   double resize_hysteresis = 1;
+  double rank_weight_exponent = 0;
   double forward_window_s = 120;
   double debounce_s = 0;
   int max_waiting = 64;
@@ -156,6 +157,7 @@ sim::SimOptions ToSimOptions(const Options& o) {
                                              {"reservation", sim::ForecastMode::kReservation}});
   s.reclaim_hazard = o.reclaim_hazard;
   s.resize_hysteresis = o.resize_hysteresis;
+  s.rank_weight_exponent = o.rank_weight_exponent;
   s.forward_window = absl::Seconds(o.forward_window_s);
   s.debounce = absl::Seconds(o.debounce_s);
   s.max_waiting = o.max_waiting;
@@ -386,6 +388,7 @@ void BindSim(py::module_& m) {
       .def_readwrite("forecast", &Options::forecast)
       .def_readwrite("reclaim_hazard", &Options::reclaim_hazard)
       .def_readwrite("resize_hysteresis", &Options::resize_hysteresis)
+      .def_readwrite("rank_weight_exponent", &Options::rank_weight_exponent)
       .def_readwrite("forward_window_s", &Options::forward_window_s)
       .def_readwrite("debounce_s", &Options::debounce_s)
       .def_readwrite("max_waiting", &Options::max_waiting)

@@ -334,6 +334,40 @@ def test_dominance_on_the_figures_users_feel(tmp_path, capsys):
     assert "better than static: samples/nh, JCT p95" in printed
 
 
+def test_rank_weights_and_terms_for(tmp_path, capsys):
+    # Two jobs on two nodes (10 samples/s on one, 18 on two): 4,000 and 1,000 samples. With the
+    # speedup objective alone each runs on one node and the short one is done at 100 s; with
+    # rank weights it gets both nodes and is done at 1000 / 18 s (EngineTest's
+    # RankWeightsFinishTheShortJobFirst, from Python).
+    trace = tmp_path / "two.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
+    mix = tmp_path / "long_short.csv"
+    mix.write_text(MIX_HEADER + "L,0,1,2,4000,10,5,0;1;2,0;10;18\n"
+                   "S,0,1,2,1000,10,5,0;1;2,0;10;18\n")
+    plain = sim.simulate(trace, mix, policy="dp", objective="speedup", forward_window=30)
+    ranked = sim.simulate(trace, mix, policy="dp", objective="speedup", forward_window=30,
+                          rank_weights=1)
+    short = lambda r: r.jobs[1]["finish"] - r.jobs[1]["submit"]  # noqa: E731
+    assert short(plain) == pytest.approx(100)
+    assert short(ranked) == pytest.approx(1000 / 18)
+    assert ranked.summary["jct_mean_s"] < plain.summary["jct_mean_s"]
+    with pytest.raises(ValueError, match="rank_weight_exponent: must be finite and >= 0"):
+        sim.simulate(trace, mix, rank_weights=-1)
+    with pytest.raises(TypeError, match="rank_weights"):
+        sim.simulate(trace, mix, rank_weights="1")
+
+    args = ["simulate", "--trace", str(trace), "--jobs", str(mix), "--quiet",
+            "--forward-window", "30", "--objective", "speedup", "--rank-weights", "1"]
+    assert main(args + ["--policy", "dp,greedy", "--terms-for", "dp"]) == 0
+    assert "dominated?" in capsys.readouterr().out
+    assert main(args + ["--policy", "dp", "--terms-for", "dpp"]) == 2
+    assert "--terms-for: expected 'all' or policies" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse: a usage error
+        main(args + ["--policy", "dp", "--rank-weights", "-1"])
+    assert exit_info.value.code == 2
+    assert "--rank-weights: must be a finite number >= 0" in capsys.readouterr().err
+
+
 def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
     trace, mix = tiny
     for options in ({"forecast": "reservation"}, {"reclaim_hazard": True},
