@@ -41,6 +41,11 @@ ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");
 ABSL_FLAG(std::string, journal, "", "journal file (empty: none; a restart then starts empty)");
 ABSL_FLAG(std::string, policy, "milp", "milp, dp, greedy, equal_share or static");
 ABSL_FLAG(absl::Duration, forward_window, absl::Minutes(2), "look-ahead of the objective");
+ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
+ABSL_FLAG(double, resize_hysteresis, 1.0, "charge every resize this many times its pause (>= 1)");
+ABSL_FLAG(double, rank_weight_exponent, 0.0,
+          "each job's value times rank^P, rank 1 for the job with the most work left (jobs "
+          "declare total_steps); 0 = off");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(15), "silent agents are withdrawn after this");
 ABSL_FLAG(absl::Duration, debounce, absl::Milliseconds(200), "events closer than this are decided once");
 
@@ -94,6 +99,19 @@ int main(int argc, char** argv) {
   o.decide.policy = *policy;
   o.journal_path = absl::GetFlag(FLAGS_journal);
   o.state.forward_window = absl::GetFlag(FLAGS_forward_window);
+  const std::string objective = absl::GetFlag(FLAGS_objective);
+  if (objective == "throughput") {
+    o.state.objective = malle::alloc::Objective::kThroughput;
+  } else if (objective == "speedup") {
+    o.state.objective = malle::alloc::Objective::kSpeedup;
+  } else if (objective == "weighted") {
+    o.state.objective = malle::alloc::Objective::kWeighted;
+  } else {
+    return Usage(absl::StrCat("--objective: expected throughput, speedup or weighted, got '",
+                              objective, "'"));
+  }
+  o.state.resize_hysteresis = absl::GetFlag(FLAGS_resize_hysteresis);
+  o.state.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weight_exponent);
   o.state.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.debounce = absl::GetFlag(FLAGS_debounce);
   absl::StatusOr<std::unique_ptr<malle::control::AllocatorService>> service =

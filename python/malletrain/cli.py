@@ -650,7 +650,9 @@ def _cmd_allocator(args: argparse.Namespace) -> int:
         return _usage_error(args, f"--secret (or {_C.ENV_SECRET}) is required")
     argv = [f"--secret={args.secret}", f"--policy={args.policy}",
             f"--forward_window={args.forward_window}s",
-            f"--heartbeat_timeout={args.heartbeat_timeout}s"]
+            f"--heartbeat_timeout={args.heartbeat_timeout}s", f"--objective={args.objective}",
+            f"--resize_hysteresis={args.hysteresis!r}",
+            f"--rank_weight_exponent={args.rank_weights!r}"]
     argv.append(f"--store={args.store}" if args.store else f"--listen={args.listen}")
     if args.journal:
         argv.append(f"--journal={args.journal}")
@@ -701,7 +703,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         client.submit(job=args.job, command=command, env=env,
                       cwd=os.path.abspath(args.cwd or os.getcwd()), min_nodes=args.min_nodes,
                       max_nodes=max_nodes, logical_workers=args.logical_workers,
-                      weight=args.weight, priority=args.priority)
+                      weight=args.weight, priority=args.priority,
+                      total_steps=args.total_steps)
     except Exception as e:  # noqa: BLE001
         return _control_failed(args, e)
     print(f"submitted {args.job}; see `malletrain status`")
@@ -776,6 +779,14 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                                                         "static"])
     p.add_argument("--forward-window", type=_positive_seconds, default=120.0, metavar="SECONDS")
     p.add_argument("--heartbeat-timeout", type=_positive_seconds, default=15.0, metavar="SECONDS")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "speedup",
+                                                                 "weighted"])
+    p.add_argument("--hysteresis", type=float, default=1.0, metavar="X",
+                   help="charge every resize X >= 1 times its pause")
+    p.add_argument("--rank-weights", type=_positive_float_or_zero, default=0.0, metavar="P",
+                   help="each job's value times rank^P, rank 1 for the job with the most work "
+                   "left (jobs say their length with submit --total-steps); 0 = off. "
+                   "--objective speedup --rank-weights 1 won in docs/benchmarks.md")
     p.set_defaults(func=_cmd_allocator)
 
     p = commands.add_parser("agent", help="run a node agent (malle-agent)",
@@ -817,6 +828,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--logical-workers", type=_positive_int, default=None)
     p.add_argument("--weight", type=float, default=1.0)
     p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--total-steps", type=_positive_int, default=None, metavar="N",
+                   help="the job's length in optimizer steps, if known: the allocator's rank "
+                   "weights order jobs by the work they have left")
     p.add_argument("--env", action="append", metavar="NAME=VALUE")
     p.add_argument("--cwd", default=None, help="working directory of the ranks (default: here)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")

@@ -138,6 +138,12 @@ class LocalCluster:
             directory, removed at close if it was created here and ``keep_logs`` is False).
         grace: seconds a reclaimed node gives its rank to leave (SIGTERM to its agent).
         forward_window: the allocator's look-ahead (seconds).
+        objective, resize_hysteresis, rank_weights: the allocator's objective and its terms
+            (``throughput``/``speedup``/``weighted``; every resize charged ``resize_hysteresis``
+            times its pause; each job's value times rank^``rank_weights``, rank 1 for the job
+            with the most work left, from the ``total_steps`` jobs declare at :meth:`submit`).
+            ``objective="speedup", rank_weights=1`` is the setting that won on the figures users
+            feel in docs/benchmarks.md.
         heartbeat_timeout: seconds after which a silent agent's node is withdrawn.
         journal: keep the allocator's journal in the work directory.
         allocator: ``"thread"`` (embedded in this process, the default) or ``"process"`` (the
@@ -171,7 +177,8 @@ class LocalCluster:
                  workdir: Optional[str | os.PathLike] = None, grace: float = 10.0,
                  forward_window: float = 120.0, heartbeat_timeout: float = 5.0,
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
-                 objective: str = "throughput", keep_logs: bool = False,
+                 objective: str = "throughput", resize_hysteresis: float = 1.0,
+                 rank_weights: float = 0.0, keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
                  metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
                  slots: int = 1, zygote: bool = True,
@@ -229,7 +236,8 @@ class LocalCluster:
             policy=policy, journal=str(self.journal_path) if journal else "",
             forward_window_s=float(forward_window), heartbeat_timeout_s=float(heartbeat_timeout),
             debounce_s=float(debounce), report_min_interval_s=float(report_min_interval),
-            default_samples_per_s=1.0, max_rank_failures=3, objective=objective)
+            default_samples_per_s=1.0, max_rank_failures=3, objective=objective,
+            resize_hysteresis=float(resize_hysteresis), rank_weight_exponent=float(rank_weights))
         self._service: Any = None
         self._allocator_mode = allocator
         self._metrics = bool(metrics)
@@ -265,7 +273,9 @@ class LocalCluster:
                 f"--secret={self.secret_path}", f"--policy={a['policy']}",
                 f"--forward_window={a['forward_window_s']}s",
                 f"--heartbeat_timeout={a['heartbeat_timeout_s']}s",
-                f"--debounce={a['debounce_s']}s"]
+                f"--debounce={a['debounce_s']}s", f"--objective={a['objective']}",
+                f"--resize_hysteresis={a['resize_hysteresis']!r}",
+                f"--rank_weight_exponent={a['rank_weight_exponent']!r}"]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
         if self._metrics:
@@ -532,18 +542,21 @@ class LocalCluster:
     def submit(self, job: str, command: Sequence[str], *, min_nodes: int = 1,
                max_nodes: Optional[int] = None, logical_workers: Optional[int] = None,
                env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-               weight: float = 1.0, priority: int = 0) -> None:
+               weight: float = 1.0, priority: int = 0,
+               total_steps: Optional[int] = None) -> None:
         """Submits a job: ``command`` runs on every node the allocator gives it (the node's
         slots ranks on each; ranks join at their first step). ``min_nodes``/``max_nodes`` count
-        nodes; ``logical_workers`` caps the ranks (nodes x slots). Invalid specs raise ValueError naming the
-        field."""
+        nodes; ``logical_workers`` caps the ranks (nodes x slots); ``total_steps``, the job's
+        length in optimizer steps when known, tells the allocator the work it has left (rank
+        weights). Invalid specs raise ValueError naming the field."""
         if max_nodes is None:
             max_nodes = logical_workers if logical_workers is not None else len(self.nodes)
         self.client.submit(job=job, command=list(command), env=dict(env or {}),
                            cwd=os.path.abspath(cwd) if cwd else os.getcwd(),
                            min_nodes=int(min_nodes), max_nodes=int(max_nodes),
                            logical_workers=logical_workers, weight=float(weight),
-                           priority=int(priority))
+                           priority=int(priority),
+                           total_steps=None if total_steps is None else int(total_steps))
         self._note(f"job {job} submitted ({min_nodes}..{max_nodes} nodes)")
 
     def cancel(self, job: str, reason: str = "cancelled by the user") -> None:

@@ -84,10 +84,12 @@ void BindControl(py::module_& m) {
       "Raises ValueError naming the field for an invalid message.");
 
   py::class_<Service>(m, "AllocatorService", "The allocator loop on a thread of this process.")
-      .def(py::init([](std::shared_ptr<ControlStore> store, const Secret& secret, const std::string& policy,
-                       const std::string& journal, double forward_window_s, double heartbeat_timeout_s,
-                       double debounce_s, double report_min_interval_s, double default_samples_per_s,
-                       int max_rank_failures, const std::string& objective) {
+      .def(py::init([](std::shared_ptr<ControlStore> store, const Secret& secret,
+                       const std::string& policy, const std::string& journal,
+                       double forward_window_s, double heartbeat_timeout_s, double debounce_s,
+                       double report_min_interval_s, double default_samples_per_s,
+                       int max_rank_failures, const std::string& objective,
+                       double resize_hysteresis, double rank_weight_exponent) {
              control::AllocatorServiceOptions o;
              o.decide.policy = ValueOrThrow(alloc::ParsePolicyName(policy));
              o.journal_path = journal;
@@ -105,6 +107,8 @@ void BindControl(py::module_& m) {
                throw StatusError(absl::InvalidArgumentError(absl::StrCat(
                    "objective: expected throughput, speedup or weighted, got '", objective, "'")));
              }
+             o.state.resize_hysteresis = resize_hysteresis;
+             o.state.rank_weight_exponent = rank_weight_exponent;
              o.debounce = Secs(debounce_s, "debounce");
              o.report_min_interval = Secs(report_min_interval_s, "report_min_interval");
              py::gil_scoped_release release;
@@ -112,8 +116,9 @@ void BindControl(py::module_& m) {
            }),
            py::arg("store"), py::arg("secret"), py::arg("policy"), py::arg("journal"),
            py::arg("forward_window_s"), py::arg("heartbeat_timeout_s"), py::arg("debounce_s"),
-           py::arg("report_min_interval_s"), py::arg("default_samples_per_s"), py::arg("max_rank_failures"),
-           py::arg("objective"))
+           py::arg("report_min_interval_s"), py::arg("default_samples_per_s"),
+           py::arg("max_rank_failures"), py::arg("objective"), py::arg("resize_hysteresis") = 1.0,
+           py::arg("rank_weight_exponent") = 0.0)
       .def(
           "start", [](Service& s) { ThrowIfError(s.service->Start()); },
           "Starts the loop on a background thread.")
@@ -190,8 +195,9 @@ void BindControl(py::module_& m) {
       .def(
           "submit",
           [](control::Client& c, const std::string& job, std::vector<std::string> command,
-             std::map<std::string, std::string> env, const std::string& cwd, int min_nodes, int max_nodes,
-             std::optional<int> logical_workers, double weight, int priority) {
+             std::map<std::string, std::string> env, const std::string& cwd, int min_nodes,
+             int max_nodes, std::optional<int> logical_workers, double weight, int priority,
+             std::optional<int64_t> total_steps) {
             control::JobSubmit s;
             s.job = job;
             s.command = std::move(command);
@@ -202,11 +208,13 @@ void BindControl(py::module_& m) {
             s.logical_workers = logical_workers;
             s.weight = weight;
             s.priority = priority;
+            s.total_steps = total_steps;
             py::gil_scoped_release release;
             ThrowIfError(c.Submit(s));
           },
           py::arg("job"), py::arg("command"), py::arg("env"), py::arg("cwd"), py::arg("min_nodes"),
-          py::arg("max_nodes"), py::arg("logical_workers"), py::arg("weight"), py::arg("priority"))
+          py::arg("max_nodes"), py::arg("logical_workers"), py::arg("weight"), py::arg("priority"),
+          py::arg("total_steps") = py::none())
       .def(
           "cancel",
           [](control::Client& c, const std::string& job, const std::string& reason) {

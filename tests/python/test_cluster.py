@@ -606,6 +606,31 @@ def scrape(url: str) -> dict:
     return out
 
 
+def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path):
+    """The objective terms that won in docs/benchmarks.md (speedup, rank weights, hysteresis)
+    are the allocator's options in both modes (the daemon's flags in process mode), and a job's
+    declared length reaches its status (the work left follows from its reports: the C++
+    ObjectiveTermsTest). No node is up: nothing runs."""
+    for mode in ("thread", "process"):
+        with LocalCluster(["n0"], policy="dp", allocator=mode, objective="speedup",
+                          rank_weights=1, resize_hysteresis=2,
+                          workdir=tmp_path / f"cluster-{mode}") as c:
+            c.submit("long", ["true"], total_steps=1000)
+            c.submit("unsaid", ["true"])
+            jobs = wait_for("both jobs known", lambda: (lambda j: j if len(j) == 2 else None)(
+                {j["job"]: j for j in c.status()["jobs"]}), timeout=60)
+            assert jobs["long"]["total_steps"] == 1000, (mode, jobs["long"])
+            assert jobs["unsaid"]["total_steps"] is None, (mode, jobs["unsaid"])
+            assert jobs["long"]["remaining_samples"] is None  # no report yet
+            assert c.allocator_running, mode
+        with pytest.raises(MalleValueError, match="rank_weight_exponent"):
+            LocalCluster(["n0"], allocator="thread", rank_weights=-1,
+                         workdir=tmp_path / f"bad-{mode}").close()
+    with LocalCluster(["n0"], allocator="thread", workdir=tmp_path / "steps") as c:
+        with pytest.raises(ValueError, match="total_steps"):
+            c.submit("zero", ["true"], total_steps=0)
+
+
 def test_allocator_and_agents_export_prometheus_metrics(tmp_path):
     """The embedded allocator (through prometheus-client), the allocator daemon and every
     agent (their own endpoint) serve metrics on loopback; scraped after a job ran, they say

@@ -95,6 +95,22 @@ absl::Status AllocatorStateOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "AllocatorStateOptions.max_rank_failures must be >= 1, got ", max_rank_failures));
   }
+  if (!std::isfinite(resize_hysteresis) || resize_hysteresis < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllocatorStateOptions.resize_hysteresis must be finite and >= 1, got ",
+                     resize_hysteresis));
+  }
+  if (!std::isfinite(rank_weight_exponent) || rank_weight_exponent < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllocatorStateOptions.rank_weight_exponent must be finite and >= 0, got ",
+                     rank_weight_exponent));
+  }
+  if (objective == alloc::Objective::kCompletion) {
+    return absl::InvalidArgumentError(
+        "AllocatorStateOptions.objective: completion needs every job's work left, which jobs "
+        "give only with total_steps; use speedup with rank_weight_exponent > 0, which orders "
+        "the jobs by the work they have left");
+  }
   return absl::OkStatus();
 }
 
@@ -561,6 +577,7 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
           job->grow_pause_s = report->resize_cost_s.grow;
           job->shrink_pause_s = report->resize_cost_s.shrink;
           job->step = report->step;
+          job->global_batch = report->model.global_batch;
           // The step that ends a run of rank failures is hard state: a journal
           // replay must count the failures in a row as the live service did.
           if (job->failures_in_a_row > 0 && job->step > job->failure_step) a.journal = true;
@@ -685,6 +702,13 @@ void AllocatorState::TouchAll(absl::Time now) {
   for (auto& [id, job] : jobs_) job.holder_seen = now;
 }
 
+double AllocatorState::RemainingSamples(const JobRecord& job) {
+  if (!job.spec.total_steps.has_value() || job.global_batch <= 0) return 0;
+  // At least one step: a job at its last step still has it to train.
+  const int64_t steps = std::max<int64_t>(*job.spec.total_steps - job.step, 1);
+  return static_cast<double>(steps) * static_cast<double>(job.global_batch);
+}
+
 alloc::Curve AllocatorState::CurveOf(const JobRecord& job) const {
   if (!job.curve.empty()) return job.curve;
   return PriorCurve(job.spec.min_nodes, job.spec.EffectiveMaxNodes(), options_.default_samples_per_s,
@@ -705,6 +729,8 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   alloc::Problem p;
   p.forward_window = options_.forward_window;
   p.objective = options_.objective;
+  p.resize_hysteresis = options_.resize_hysteresis;
+  p.rank_weight_exponent = options_.rank_weight_exponent;
   std::set<std::string> class_ids;
   std::set<std::string> offered;
   for (const auto& [name, n] : nodes_) {
@@ -751,6 +777,11 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
     for (const alloc::Breakpoint& b : curve) best = std::max(best, b.samples_per_s);
     bound += best * scale_of(*j, curve) * Seconds(options_.forward_window);
   }
+  // Rank weights multiply a job's value by up to (number of jobs)^exponent.
+  if (options_.rank_weight_exponent > 0) {
+    bound *= std::pow(static_cast<double>(std::max<size_t>(live.size(), 1)),
+                      options_.rank_weight_exponent);
+  }
   const double penalty = 4 * bound + 1;
   for (const JobRecord* j : live) {
     alloc::JobSpec spec;
@@ -763,6 +794,7 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
     spec.resize_down_pause =
         j->shrink_pause_s ? absl::Seconds(*j->shrink_pause_s) : options_.default_shrink_pause;
     spec.weight = j->spec.weight;
+    spec.remaining_samples = RemainingSamples(*j);
     for (const std::string& node : j->nodes) {
       if (offered.count(node)) spec.current_nodes.push_back(node);
     }
@@ -783,6 +815,24 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
       spec.resize_up_pause = std::max(spec.resize_up_pause, absl::Seconds(*unpark_s));
     }
     p.jobs.push_back(std::move(spec));
+  }
+  if (options_.rank_weight_exponent > 0) {
+    // Rank weights need every job's work left. A job that has not said
+    // counts as the longest: twice the longest known, in the node-seconds
+    // at min_nodes that alloc ranks by, in its own samples.
+    auto node_seconds = [](const alloc::JobSpec& j, double samples) {
+      return samples * j.min_nodes / alloc::Interpolate(j.throughput, j.min_nodes);
+    };
+    double longest = 0;
+    for (const alloc::JobSpec& j : p.jobs) {
+      if (j.remaining_samples <= 0) continue;
+      longest = std::max(longest, node_seconds(j, j.remaining_samples));
+    }
+    for (alloc::JobSpec& j : p.jobs) {
+      if (j.remaining_samples > 0) continue;
+      const double rate = alloc::Interpolate(j.throughput, j.min_nodes);
+      j.remaining_samples = rate > 0 ? (2 * longest + 1) * rate / j.min_nodes : 1;
+    }
   }
   return p;
 }
@@ -1060,6 +1110,10 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
     j["samples_per_s"] =
         job.nodes.empty() ? 0.0 : alloc::Interpolate(CurveOf(job), static_cast<int>(job.nodes.size()));
     j["step"] = job.step;
+    // The work it has left (rank weights), when it declared total_steps and reported.
+    j["total_steps"] = job.spec.total_steps ? Json(*job.spec.total_steps) : Json(nullptr);
+    const double left = RemainingSamples(job);
+    j["remaining_samples"] = left > 0 ? Json(left) : Json(nullptr);
     j["has_report"] = !job.report_json.empty();
     j["rank_failures"] = job.rank_failures;
     j["failures_in_a_row"] = job.failures_in_a_row;

@@ -79,6 +79,16 @@ namespace malle::control {
 struct AllocatorStateOptions {
   absl::Duration forward_window = absl::Minutes(2);  // alloc::Problem::forward_window
   alloc::Objective objective = alloc::Objective::kThroughput;
+  // alloc::Problem's objective terms (docs/allocator.md): every resize is
+  // charged this many times its pause (>= 1), and each job's value is
+  // multiplied by rank^rank_weight_exponent (>= 0; 0 = off), rank 1 for the
+  // job with the most work left. A job's work left is (total_steps - step) x
+  // global batch, from its JobSubmit and its latest advisor report; a job
+  // that did not declare total_steps, or has not reported yet, counts as the
+  // longest (rank weights favour the jobs known to be close to done).
+  // kCompletion needs every job's work left and is refused.
+  double resize_hysteresis = 1.0;
+  double rank_weight_exponent = 0.0;
   // An agent silent for this long is considered dead: its node is withdrawn.
   absl::Duration heartbeat_timeout = absl::Seconds(15);
   // A job's curve before its first advisor report (the prior): Amdahl-like,
@@ -170,6 +180,7 @@ struct JobRecord {
   alloc::Curve curve;
   std::optional<double> grow_pause_s, shrink_pause_s;
   int64_t step = 0;          // last reported step
+  int64_t global_batch = 0;  // of the last report (0: unknown)
   // Probes: the latest report's request (within [min, max] nodes), the probe
   // granted (if any) and when the last one was granted.
   std::optional<advisor::ProbeRequest> probe_request;
@@ -257,6 +268,10 @@ class AllocatorState {
   // The allocation problem: offered nodes, queued and running jobs with
   // their curves, current nodes and stop penalties. Always valid.
   alloc::Problem BuildProblem(absl::Time now) const;
+  // A job's work left, in samples: (total_steps - step, at least 1) x the
+  // global batch of its latest report; 0 when it did not declare
+  // total_steps or has not reported a global batch yet.
+  static double RemainingSamples(const JobRecord& job);
   // True if some job is queued or running and some node is offered, or a
   // job holds nodes that are no longer offered.
   bool HasWork(absl::Time now) const;

@@ -456,6 +456,9 @@ absl::Status Validate(const JobSubmit& m, const std::string& p) {
                                    kMaxLogicalWorkers, "min_nodes"));
   }
   MALLE_RETURN_IF_ERROR(CheckNumber(Member(p, "weight"), m.weight, 0, true, kMaxWeight));
+  if (m.total_steps.has_value()) {
+    MALLE_RETURN_IF_ERROR(CheckInt(Member(p, "total_steps"), *m.total_steps, 1, kMaxCounter));
+  }
   return CheckInt(Member(p, "priority"), m.priority, kMinPriority, kMaxPriority);
 }
 
@@ -665,7 +668,7 @@ absl::StatusOr<JobSubmit> DecodeJobSubmit(const Json& body, const std::string& p
   MALLE_ASSIGN_OR_RETURN(Fields f,
                          Fields::Open(body, path,
                                       {"job", "command", "env", "cwd", "min_nodes", "max_nodes",
-                                       "logical_workers", "weight", "priority"}));
+                                       "logical_workers", "weight", "priority", "total_steps"}));
   JobSubmit m;
   MALLE_ASSIGN_OR_RETURN(m.job, Required(f, "job", StringReader()));
   MALLE_ASSIGN_OR_RETURN(const Json* command, f.Required("command"));
@@ -705,6 +708,9 @@ absl::StatusOr<JobSubmit> DecodeJobSubmit(const Json& body, const std::string& p
   if (const Json* priority = f.Find("priority")) {
     MALLE_ASSIGN_OR_RETURN(m.priority,
                            ReadInt(*priority, f.Path("priority"), kMinPriority, kMaxPriority));
+  }
+  if (const Json* total = f.FindOptional("total_steps")) {
+    MALLE_ASSIGN_OR_RETURN(m.total_steps, ReadInt(*total, f.Path("total_steps"), 1, kMaxCounter));
   }
   return m;
 }
@@ -958,7 +964,9 @@ OrderedJson Encode(const JobSubmit& m) {
           {"logical_workers",
            m.logical_workers.has_value() ? OrderedJson(*m.logical_workers) : OrderedJson(nullptr)},
           {"weight", m.weight},
-          {"priority", m.priority}};
+          {"priority", m.priority},
+          {"total_steps",
+           m.total_steps.has_value() ? OrderedJson(*m.total_steps) : OrderedJson(nullptr)}};
 }
 
 OrderedJson Encode(const JobCancel& m) { return {{"job", m.job}, {"reason", m.reason}}; }
@@ -1180,9 +1188,9 @@ bool operator==(const RankExit& a, const RankExit& b) {
 }
 bool operator==(const JobSubmit& a, const JobSubmit& b) {
   return std::tie(a.job, a.command, a.env, a.cwd, a.min_nodes, a.max_nodes, a.logical_workers,
-                  a.weight, a.priority) == std::tie(b.job, b.command, b.env, b.cwd, b.min_nodes,
-                                                    b.max_nodes, b.logical_workers, b.weight,
-                                                    b.priority);
+                  a.weight, a.priority, a.total_steps) ==
+         std::tie(b.job, b.command, b.env, b.cwd, b.min_nodes, b.max_nodes, b.logical_workers,
+                  b.weight, b.priority, b.total_steps);
 }
 bool operator==(const JobCancel& a, const JobCancel& b) {
   return std::tie(a.job, a.reason) == std::tie(b.job, b.reason);

@@ -168,6 +168,11 @@ struct JobSubmit {
   std::optional<int> logical_workers;
   double weight = 1;  // (0, 1e6]
   int priority = 0;   // [-1e6, 1e6]
+  // The job's length in optimizer steps, when its script knows it (epochs x
+  // steps per epoch); nullopt: unknown. With the step its advisor reports
+  // and the global batch, the allocator knows the work the job has left,
+  // which the rank-weight objective orders jobs by. [1, 2^53].
+  std::optional<int64_t> total_steps;
 
   // The most nodes the job can use: min(max_nodes, logical_workers).
   int EffectiveMaxNodes() const;

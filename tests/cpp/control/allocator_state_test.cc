@@ -4,6 +4,7 @@
 #include "libmalle/control/state/allocator_state.h"
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/advisor/report_json.h"
-#include "tests/cpp/testing/status_matchers.h"
 #include "nlohmann/json.hpp"
+#include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::control {
 namespace {
@@ -919,6 +920,100 @@ TEST(CurveTest, PriorIsConcaveAndReportsExtendByTheNearestRate) {
   EXPECT_NEAR(alloc::Interpolate(c, 6), 80, 1e-9);  // 3's per-node rate
 }
 
+// A report of `job` at `step`, 100 samples/s on one node, global batch `batch`.
+AdvisorReport ReportAt(const std::string& job, int64_t step, int64_t batch) {
+  advisor::AdvisorReport r;
+  r.job = job;
+  r.step = step;
+  r.sizes_observed = {1};
+  advisor::CurvePoint p;
+  p.nodes = 1;
+  p.samples_per_s = 100;
+  p.lo = 90;
+  p.hi = 110;
+  p.efficiency = 1;
+  r.curve = {p};
+  r.model.fitted = true;
+  r.model.configurations = 1;
+  r.model.current_nodes = 1;
+  r.model.efficiency_reference_nodes = 1;
+  r.model.global_batch = batch;
+  return AdvisorReport{job, advisor::ReportToJson(r)};
+}
+
+// The objective terms reach the problem: hysteresis as it is, and rank
+// weights with each job's work left from its total_steps and its reports; a
+// job that did not say counts as the longest.
+TEST(ObjectiveTermsTest, WorkLeftComesFromTotalStepsAndTheReports) {
+  AllocatorStateOptions o;
+  o.objective = alloc::Objective::kSpeedup;
+  o.resize_hysteresis = 2;
+  o.rank_weight_exponent = 1;
+  ASSERT_OK(o.Validate());
+  AllocatorState state(o);
+  uint64_t seq = 0;
+  auto apply = [&](const std::string& sender, Message m) {
+    Envelope e;
+    e.sender = sender;
+    e.seq = ++seq;
+    e.ts = kT0;
+    e.message = std::move(m);
+    return state.Apply(e, kT0).status();
+  };
+  NodeRegister r;
+  r.node = "n0";
+  r.agent = "agent.n0";
+  ASSERT_OK(apply(r.agent, r));
+  for (const char* id : {"long", "short", "unsaid"}) {
+    JobSubmit s;
+    s.job = id;
+    s.command = {"python", "train.py"};
+    s.min_nodes = 1;
+    s.max_nodes = 2;
+    if (std::string(id) != "unsaid") s.total_steps = 1000;
+    ASSERT_OK(apply("client", s));
+  }
+  // Before any report the global batch is unknown: no job's work is known.
+  alloc::Problem p = state.BuildProblem(kT0);
+  EXPECT_EQ(p.resize_hysteresis, 2);
+  EXPECT_EQ(p.rank_weight_exponent, 1);
+  ASSERT_THAT(p.jobs, SizeIs(3));
+  EXPECT_OK(alloc::ValidateProblem(p));
+  EXPECT_EQ(AllocatorState::RemainingSamples(state.jobs().at("long")), 0);
+
+  ASSERT_OK(apply("long.m0", ReportAt("long", 100, 32)));    // 900 steps x 32
+  ASSERT_OK(apply("short.m0", ReportAt("short", 500, 32)));  // 500 steps x 32
+  ASSERT_OK(apply("unsaid.m0", ReportAt("unsaid", 5, 32)));  // no total_steps
+  p = state.BuildProblem(kT0);
+  ASSERT_OK(alloc::ValidateProblem(p));
+  std::map<std::string, double> left;
+  for (const alloc::JobSpec& j : p.jobs) left[j.id] = j.remaining_samples;
+  EXPECT_DOUBLE_EQ(left["long"], 900 * 32);
+  EXPECT_DOUBLE_EQ(left["short"], 500 * 32);
+  // Twice the longest known (in node-seconds at one node, 100 samples/s) + 1 s.
+  EXPECT_DOUBLE_EQ(left["unsaid"], (2 * 900 * 32 / 100.0 + 1) * 100);
+  // The one node goes to the job closest to done (weight 3 of 1..3; each
+  // could use the whole window).
+  alloc::DecideOptions d;
+  d.policy = alloc::PolicyKind::kDp;
+  ASSERT_OK_AND_ASSIGN(alloc::Decision decision, alloc::Decide(p, d));
+  for (const alloc::JobAllocation& j : decision.allocation.jobs) {
+    EXPECT_EQ(j.nodes.size(), j.job_id == "short" ? 1u : 0u) << j.job_id;
+  }
+  // A job past its declared length still has one step.
+  ASSERT_OK(apply("short.m0", ReportAt("short", 1200, 32)));
+  EXPECT_DOUBLE_EQ(AllocatorState::RemainingSamples(state.jobs().at("short")), 32);
+  // The status document says what the allocator knows.
+  const nlohmann::json status = nlohmann::json::parse(state.StatusJson(kT0));
+  for (const auto& j : status["jobs"]) {
+    if (j["job"] == "long") {
+      EXPECT_EQ(j["total_steps"], 1000);
+      EXPECT_EQ(j["remaining_samples"], 900 * 32);
+    }
+    if (j["job"] == "unsaid") EXPECT_TRUE(j["remaining_samples"].is_null());
+  }
+}
+
 TEST(OptionsTest, BadOptionsNameTheField) {
   AllocatorStateOptions o;
   o.heartbeat_timeout = absl::ZeroDuration();
@@ -935,6 +1030,17 @@ TEST(OptionsTest, BadOptionsNameTheField) {
   o = {};
   o.max_rank_failures = 0;
   EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rank_failures")));
+  o = {};
+  o.resize_hysteresis = 0.5;
+  EXPECT_THAT(o.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resize_hysteresis")));
+  o = {};
+  o.rank_weight_exponent = -1;
+  EXPECT_THAT(o.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank_weight_exponent")));
+  o = {};
+  o.objective = alloc::Objective::kCompletion;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("completion")));
 }
 
 }  // namespace

@@ -58,6 +58,7 @@ JobSubmit MakeJobSubmit() {
   m.logical_workers = 8;
   m.weight = 2.5;
   m.priority = -3;
+  m.total_steps = 90'000;
   return m;
 }
 JobCancel MakeJobCancel() { return {"resnet", "user request"}; }
@@ -182,6 +183,7 @@ TEST(MessagesTest, OptionalFieldsMayBeAbsentOrNullAndDefaultsApply) {
   EXPECT_EQ(s.weight, 1.0);
   EXPECT_EQ(s.priority, 0);
   EXPECT_FALSE(s.logical_workers.has_value());
+  EXPECT_FALSE(s.total_steps.has_value());
   EXPECT_EQ(s.EffectiveMaxNodes(), 3);
 }
 
@@ -346,6 +348,10 @@ std::vector<RuleCase> RuleCases() {
        "(0, 1e+06]"},
       {"priority too large", MakeJobSubmit(), [](Json& b) { b["priority"] = 1000001; },
        "body.priority", "[-1000000, 1000000], got 1000001"},
+      {"total_steps 0", MakeJobSubmit(), [](Json& b) { b["total_steps"] = 0; }, "body.total_steps",
+       "got 0"},
+      {"total_steps fractional", MakeJobSubmit(), [](Json& b) { b["total_steps"] = 2.5; },
+       "body.total_steps", "got 2.5"},
       {"cancel reason too long", MakeJobCancel(), [=](Json& b) { b["reason"] = long257; },
        "body.reason", "at most 256 bytes"},
       {"report not an object", MakeAdvisorReport(), [](Json& b) { b["report"] = "{}"; },
@@ -398,8 +404,9 @@ std::vector<RuleCase> RuleCases() {
        "body.sizes[0].nodes", "[0, 100000], got 100001"},
       {"sizes not an array", MakeAllocationPlan(), [](Json& b) { b["sizes"] = Json::object(); },
        "body.sizes", "expected an array, got an object"},
-      {"job launched twice", MakeAllocationPlan(), [](Json& b) { b["launches"][1]["job"] = "resnet"; },
-       "body.launches[1].job", "job \"resnet\" is listed more than once"},
+      {"job launched twice", MakeAllocationPlan(),
+       [](Json& b) { b["launches"][1]["job"] = "resnet"; }, "body.launches[1].job",
+       "job \"resnet\" is listed more than once"},
       {"runtime id not an id", MakeAllocationPlan(),
        [](Json& b) { b["launches"][0]["runtime_id"] = "resnet i1"; }, "body.launches[0].runtime_id",
        "{1,128}$"},
@@ -409,7 +416,8 @@ std::vector<RuleCase> RuleCases() {
       {"status not an object", MakeAllocatorStatus(), [](Json& b) { b["status"] = Json::array(); },
        "body.status", "expected a JSON object"},
       {"saved: unknown key", MakeJobSaved(), [](Json& b) { b["snapshot_step"] = 3; },
-       "body.snapshot_step", "unknown key; expected one of job, runtime_id, kind, step, bytes, write_s"},
+       "body.snapshot_step",
+       "unknown key; expected one of job, runtime_id, kind, step, bytes, write_s"},
       {"saved: job missing", MakeJobSaved(), [](Json& b) { b.erase("job"); }, "body.job",
        "missing (required)"},
       {"saved: runtime id not an id", MakeJobSaved(), [](Json& b) { b["runtime_id"] = "r/i1"; },
@@ -420,12 +428,13 @@ std::vector<RuleCase> RuleCases() {
        "missing (required)"},
       {"saved: negative step", MakeJobSaved(), [](Json& b) { b["step"] = -1; }, "body.step",
        "[0, 9007199254740992], got -1"},
-      {"saved: step not an integer", MakeJobSaved(), [](Json& b) { b["step"] = 12.5; },
-       "body.step", "expected an integer in [0, 9007199254740992], got 12.5"},
+      {"saved: step not an integer", MakeJobSaved(), [](Json& b) { b["step"] = 12.5; }, "body.step",
+       "expected an integer in [0, 9007199254740992], got 12.5"},
       {"saved: bytes beyond 2^53", MakeJobSaved(),
-       [](Json& b) { b["bytes"] = (uint64_t{1} << 53) + 1; }, "body.bytes", "[0, 9007199254740992]"},
-      {"saved: bytes a string", MakeJobSaved(), [](Json& b) { b["bytes"] = "250MB"; },
-       "body.bytes", "expected an integer"},
+       [](Json& b) { b["bytes"] = (uint64_t{1} << 53) + 1; }, "body.bytes",
+       "[0, 9007199254740992]"},
+      {"saved: bytes a string", MakeJobSaved(), [](Json& b) { b["bytes"] = "250MB"; }, "body.bytes",
+       "expected an integer"},
       {"saved: negative write time", MakeJobSaved(), [](Json& b) { b["write_s"] = -0.1; },
        "body.write_s", "expected seconds in [0, 86400]"},
       {"saved: write time over a day", MakeJobSaved(), [](Json& b) { b["write_s"] = 86401; },
