@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, policy, "milp", "milp, dp, greedy, equal_share or static"
 ABSL_FLAG(absl::Duration, forward_window, absl::Minutes(2), "look-ahead of the objective");
 ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
 ABSL_FLAG(double, resize_hysteresis, 1.0, "charge every resize this many times its pause (>= 1)");
+ABSL_FLAG(bool, reclaim_hazard, false,
+          "price the expected cost of a reclaim within the window, at the rate of this "
+          "allocator's own history of reclaims");
 ABSL_FLAG(double, rank_weight_exponent, 0.0,
           "each job's value times rank^P, rank 1 for the job with the most work left (jobs "
           "declare total_steps); 0 = off");
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
   }
   o.state.resize_hysteresis = absl::GetFlag(FLAGS_resize_hysteresis);
   o.state.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weight_exponent);
+  o.state.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
   o.state.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.debounce = absl::GetFlag(FLAGS_debounce);
   absl::StatusOr<std::unique_ptr<malle::control::AllocatorService>> service =

@@ -652,7 +652,8 @@ def _cmd_allocator(args: argparse.Namespace) -> int:
             f"--forward_window={args.forward_window}s",
             f"--heartbeat_timeout={args.heartbeat_timeout}s", f"--objective={args.objective}",
             f"--resize_hysteresis={args.hysteresis!r}",
-            f"--rank_weight_exponent={args.rank_weights!r}"]
+            f"--rank_weight_exponent={args.rank_weights!r}",
+            f"--reclaim_hazard={'true' if args.reclaim_hazard else 'false'}"]
     argv.append(f"--store={args.store}" if args.store else f"--listen={args.listen}")
     if args.journal:
         argv.append(f"--journal={args.journal}")
@@ -787,6 +788,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                    help="each job's value times rank^P, rank 1 for the job with the most work "
                    "left (jobs say their length with submit --total-steps); 0 = off. "
                    "--objective speedup --rank-weights 1 won in docs/benchmarks.md")
+    p.add_argument("--reclaim-hazard", action="store_true",
+                   help="price the expected cost of a reclaim within the window, at the rate of "
+                   "reclaims this allocator has seen")
     p.set_defaults(func=_cmd_allocator)
 
     p = commands.add_parser("agent", help="run a node agent (malle-agent)",

@@ -138,10 +138,12 @@ class LocalCluster:
             directory, removed at close if it was created here and ``keep_logs`` is False).
         grace: seconds a reclaimed node gives its rank to leave (SIGTERM to its agent).
         forward_window: the allocator's look-ahead (seconds).
-        objective, resize_hysteresis, rank_weights: the allocator's objective and its terms
+        objective, resize_hysteresis, rank_weights, reclaim_hazard: the allocator's objective
+            and its terms
             (``throughput``/``speedup``/``weighted``; every resize charged ``resize_hysteresis``
             times its pause; each job's value times rank^``rank_weights``, rank 1 for the job
-            with the most work left, from the ``total_steps`` jobs declare at :meth:`submit`).
+            with the most work left, from the ``total_steps`` jobs declare at :meth:`submit`;
+            ``reclaim_hazard``: price the expected reclaims at the rate this allocator has seen).
             ``objective="speedup", rank_weights=1`` is the setting that won on the figures users
             feel in docs/benchmarks.md.
         heartbeat_timeout: seconds after which a silent agent's node is withdrawn.
@@ -178,7 +180,8 @@ class LocalCluster:
                  forward_window: float = 120.0, heartbeat_timeout: float = 5.0,
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
                  objective: str = "throughput", resize_hysteresis: float = 1.0,
-                 rank_weights: float = 0.0, keep_logs: bool = False,
+                 rank_weights: float = 0.0, reclaim_hazard: bool = False,
+                 keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
                  metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
                  slots: int = 1, zygote: bool = True,
@@ -237,7 +240,8 @@ class LocalCluster:
             forward_window_s=float(forward_window), heartbeat_timeout_s=float(heartbeat_timeout),
             debounce_s=float(debounce), report_min_interval_s=float(report_min_interval),
             default_samples_per_s=1.0, max_rank_failures=3, objective=objective,
-            resize_hysteresis=float(resize_hysteresis), rank_weight_exponent=float(rank_weights))
+            resize_hysteresis=float(resize_hysteresis), rank_weight_exponent=float(rank_weights),
+            reclaim_hazard=bool(reclaim_hazard))
         self._service: Any = None
         self._allocator_mode = allocator
         self._metrics = bool(metrics)
@@ -275,7 +279,8 @@ class LocalCluster:
                 f"--heartbeat_timeout={a['heartbeat_timeout_s']}s",
                 f"--debounce={a['debounce_s']}s", f"--objective={a['objective']}",
                 f"--resize_hysteresis={a['resize_hysteresis']!r}",
-                f"--rank_weight_exponent={a['rank_weight_exponent']!r}"]
+                f"--rank_weight_exponent={a['rank_weight_exponent']!r}",
+                f"--reclaim_hazard={'true' if a['reclaim_hazard'] else 'false'}"]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
         if self._metrics:

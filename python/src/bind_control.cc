@@ -89,7 +89,7 @@ void BindControl(py::module_& m) {
                        double forward_window_s, double heartbeat_timeout_s, double debounce_s,
                        double report_min_interval_s, double default_samples_per_s,
                        int max_rank_failures, const std::string& objective,
-                       double resize_hysteresis, double rank_weight_exponent) {
+                       double resize_hysteresis, double rank_weight_exponent, bool reclaim_hazard) {
              control::AllocatorServiceOptions o;
              o.decide.policy = ValueOrThrow(alloc::ParsePolicyName(policy));
              o.journal_path = journal;
@@ -109,6 +109,7 @@ void BindControl(py::module_& m) {
              }
              o.state.resize_hysteresis = resize_hysteresis;
              o.state.rank_weight_exponent = rank_weight_exponent;
+             o.state.reclaim_hazard = reclaim_hazard;
              o.debounce = Secs(debounce_s, "debounce");
              o.report_min_interval = Secs(report_min_interval_s, "report_min_interval");
              py::gil_scoped_release release;
@@ -118,7 +119,7 @@ void BindControl(py::module_& m) {
            py::arg("forward_window_s"), py::arg("heartbeat_timeout_s"), py::arg("debounce_s"),
            py::arg("report_min_interval_s"), py::arg("default_samples_per_s"),
            py::arg("max_rank_failures"), py::arg("objective"), py::arg("resize_hysteresis") = 1.0,
-           py::arg("rank_weight_exponent") = 0.0)
+           py::arg("rank_weight_exponent") = 0.0, py::arg("reclaim_hazard") = false)
       .def(
           "start", [](Service& s) { ThrowIfError(s.service->Start()); },
           "Starts the loop on a background thread.")

@@ -613,7 +613,7 @@ def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path)
     ObjectiveTermsTest). No node is up: nothing runs."""
     for mode in ("thread", "process"):
         with LocalCluster(["n0"], policy="dp", allocator=mode, objective="speedup",
-                          rank_weights=1, resize_hysteresis=2,
+                          rank_weights=1, resize_hysteresis=2, reclaim_hazard=True,
                           workdir=tmp_path / f"cluster-{mode}") as c:
             c.submit("long", ["true"], total_steps=1000)
             c.submit("unsaid", ["true"])
@@ -622,6 +622,8 @@ def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path)
             assert jobs["long"]["total_steps"] == 1000, (mode, jobs["long"])
             assert jobs["unsaid"]["total_steps"] is None, (mode, jobs["unsaid"])
             assert jobs["long"]["remaining_samples"] is None  # no report yet
+            reclaims = c.status()["reclaims"]
+            assert reclaims["priced"] is True and reclaims["seen"] == 0, (mode, reclaims)
             assert c.allocator_running, mode
         with pytest.raises(MalleValueError, match="rank_weight_exponent"):
             LocalCluster(["n0"], allocator="thread", rank_weights=-1,

@@ -369,6 +369,18 @@ void AllocatorState::ResetHeldTime(absl::Time now) {
   }
 }
 
+void AllocatorState::CloseActive(const NodeRecord& n, absl::Time now) {
+  closed_active_seconds_ += std::max(0.0, Seconds(now - n.registered_at));
+}
+
+double AllocatorState::ReclaimRate(absl::Time now) const {
+  double seconds = closed_active_seconds_;
+  for (const auto& [name, n] : nodes_) {
+    if (n.phase == NodePhase::kActive) seconds += std::max(0.0, Seconds(now - n.registered_at));
+  }
+  return seconds > 0 ? static_cast<double>(reclaims_seen_) / seconds : 0.0;
+}
+
 absl::StatusOr<Applied> AllocatorState::ApplyRegister(const Envelope& e, const NodeRegister& m,
                                                       absl::Time now) {
   if (m.agent != e.sender) {
@@ -409,6 +421,9 @@ absl::StatusOr<Applied> AllocatorState::ApplyRegister(const Envelope& e, const N
   fresh.last_seen = now;
   if (it != nodes_.end()) {
     Accrue(it->second, now);  // the record it replaces (a silent agent's)
+    if (it->second.phase == NodePhase::kActive) {
+      CloseActive(it->second, std::min(now, it->second.last_seen));
+    }
     fresh.planned = it->second.planned;
   }
   fresh.held_since = now;
@@ -436,6 +451,10 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
             a.what = absl::StrCat("node ", m.node, " reclaim repeated");
             return a;
           }
+          if (n->phase == NodePhase::kActive) {
+            CloseActive(*n, now);
+            ++reclaims_seen_;
+          }
           n->phase = NodePhase::kReclaiming;
           n->reclaim_deadline = deadline;
           a.needs_decision = a.journal = true;
@@ -444,6 +463,7 @@ absl::StatusOr<Applied> AllocatorState::Apply(const Envelope& e, absl::Time now)
         } else if constexpr (std::is_same_v<T, NodeLeave>) {
           MALLE_ASSIGN_OR_RETURN(NodeRecord * n, AgentNode(e, m.node));
           Accrue(*n, now);
+          if (n->phase == NodePhase::kActive) CloseActive(*n, now);
           n->phase = NodePhase::kGone;
           n->why_gone = absl::StrCat("left: ", m.reason);
           n->running.reset();
@@ -665,6 +685,8 @@ std::vector<std::string> AllocatorState::Expire(absl::Time now) {
     if (n.phase == NodePhase::kGone) continue;
     if (now - n.last_seen > options_.heartbeat_timeout) {
       Accrue(n, now);
+      // Offered until it was last heard from, not until it was found silent.
+      if (n.phase == NodePhase::kActive) CloseActive(n, std::min(now, n.last_seen));
       n.phase = NodePhase::kGone;
       n.why_gone = absl::StrCat("agent ", n.agent, " silent for ",
                                 absl::FormatDuration(absl::Trunc(now - n.last_seen, absl::Milliseconds(1))));
@@ -731,6 +753,7 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   p.objective = options_.objective;
   p.resize_hysteresis = options_.resize_hysteresis;
   p.rank_weight_exponent = options_.rank_weight_exponent;
+  if (options_.reclaim_hazard) p.reclaim_rate = ReclaimRate(now);
   std::set<std::string> class_ids;
   std::set<std::string> offered;
   for (const auto& [name, n] : nodes_) {
@@ -1061,6 +1084,11 @@ std::string AllocatorState::StatusJson(absl::Time now) const {
   Json out;
   out["version"] = 1;
   out["now"] = Unix(now);
+  // The main scheduler's reclaims so far, and the rate the objective prices
+  // when reclaim_hazard is on.
+  out["reclaims"] = {{"seen", reclaims_seen_},
+                     {"per_node_hour", 3600 * ReclaimRate(now)},
+                     {"priced", options_.reclaim_hazard}};
   Json nodes = Json::array();
   for (const auto& [name, n] : nodes_) {
     Json j;

@@ -89,6 +89,12 @@ struct AllocatorStateOptions {
   // kCompletion needs every job's work left and is refused.
   double resize_hysteresis = 1.0;
   double rank_weight_exponent = 0.0;
+  // alloc::Problem::reclaim_rate from this allocator's own history: the
+  // main scheduler's reclaims (node_reclaim messages) per node-second of
+  // nodes offered, since the allocator's journal began. Each running option
+  // then pays the expected cost of a forced shrink within the window. Off
+  // by default.
+  bool reclaim_hazard = false;
   // An agent silent for this long is considered dead: its node is withdrawn.
   absl::Duration heartbeat_timeout = absl::Seconds(15);
   // A job's curve before its first advisor report (the prior): Amdahl-like,
@@ -268,6 +274,11 @@ class AllocatorState {
   // The allocation problem: offered nodes, queued and running jobs with
   // their curves, current nodes and stop penalties. Always valid.
   alloc::Problem BuildProblem(absl::Time now) const;
+  // Reclaims per offered node-second so far (ReclaimRate: reclaims / node
+  // time in kActive, counted from each node's registration to when it left
+  // kActive); 0 before any node time.
+  double ReclaimRate(absl::Time now) const;
+  int64_t reclaims_seen() const { return reclaims_seen_; }
   // A job's work left, in samples: (total_steps - step, at least 1) x the
   // global batch of its latest report; 0 when it did not declare
   // total_steps or has not reported a global batch yet.
@@ -339,6 +350,13 @@ class AllocatorState {
   std::map<std::string, NodeRecord> nodes_;
   std::map<std::string, JobRecord> jobs_;
   HeldSeconds held_total_;  // every job's, and ranks of jobs not known here
+  // Reclaim history (ReclaimRate): reclaims, and node-seconds in kActive of
+  // the nodes no longer in it (those still in it are added at the time of
+  // asking). Rebuilt by a journal replay from the messages' times.
+  int64_t reclaims_seen_ = 0;
+  double closed_active_seconds_ = 0;
+  // A node leaves kActive at `now`: its active time joins the history.
+  void CloseActive(const NodeRecord& n, absl::Time now);
   int64_t resizes_ = 0;
   int64_t job_stops_ = 0;
   int64_t lost_incarnations_ = 0;

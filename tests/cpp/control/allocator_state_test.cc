@@ -484,6 +484,56 @@ TEST_F(AllocatorStateTest, AReclaimedNodeIsEmptiedByTheNextPlan) {
   EXPECT_THAT(DecideAndAdopt().assignments, SizeIs(1));
 }
 
+// The reclaim rate the objective prices (reclaim_hazard): the main
+// scheduler's reclaims per node-second offered, from the allocator's own
+// history, and rebuilt the same by a replay of the same messages.
+TEST(ReclaimHistoryTest, ReclaimsPerOfferedNodeSecond) {
+  AllocatorStateOptions o;
+  o.reclaim_hazard = true;
+  o.heartbeat_timeout = absl::Hours(10);
+  std::vector<std::pair<Envelope, absl::Time>> log;
+  uint64_t seq = 0;
+  auto message = [&](const std::string& sender, Message m, absl::Time at) {
+    Envelope e;
+    e.sender = sender;
+    e.seq = ++seq;
+    e.ts = at;
+    e.message = std::move(m);
+    log.emplace_back(e, at);
+  };
+  for (const char* n : {"n0", "n1"}) {
+    NodeRegister r;
+    r.node = n;
+    r.agent = absl::StrCat("agent.", n);
+    message(r.agent, r, kT0);
+  }
+  // n1 is reclaimed after 100 s and leaves at 110 s; n0 stays.
+  message("agent.n1", NodeReclaim{"n1", absl::Seconds(10), "main job"}, kT0 + absl::Seconds(100));
+  message("agent.n1", NodeLeave{"n1", "reclaimed"}, kT0 + absl::Seconds(110));
+  // A node withdrawn by its operator is no reclaim.
+  NodeRegister r2;
+  r2.node = "n2";
+  r2.agent = "agent.n2";
+  message("agent.n2", r2, kT0 + absl::Seconds(200));
+  message("agent.n2", NodeLeave{"n2", "operator"}, kT0 + absl::Seconds(250));
+  for (int replay = 0; replay < 2; ++replay) {
+    AllocatorState state(o);
+    for (const auto& [e, at] : log) ASSERT_OK(state.Apply(e, at).status());
+    const absl::Time now = kT0 + absl::Seconds(300);
+    // Offered: n0 300 s, n1 100 s (until its reclaim), n2 50 s.
+    EXPECT_EQ(state.reclaims_seen(), 1);
+    EXPECT_DOUBLE_EQ(state.ReclaimRate(now), 1.0 / 450);
+    EXPECT_DOUBLE_EQ(state.BuildProblem(now).reclaim_rate, 1.0 / 450);
+    const nlohmann::json status = nlohmann::json::parse(state.StatusJson(now));
+    EXPECT_EQ(status["reclaims"]["seen"], 1);
+    EXPECT_DOUBLE_EQ(status["reclaims"]["per_node_hour"].get<double>(), 3600.0 / 450);
+  }
+  // Off (the default): the problem carries no rate.
+  AllocatorState plain;
+  for (const auto& [e, at] : log) ASSERT_OK(plain.Apply(e, at).status());
+  EXPECT_EQ(plain.BuildProblem(kT0 + absl::Seconds(300)).reclaim_rate, 0);
+}
+
 TEST_F(AllocatorStateTest, JobsEndByCompletionByAnExitZeroOrByRepeatedCrashes) {
   for (const char* n : {"n0", "n1", "n2"}) ASSERT_OK(Register(n).status());
   ASSERT_OK(Submit("done", 1, 1).status());
