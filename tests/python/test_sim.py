@@ -299,16 +299,23 @@ def test_summary_table_has_units_and_warnings(tiny):
     assert math.isnan(s["jct_p95_s"])
 
 
+def two_nodes_two_jobs(tmp_path, work):
+    """Two nodes idle from 0 to 1,000 s, and a job per entry of ``work`` (name: samples), each
+    10 samples/s on one node and 18 on two, 10 s to grow, 5 s to shrink."""
+    trace = tmp_path / "two.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
+    mix = tmp_path / "two_jobs.csv"
+    mix.write_text(MIX_HEADER + "".join(f"{name},0,1,2,{samples},10,5,0;1;2,0;10;18\n"
+                                        for name, samples in work.items()))
+    return trace, mix
+
+
 def test_dominance_on_the_figures_users_feel(tmp_path, capsys):
     # Two identical jobs (10 samples/s on one node, 18 on two; 1,000 samples) on two nodes idle
     # all along: equal share runs each on one node (both done at 100 s, the most samples per
     # node-hour there can be), static one after the other on both (55.6 s and 111.1 s). Each
     # is better on something: neither dominates the other (docs/simulator.md).
-    trace = tmp_path / "two.csv"
-    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
-    mix = tmp_path / "two_jobs.csv"
-    mix.write_text(MIX_HEADER + "a,0,1,2,1000,10,5,0;1;2,0;10;18\n"
-                   "b,0,1,2,1000,10,5,0;1;2,0;10;18\n")
+    trace, mix = two_nodes_two_jobs(tmp_path, {"a": 1000, "b": 1000})
     equal = sim.simulate(trace, mix, policy="equal_share")
     fixed = sim.simulate(trace, mix, policy="static")
     assert equal.summary["jct_mean_s"] == pytest.approx(100)
@@ -339,11 +346,7 @@ def test_rank_weights_and_terms_for(tmp_path, capsys):
     # speedup objective alone each runs on one node and the short one is done at 100 s; with
     # rank weights it gets both nodes and is done at 1000 / 18 s (EngineTest's
     # RankWeightsFinishTheShortJobFirst, from Python).
-    trace = tmp_path / "two.csv"
-    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
-    mix = tmp_path / "long_short.csv"
-    mix.write_text(MIX_HEADER + "L,0,1,2,4000,10,5,0;1;2,0;10;18\n"
-                   "S,0,1,2,1000,10,5,0;1;2,0;10;18\n")
+    trace, mix = two_nodes_two_jobs(tmp_path, {"L": 4000, "S": 1000})
     plain = sim.simulate(trace, mix, policy="dp", objective="speedup", forward_window=30)
     ranked = sim.simulate(trace, mix, policy="dp", objective="speedup", forward_window=30,
                           rank_weights=1)

@@ -27,11 +27,11 @@ using ::testing::SizeIs;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
 
-// A report of a job measured at 100 samples/s on one node.
-AdvisorReport RichReport() {
+// A report of `job` at `step`, 100 samples/s on one node, global batch `batch`.
+AdvisorReport ReportAt(const std::string& job, int64_t step, int64_t batch) {
   advisor::AdvisorReport r;
-  r.job = "rich";
-  r.step = 50;
+  r.job = job;
+  r.step = step;
   r.sizes_observed = {1};
   advisor::CurvePoint p;
   p.nodes = 1;
@@ -44,8 +44,12 @@ AdvisorReport RichReport() {
   r.model.configurations = 1;
   r.model.current_nodes = 1;
   r.model.efficiency_reference_nodes = 1;
-  return AdvisorReport{"rich", advisor::ReportToJson(r)};
+  r.model.global_batch = batch;
+  return AdvisorReport{job, advisor::ReportToJson(r)};
 }
+
+// A report of a job measured at 100 samples/s on one node.
+AdvisorReport RichReport() { return ReportAt("rich", 50, 0); }
 
 class AllocatorStateTest : public ::testing::Test {
  protected:
@@ -968,27 +972,6 @@ TEST(CurveTest, PriorIsConcaveAndReportsExtendByTheNearestRate) {
   EXPECT_DOUBLE_EQ(alloc::Interpolate(c, 1), 15);   // 2's per-node rate
   EXPECT_DOUBLE_EQ(alloc::Interpolate(c, 3), 40);
   EXPECT_NEAR(alloc::Interpolate(c, 6), 80, 1e-9);  // 3's per-node rate
-}
-
-// A report of `job` at `step`, 100 samples/s on one node, global batch `batch`.
-AdvisorReport ReportAt(const std::string& job, int64_t step, int64_t batch) {
-  advisor::AdvisorReport r;
-  r.job = job;
-  r.step = step;
-  r.sizes_observed = {1};
-  advisor::CurvePoint p;
-  p.nodes = 1;
-  p.samples_per_s = 100;
-  p.lo = 90;
-  p.hi = 110;
-  p.efficiency = 1;
-  r.curve = {p};
-  r.model.fitted = true;
-  r.model.configurations = 1;
-  r.model.current_nodes = 1;
-  r.model.efficiency_reference_nodes = 1;
-  r.model.global_batch = batch;
-  return AdvisorReport{job, advisor::ReportToJson(r)};
 }
 
 // The objective terms reach the problem: hysteresis as it is, and rank
