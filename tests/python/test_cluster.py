@@ -633,6 +633,27 @@ def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path)
             c.submit("zero", ["true"], total_steps=0)
 
 
+def test_a_training_job_tells_the_allocator_the_work_it_has_left(tmp_path):
+    """End to end: a job that declares its length, trained by a real rank, reports its step and
+    global batch through its advisor; the allocator's work left is (total - step) x batch."""
+    with LocalCluster(["n0"], policy="dp", objective="speedup", rank_weights=1,
+                      report_min_interval=0.5, workdir=tmp_path / "cluster") as c:
+        try:
+            c.node_up("n0")
+            # 2 logical workers of 16: global batch 32. Paced so that it reports while it runs.
+            c.submit("j", train_cmd(tmp_path / "j", 400, ["--logical-workers", "2"], 0.05),
+                     logical_workers=2, max_nodes=1, total_steps=400)
+            view = wait_for("the work left known", lambda: (lambda j: j if j.get(
+                "remaining_samples") is not None else None)(job_view(c, "j")), timeout=180)
+            assert view["total_steps"] == 400
+            assert view["remaining_samples"] == (400 - view["step"]) * 32, view
+            assert 0 < view["remaining_samples"] <= 400 * 32
+            c.cancel("j")
+        except BaseException:
+            print(dump_logs(c))
+            raise
+
+
 def test_allocator_and_agents_export_prometheus_metrics(tmp_path):
     """The embedded allocator (through prometheus-client), the allocator daemon and every
     agent (their own endpoint) serve metrics on loopback; scraped after a job ran, they say
