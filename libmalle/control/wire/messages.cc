@@ -955,18 +955,21 @@ OrderedJson Encode(const RankExit& m) {
 OrderedJson Encode(const JobSubmit& m) {
   OrderedJson env = OrderedJson::object();
   for (const auto& [name, value] : m.env) env[name] = value;
-  return {{"job", m.job},
-          {"command", m.command},
-          {"env", std::move(env)},
-          {"cwd", m.cwd},
-          {"min_nodes", m.min_nodes},
-          {"max_nodes", m.max_nodes},
-          {"logical_workers",
-           m.logical_workers.has_value() ? OrderedJson(*m.logical_workers) : OrderedJson(nullptr)},
-          {"weight", m.weight},
-          {"priority", m.priority},
-          {"total_steps",
-           m.total_steps.has_value() ? OrderedJson(*m.total_steps) : OrderedJson(nullptr)}};
+  OrderedJson out = {
+      {"job", m.job},
+      {"command", m.command},
+      {"env", std::move(env)},
+      {"cwd", m.cwd},
+      {"min_nodes", m.min_nodes},
+      {"max_nodes", m.max_nodes},
+      {"logical_workers",
+       m.logical_workers.has_value() ? OrderedJson(*m.logical_workers) : OrderedJson(nullptr)},
+      {"weight", m.weight},
+      {"priority", m.priority}};
+  // Only when given: an allocator older than the field refuses unknown keys,
+  // so a client that does not use it stays readable by one.
+  if (m.total_steps.has_value()) out["total_steps"] = *m.total_steps;
+  return out;
 }
 
 OrderedJson Encode(const JobCancel& m) { return {{"job", m.job}, {"reason", m.reason}}; }

@@ -187,6 +187,19 @@ TEST(MessagesTest, OptionalFieldsMayBeAbsentOrNullAndDefaultsApply) {
   EXPECT_EQ(s.EffectiveMaxNodes(), 3);
 }
 
+// total_steps is written only when given: an allocator from before the field
+// (it refuses unknown keys) still reads a submit that does not use it.
+TEST(MessagesTest, TotalStepsIsWrittenOnlyWhenGiven) {
+  JobSubmit m = MakeJobSubmit();
+  ASSERT_OK_AND_ASSIGN(std::string with, EncodeBody(m));
+  EXPECT_EQ(Json::parse(with)["total_steps"], 90000);
+  m.total_steps.reset();
+  ASSERT_OK_AND_ASSIGN(std::string without, EncodeBody(m));
+  EXPECT_FALSE(Json::parse(without).contains("total_steps")) << without;
+  ASSERT_OK_AND_ASSIGN(Message back, DecodeBody(MessageType::kJobSubmit, without));
+  EXPECT_FALSE(std::get<JobSubmit>(back).total_steps.has_value());
+}
+
 TEST(MessagesTest, EffectiveMaxNodesIsCappedByLogicalWorkers) {
   JobSubmit m = MakeJobSubmit();
   EXPECT_EQ(m.EffectiveMaxNodes(), 8);  // max 16, L = 8
