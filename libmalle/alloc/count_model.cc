@@ -61,10 +61,8 @@ std::vector<double> RankWeights(const Problem& problem) {
   if (problem.rank_weight_exponent <= 0) return weights;
   std::vector<double> left(n);
   for (size_t j = 0; j < n; ++j) {
-    const JobSpec& job = problem.jobs[j];
     // > 0: ValidateProblem checks the rate and the remaining samples.
-    const double at_min = Interpolate(*JobCurves(job)[0], job.min_nodes);
-    left[j] = job.remaining_samples * job.min_nodes / at_min;
+    left[j] = WorkLeftNodeSeconds(problem.jobs[j], problem.jobs[j].remaining_samples);
   }
   // Largest work first; of equal ones, the later job first. Then the k-th in
   // this order (k = 0, 1, ...) has k jobs ranked above it: rank k + 1.

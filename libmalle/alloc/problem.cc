@@ -89,6 +89,11 @@ double Interpolate(absl::Span<const Breakpoint> curve, int nodes) {
   return curve.front().samples_per_s;  // single breakpoint equal to `nodes`
 }
 
+double WorkLeftNodeSeconds(const JobSpec& job, double samples) {
+  const Curve& curve = job.batch_options.empty() ? job.throughput : job.batch_options[0].throughput;
+  return samples * job.min_nodes / Interpolate(curve, job.min_nodes);
+}
+
 absl::string_view ObjectiveName(Objective objective) {
   switch (objective) {
     case Objective::kThroughput:
@@ -101,6 +106,16 @@ absl::string_view ObjectiveName(Objective objective) {
       return "completion";
   }
   return "unknown";
+}
+
+absl::StatusOr<Objective> ParseObjectiveName(absl::string_view name) {
+  for (Objective o : {Objective::kThroughput, Objective::kSpeedup, Objective::kWeighted,
+                      Objective::kCompletion}) {
+    if (name == ObjectiveName(o)) return o;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("objective: unknown objective \"", name,
+                   "\"; expected one of throughput, speedup, weighted, completion"));
 }
 
 absl::string_view ResizeCostModelName(ResizeCostModel model) {

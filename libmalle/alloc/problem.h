@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
@@ -168,7 +170,17 @@ struct Problem {
 // with its index and id, e.g. `jobs[2] ("vgg").min_nodes = 5 > max_nodes = 3`.
 absl::Status ValidateProblem(const Problem& problem);
 
+// The work `samples` of `job` are, in node-seconds at its per-node rate at
+// min_nodes (its first batch option's curve): what rank weights compare
+// (Problem::rank_weight_exponent), so that a fast model and a slow one
+// compare by time. Needs a positive rate at min_nodes (ValidateProblem
+// checks it when rank weights are on).
+double WorkLeftNodeSeconds(const JobSpec& job, double samples);
+
 absl::string_view ObjectiveName(Objective objective);
+// The objective named `name` (ObjectiveName's names); InvalidArgument
+// "objective: unknown objective ..." listing them otherwise.
+absl::StatusOr<Objective> ParseObjectiveName(absl::string_view name);
 absl::string_view ResizeCostModelName(ResizeCostModel model);
 
 }  // namespace malle::alloc

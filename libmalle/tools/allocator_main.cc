@@ -41,7 +41,8 @@ ABSL_FLAG(std::string, secret, "", "shared secret file, mode 0600 (required)");
 ABSL_FLAG(std::string, journal, "", "journal file (empty: none; a restart then starts empty)");
 ABSL_FLAG(std::string, policy, "milp", "milp, dp, greedy, equal_share or static");
 ABSL_FLAG(absl::Duration, forward_window, absl::Minutes(2), "look-ahead of the objective");
-ABSL_FLAG(std::string, objective, "throughput", "throughput, speedup or weighted");
+ABSL_FLAG(std::string, objective, "throughput",
+          "throughput, speedup or weighted (completion needs every job's work left: refused)");
 ABSL_FLAG(double, resize_hysteresis, 1.0, "charge every resize this many times its pause (>= 1)");
 ABSL_FLAG(bool, reclaim_hazard, false,
           "price the expected cost of a reclaim within the window, at the rate of this "
@@ -102,17 +103,10 @@ int main(int argc, char** argv) {
   o.decide.policy = *policy;
   o.journal_path = absl::GetFlag(FLAGS_journal);
   o.state.forward_window = absl::GetFlag(FLAGS_forward_window);
-  const std::string objective = absl::GetFlag(FLAGS_objective);
-  if (objective == "throughput") {
-    o.state.objective = malle::alloc::Objective::kThroughput;
-  } else if (objective == "speedup") {
-    o.state.objective = malle::alloc::Objective::kSpeedup;
-  } else if (objective == "weighted") {
-    o.state.objective = malle::alloc::Objective::kWeighted;
-  } else {
-    return Usage(absl::StrCat("--objective: expected throughput, speedup or weighted, got '",
-                              objective, "'"));
-  }
+  absl::StatusOr<malle::alloc::Objective> objective =
+      malle::alloc::ParseObjectiveName(absl::GetFlag(FLAGS_objective));
+  if (!objective.ok()) return Usage(absl::StrCat("--", objective.status().message()));
+  o.state.objective = *objective;
   o.state.resize_hysteresis = absl::GetFlag(FLAGS_resize_hysteresis);
   o.state.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weight_exponent);
   o.state.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);

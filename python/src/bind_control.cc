@@ -97,16 +97,7 @@ void BindControl(py::module_& m) {
              o.state.heartbeat_timeout = Secs(heartbeat_timeout_s, "heartbeat_timeout");
              o.state.default_samples_per_s = default_samples_per_s;
              o.state.max_rank_failures = max_rank_failures;
-             if (objective == "throughput") {
-               o.state.objective = alloc::Objective::kThroughput;
-             } else if (objective == "speedup") {
-               o.state.objective = alloc::Objective::kSpeedup;
-             } else if (objective == "weighted") {
-               o.state.objective = alloc::Objective::kWeighted;
-             } else {
-               throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-                   "objective: expected throughput, speedup or weighted, got '", objective, "'")));
-             }
+             o.state.objective = ValueOrThrow(alloc::ParseObjectiveName(objective));
              o.state.resize_hysteresis = resize_hysteresis;
              o.state.rank_weight_exponent = rank_weight_exponent;
              o.state.reclaim_hazard = reclaim_hazard;

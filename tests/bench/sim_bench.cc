@@ -209,19 +209,12 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   } else {
     return absl::InvalidArgumentError("--accounting: expected bftrainer or pause");
   }
-  const std::string objective = absl::GetFlag(FLAGS_objective);
-  if (objective == "throughput") {
-    o.objective = alloc::Objective::kThroughput;
-  } else if (objective == "speedup") {
-    o.objective = alloc::Objective::kSpeedup;
-  } else if (objective == "weighted") {
-    o.objective = alloc::Objective::kWeighted;
-  } else if (objective == "completion") {
-    o.objective = alloc::Objective::kCompletion;
-  } else {
-    return absl::InvalidArgumentError(
-        "--objective: expected throughput, speedup, weighted or completion");
+  absl::StatusOr<alloc::Objective> objective =
+      alloc::ParseObjectiveName(absl::GetFlag(FLAGS_objective));
+  if (!objective.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", objective.status().message()));
   }
+  o.objective = *objective;
   const std::string cost = absl::GetFlag(FLAGS_resize_cost);
   if (cost == "bftrainer") {
     o.resize_cost = alloc::ResizeCostModel::kBftrainer;
@@ -281,15 +274,18 @@ absl::Time ReplayStart(const sim::IdleTrace& trace, int skip) {
 // Samples trained over what the same node-hours give each job at its most
 // efficient size (highest samples/s per node within [min, max]): the
 // strictest reading of "the same training tasks on dedicated nodes".
+// A job's best per-node rate over its sizes (samples/s per node).
+double BestPerNodeRate(const sim::MixJob& job) {
+  double per_node = 0;
+  for (int n = job.min_nodes; n <= job.max_nodes; ++n) {
+    per_node = std::max(per_node, alloc::Interpolate(job.throughput, n) / n);
+  }
+  return per_node;
+}
+
 double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
   double best = 0;
-  for (size_t k = 0; k < mix.size(); ++k) {
-    double per_node = 0;
-    for (int n = mix[k].min_nodes; n <= mix[k].max_nodes; ++n) {
-      per_node = std::max(per_node, alloc::Interpolate(mix[k].throughput, n) / n);
-    }
-    best += r.jobs[k].node_seconds * per_node;
-  }
+  for (size_t k = 0; k < mix.size(); ++k) best += r.jobs[k].node_seconds * BestPerNodeRate(mix[k]);
   return best > 0 ? r.summary.samples_trained / best : kNaN;
 }
 
@@ -298,10 +294,7 @@ double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimRes
 double SamplesPerNodeHourCeiling(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
   double samples = 0, node_hours = 0;
   for (size_t k = 0; k < mix.size(); ++k) {
-    double per_node = 0;
-    for (int n = mix[k].min_nodes; n <= mix[k].max_nodes; ++n) {
-      per_node = std::max(per_node, alloc::Interpolate(mix[k].throughput, n) / n);
-    }
+    const double per_node = BestPerNodeRate(mix[k]);
     if (per_node <= 0 || r.jobs[k].samples_done <= 0) continue;
     samples += r.jobs[k].samples_done;
     node_hours += r.jobs[k].samples_done / per_node / 3600;

@@ -369,14 +369,23 @@ void AllocatorState::ResetHeldTime(absl::Time now) {
   }
 }
 
+namespace {
+
+// Node-seconds `n` has been offered (kActive since its registration) at `now`.
+double ActiveSeconds(const NodeRecord& n, absl::Time now) {
+  return std::max(0.0, Seconds(now - n.registered_at));
+}
+
+}  // namespace
+
 void AllocatorState::CloseActive(const NodeRecord& n, absl::Time now) {
-  closed_active_seconds_ += std::max(0.0, Seconds(now - n.registered_at));
+  closed_active_seconds_ += ActiveSeconds(n, now);
 }
 
 double AllocatorState::ReclaimRate(absl::Time now) const {
   double seconds = closed_active_seconds_;
   for (const auto& [name, n] : nodes_) {
-    if (n.phase == NodePhase::kActive) seconds += std::max(0.0, Seconds(now - n.registered_at));
+    if (n.phase == NodePhase::kActive) seconds += ActiveSeconds(n, now);
   }
   return seconds > 0 ? static_cast<double>(reclaims_seen_) / seconds : 0.0;
 }
@@ -842,14 +851,12 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   if (options_.rank_weight_exponent > 0) {
     // Rank weights need every job's work left. A job that has not said
     // counts as the longest: twice the longest known, in the node-seconds
-    // at min_nodes that alloc ranks by, in its own samples.
-    auto node_seconds = [](const alloc::JobSpec& j, double samples) {
-      return samples * j.min_nodes / alloc::Interpolate(j.throughput, j.min_nodes);
-    };
+    // at min_nodes that alloc ranks by (alloc::WorkLeftNodeSeconds), in its
+    // own samples (that function's inverse).
     double longest = 0;
     for (const alloc::JobSpec& j : p.jobs) {
       if (j.remaining_samples <= 0) continue;
-      longest = std::max(longest, node_seconds(j, j.remaining_samples));
+      longest = std::max(longest, alloc::WorkLeftNodeSeconds(j, j.remaining_samples));
     }
     for (alloc::JobSpec& j : p.jobs) {
       if (j.remaining_samples > 0) continue;

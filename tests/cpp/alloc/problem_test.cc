@@ -49,6 +49,19 @@ TEST(InterpolateTest, LinearBetweenBreakpointsAndExactAtThem) {
   EXPECT_DOUBLE_EQ(Interpolate(Curve{{3, 42}}, 3), 42);
 }
 
+TEST(ObjectiveNameTest, EveryNameParsesBackAndOthersAreRefused) {
+  for (Objective o : {Objective::kThroughput, Objective::kSpeedup, Objective::kWeighted,
+                      Objective::kCompletion}) {
+    absl::StatusOr<Objective> back = ParseObjectiveName(ObjectiveName(o));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, o);
+  }
+  EXPECT_THAT(ParseObjectiveName("fast").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("objective: unknown objective \"fast\"; expected one of "
+                                 "throughput, speedup, weighted, completion")));
+}
+
 TEST(ValidateProblemTest, AcceptsAValidProblem) { EXPECT_THAT(ValidateProblem(ValidProblem()), IsOk()); }
 
 struct BadCase {
