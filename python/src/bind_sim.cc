@@ -124,11 +124,7 @@ sim::SimOptions ToSimOptions(const Options& o) {
   sim::SimOptions s;
   s.decide.policy = ValueOrThrow(alloc::ParsePolicyName(o.policy));
   s.decide.milp.time_limit = absl::Seconds(o.time_limit_s);
-  s.objective = ParseName<alloc::Objective>("objective", o.objective,
-                                            {{"throughput", alloc::Objective::kThroughput},
-                                             {"speedup", alloc::Objective::kSpeedup},
-                                             {"weighted", alloc::Objective::kWeighted},
-                                             {"completion", alloc::Objective::kCompletion}});
+  s.objective = ValueOrThrow(alloc::ParseObjectiveName(o.objective));
   s.resize_cost = ParseName<alloc::ResizeCostModel>(
       "resize_cost", o.resize_cost,
       {{"bftrainer", alloc::ResizeCostModel::kBftrainer},
