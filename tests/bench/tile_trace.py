@@ -4,7 +4,8 @@
         /tmp/summit-x10.csv.gz --copies 10 --shift-s 5040
 
 No public idle log of a ~50,000-node machine could be had (docs/benchmarks.md, "Other
-machines' history"), so `sim_bench --trace` replays this proxy instead: copy k's nodes are
+machines' history": Mira's job list is one, but without its schedule, and the ImageNet mix
+never competes on it), so `sim_bench --trace` replays this proxy instead: copy k's nodes are
 named NODE~k and its events come k * shift seconds later. Every copy after the first starts
 with all its nodes busy, so it adds idle nodes only from its own start; the copies' idle
 pools rise and fall at different times, as separate partitions of one machine would.
