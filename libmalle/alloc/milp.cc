@@ -1222,6 +1222,7 @@ absl::StatusOr<MipResult> SolveDecomposed(const CountModel& model, const CountSo
   ds.relative_gap = options.relative_gap;
   ds.local_search = options.decomposition_local_search;
   ds.local_search_share = options.decomposition_local_search_share;
+  ds.twins = options.decomposition_twins;
   MALLE_ASSIGN_OR_RETURN(internal::DecompositionResult d,
                          internal::SolveByDecomposition(model, start, ds));
   MipResult r;

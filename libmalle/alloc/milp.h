@@ -118,6 +118,10 @@ struct MilpOptions {
   // (docs/allocator.md); never changes exactness.
   bool decomposition_local_search = true;
   double decomposition_local_search_share = 0.3;
+  // With decomposition: jobs the model cannot tell apart (same options,
+  // values and held nodes) are searched in one order only, a branch on one
+  // job's count bounding its twins' too; never changes exactness.
+  bool decomposition_twins = true;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

@@ -78,6 +78,9 @@ ABSL_FLAG(bool, milp_decomposition, true,
 ABSL_FLAG(std::string, milp_local_search, "true",
           "decomposition: the local search over modes after the root: true, false, or both "
           "(each instance solved both ways, back to back, one row each)");
+ABSL_FLAG(bool, milp_twins, true,
+          "decomposition: search jobs the model cannot tell apart in one order only "
+          "(MilpOptions::decomposition_twins)");
 ABSL_FLAG(bool, print_reasons, false, "print every MILP answer's reason (stderr), not only notes");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
@@ -237,6 +240,7 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
                                                            : alloc::MilpOptions::Pools::kUnionRows;
   mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
   mo.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
+  mo.decomposition_twins = absl::GetFlag(FLAGS_milp_twins);
   const int first = absl::GetFlag(FLAGS_first_rep);
   for (int rep = first; rep < first + absl::GetFlag(FLAGS_reps); ++rep) {
     MALLE_ASSIGN_OR_RETURN(Problem problem,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -705,6 +706,34 @@ struct Node {
   std::shared_ptr<const FixChain> fix;  // null: nothing fixed at the nodes above
 };
 
+// Jobs the model cannot tell apart (same options, values, patterns and
+// held nodes): swapping their allocations changes nothing.
+bool Twins(const JobModel& a, const JobModel& b) {
+  if (a.min_nodes != b.min_nodes || a.max_nodes != b.max_nodes ||
+      a.requested_max_nodes != b.requested_max_nodes || a.current_nodes != b.current_nodes ||
+      a.current_batch_option != b.current_batch_option || a.current_option != b.current_option ||
+      a.current_samples_per_s != b.current_samples_per_s ||
+      a.current_per_pool != b.current_per_pool || a.patterns.size() != b.patterns.size() ||
+      a.options.size() != b.options.size()) {
+    return false;
+  }
+  for (size_t k = 0; k < a.patterns.size(); ++k) {
+    const Pattern &x = a.patterns[k], &y = b.patterns[k];
+    if (x.speed != y.speed || x.horizon_s != y.horizon_s || x.locality != y.locality ||
+        x.factor != y.factor || x.pools != y.pools) {
+      return false;
+    }
+  }
+  for (size_t o = 0; o < a.options.size(); ++o) {
+    const Option &x = a.options[o], &y = b.options[o];
+    if (x.nodes != y.nodes || x.pattern != y.pattern || x.batch_option != y.batch_option ||
+        x.samples_per_s != y.samples_per_s || x.value != y.value) {
+      return false;
+    }
+  }
+  return true;
+}
+
 double Gap(double bound, double objective) {
   return (bound - objective) / std::max(std::fabs(objective), 1e-12);
 }
@@ -738,6 +767,67 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   const double artificial = -2.0 * (1e3 * (num_jobs + 1));
 
   JobPricer pricer(model);
+  // Twins, in index order per group (twin_pos: a job's place in its group,
+  // -1 for a job without twins). Searched is only where some allocation
+  // gives twins non-increasing counts in index order: any allocation becomes
+  // one by swapping twins' allocations, at the same value, so the optimum is
+  // among them. Every branch on one twin's count then also bounds the
+  // others' (count <= t for the twins after it, >= t for those before):
+  // without that the search visits each way of choosing which of k
+  // identical waiting jobs start, k! times over (the bench's mix has up to
+  // 25 copies of a job).
+  std::vector<std::vector<int>> twin_groups;
+  std::vector<int> twin_group(num_jobs, -1), twin_pos(num_jobs, -1);
+  if (settings.twins) {
+    std::map<std::tuple<int, int, size_t, double>, std::vector<int>> buckets;
+    for (int j = 0; j < num_jobs; ++j) {
+      const JobModel& job = model.jobs[j];
+      buckets[{job.current_nodes, job.current_option, job.options.size(), job.options.back().value}]
+          .push_back(j);
+    }
+    for (const auto& [key, members] : buckets) {
+      std::vector<char> taken(members.size(), 0);
+      for (size_t a = 0; a < members.size(); ++a) {
+        if (taken[a]) continue;
+        std::vector<int> group = {members[a]};
+        for (size_t b = a + 1; b < members.size(); ++b) {
+          if (!taken[b] && Twins(model.jobs[members[a]], model.jobs[members[b]])) {
+            taken[b] = 1;
+            group.push_back(members[b]);
+          }
+        }
+        if (group.size() < 2) continue;
+        for (size_t i = 0; i < group.size(); ++i) {
+          twin_group[group[i]] = static_cast<int>(twin_groups.size());
+          twin_pos[group[i]] = static_cast<int>(i);
+        }
+        twin_groups.push_back(std::move(group));
+      }
+    }
+  }
+  long long twin_decisions = 0;
+  // The decisions a branch on one twin implies for the others (above).
+  auto add_implied = [&](std::vector<Decision>& decisions, const Decision& d) {
+    const int g = twin_group[d.job];
+    if (g < 0) return;
+    const std::vector<int>& group = twin_groups[g];
+    const int pos = twin_pos[d.job];
+    const JobModel& job = model.jobs[d.job];
+    if (d.kind == Decision::kCountAtMost ||
+        (d.kind == Decision::kOnlyOption && d.param == job.current_option &&
+         job.current_option != 0)) {
+      const int t = d.kind == Decision::kCountAtMost ? d.param : job.current_nodes;
+      for (size_t i = pos + 1; i < group.size(); ++i) {
+        decisions.push_back({group[i], Decision::kCountAtMost, t});
+        ++twin_decisions;
+      }
+    } else if (d.kind == Decision::kCountAtLeast) {
+      for (int i = 0; i < pos; ++i) {
+        decisions.push_back({group[i], Decision::kCountAtLeast, d.param});
+        ++twin_decisions;
+      }
+    }
+  };
   // L at zero prices (every job at its best option, nodes free): finite and
   // valid before any LP is solved.
   const double free_bound = LagrangianBound(model, pricer, std::vector<double>(num_pools, 0.0));
@@ -1344,8 +1434,10 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     }
     Node a{node.decisions, node.bound, node.depth + 1, child_fix};
     a.decisions.push_back(in);
+    add_implied(a.decisions, in);
     Node b{node.decisions, node.bound, node.depth + 1, child_fix};
     b.decisions.push_back(out_d);
+    add_implied(b.decisions, out_d);
     if (!heavy_in) std::swap(a, b);
     plunge = std::move(a);
     open.push_back(std::move(b));
@@ -1366,13 +1458,14 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
       "%d LP solves, %d columns (%d rebuilds, %d jobs out of the master); "
-      "%lld options fixed at nodes; "
+      "%lld options fixed at nodes; %d groups of twins, %lld decisions implied for twins; "
       "%d roundings (%d improved); "
       "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings, rounded,
-      rounded_better, ls_flows, ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
+      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings,
+      static_cast<int>(twin_groups.size()), twin_decisions, rounded, rounded_better, ls_flows,
+      ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
       absl::ToDoubleMilliseconds(root_time), absl::ToDoubleMilliseconds(ls_time),
       out.proven    ? "proven"
       : out_of_time ? "out of time"

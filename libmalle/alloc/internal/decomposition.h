@@ -223,6 +223,9 @@ struct DecompositionSettings {
   // share of the time left.
   bool local_search = true;
   double local_search_share = 0.3;
+  // Jobs the model cannot tell apart are searched in one order only (a
+  // branch on one's count bounds its twins': decomposition.cc).
+  bool twins = true;
 };
 
 struct DecompositionResult {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -480,6 +481,102 @@ TEST(DecompositionTest, NodeFixingAndRebuildsKeepTheOptimum) {
   }
   EXPECT_GT(fixed, 0);
   EXPECT_GT(rebuilt, 0);
+}
+
+// Jobs the model cannot tell apart are searched in one order only: a branch
+// on one twin's count bounds the others'. Three identical jobs (waiting, or
+// two of them holding a node each in one pool) and one other on eight
+// pools: with and without, proven and equal to the exhaustive search, and
+// decisions were implied for twins. (How much less it searches:
+// TwinsPickHowManyNotWhich.)
+TEST(DecompositionTest, TwinsKeepTheOptimum) {
+  std::mt19937 rng(2709);
+  int implied = 0;
+  for (int i = 0; i < 12; ++i) {
+    Problem p = EightPools(rng, i % 2 == 1);
+    p.jobs.resize(std::min<size_t>(p.jobs.size(), 2));
+    p.jobs[0].current_nodes.clear();
+    for (const char* id : {"twin1", "twin2"}) {
+      JobSpec twin = p.jobs[0];
+      twin.id = id;
+      p.jobs.push_back(twin);
+    }
+    // Every other instance, two of the three run, on one node each of the
+    // same pool (twins that stay or move; the third waits alone).
+    std::string held;
+    for (const Node& n : p.nodes) {
+      if (absl::EndsWith(n.id, "-l1")) held = n.id.substr(0, n.id.size() - 1);
+    }
+    if (i % 2 == 0 && !held.empty()) {
+      for (JobSpec& job : p.jobs) job.current_nodes.clear();
+      p.jobs[0].current_nodes = {held + "0"};
+      p.jobs[2].current_nodes = {held + "1"};
+    }
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+    const Exhaustive opt = Search(model);
+    for (bool twins : {false, true}) {
+      DecompositionSettings settings;
+      settings.relative_gap = 1e-9;
+      settings.twins = twins;
+      // The local search would find most optima at the root: without it the
+      // search has to branch, which is what twins change.
+      settings.local_search = false;
+      ASSERT_OK_AND_ASSIGN(DecompositionResult r,
+                           SolveByDecomposition(model, CurrentSolution(model), settings));
+      EXPECT_TRUE(r.proven) << "instance " << i << " twins " << twins << ": " << r.detail;
+      EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9)
+          << "instance " << i << " twins " << twins << ": " << r.solution.objective << " vs "
+          << opt.best << "; " << r.detail;
+      EXPECT_GE(r.bound, opt.best - 1e-9 * std::max(1.0, std::fabs(opt.best)));
+      EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+      if (twins) {
+        EXPECT_THAT(r.detail, ::testing::HasSubstr("1 groups of twins")) << "instance " << i;
+        implied += r.detail.find(", 0 decisions implied for twins") == std::string::npos;
+      } else {
+        EXPECT_THAT(r.detail, ::testing::HasSubstr("0 groups of twins")) << "instance " << i;
+      }
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(implied, 0);
+}
+
+// The case twins are for: six identical jobs that run on exactly two nodes,
+// one pool of seven. The LP runs three and a half of them; without twins
+// the search must rule out every way of picking which three run, with them
+// only how many.
+TEST(DecompositionTest, TwinsPickHowManyNotWhich) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  p.classes = {NodeClass{"c", "rack", 1.0}};
+  for (int k = 0; k < 7; ++k) p.nodes.push_back(Node{absl::StrCat("n", k), "c"});
+  for (int j = 0; j < 6; ++j) {
+    JobSpec job;
+    job.id = absl::StrCat("j", j);
+    job.min_nodes = 2;
+    job.max_nodes = 2;
+    job.throughput = {{2, 30.0}};
+    p.jobs.push_back(job);
+  }
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  const Exhaustive opt = Search(model);
+  EXPECT_NEAR(opt.best, 9000.0, 1e-6);  // three run: 3 x 30 samples/s x 100 s
+  long long nodes[2] = {0, 0};
+  for (bool twins : {false, true}) {
+    DecompositionSettings settings;
+    settings.relative_gap = 1e-9;
+    settings.twins = twins;
+    settings.local_search = false;
+    ASSERT_OK_AND_ASSIGN(DecompositionResult r,
+                         SolveByDecomposition(model, CurrentSolution(model), settings));
+    EXPECT_TRUE(r.proven) << r.detail;
+    EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9) << r.detail;
+    int running = 0;
+    for (const auto& per_pool : r.solution.per_pool) running += per_pool[0] > 0;
+    EXPECT_EQ(running, 3) << r.detail;
+    nodes[twins] = r.branch_nodes;
+  }
+  EXPECT_LT(2 * nodes[1], nodes[0]);
 }
 
 // Never worse than the start, and the bound is never below the answer, on
