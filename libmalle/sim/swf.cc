@@ -436,6 +436,9 @@ absl::StatusOr<SwfTrace> SwfToIdleTrace(const SwfLog& log, const SwfReplayOption
     last_end = std::max(last_end, in.end);
   }
   report.absolute_times = t0 >= kAbsoluteTimeThreshold;
+  if (report.absolute_times && h.has_unix_start_time) {
+    report.ignored_unix_start_time = h.unix_start_time;
+  }
   report.skipped_lead_s = std::max(0.0, t0);
   report.span_s = last_end - t0;
 

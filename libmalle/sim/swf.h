@@ -156,6 +156,9 @@ struct SwfReplayReport {
   int64_t peak_asked_nodes = 0;            // most nodes the log asks for at once
   // Time.
   bool absolute_times = false;  // submit times read as Unix seconds (see above)
+  // With absolute_times: the header's UnixStartTime, which is not added (some
+  // logs say 0 and still give Unix times); -1 when the header has none.
+  int64_t ignored_unix_start_time = -1;
   double skipped_lead_s = 0;    // log time 0 .. first event, not replayed
   double span_s = 0;            // first event .. last job end
 };

@@ -344,10 +344,14 @@ def _swf_report_text(r: dict) -> str:
     lines = []
     if r.get("absolute_times"):
         lead_years = r["skipped_lead_s"] / (365.25 * 86400)
+        ignored = r.get("ignored_unix_start_time")
+        header = ("no UnixStartTime header" if ignored is None else
+                  f"a UnixStartTime header of {ignored}, not added (the times already are "
+                  f"Unix times)")
         lines.append(
             f"WARNING: swf: the log gives absolute Unix submit times (the first one is "
-            f"{r['skipped_lead_s']:.0f} s, {lead_years:.1f} years after 1970) and no "
-            f"UnixStartTime header: it is replayed from its first event, not from 1970")
+            f"{r['skipped_lead_s']:.0f} s, {lead_years:.1f} years after 1970) and {header}: "
+            f"it is replayed from its first event, not from 1970")
     lines += [
         f"swf: machine of {r['nodes']} nodes x {r['procs_per_node']} procs; "
         f"{r['jobs_replayed']} jobs replayed"

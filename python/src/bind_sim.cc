@@ -72,6 +72,11 @@ py::object SwfReportDict(const TraceHandle& h) {
   d["peak_asked_nodes"] = r.peak_asked_nodes;
   d["jobs_wait_assumed_zero"] = r.jobs_wait_assumed_zero;
   d["absolute_times"] = r.absolute_times;
+  if (r.ignored_unix_start_time >= 0) {
+    d["ignored_unix_start_time"] = r.ignored_unix_start_time;
+  } else {
+    d["ignored_unix_start_time"] = py::none();
+  }
   d["skipped_lead_s"] = r.skipped_lead_s;
   d["span_s"] = r.span_s;
   return std::move(d);

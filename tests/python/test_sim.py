@@ -276,8 +276,28 @@ def test_absolute_time_log_replays_from_its_first_event(tmp_path, capsys):
     assert main(["simulate", "--swf", FORECAST_SWF, "--jobs", str(mix), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "WARNING: swf: the log gives absolute Unix submit times" in err
+    assert "and no UnixStartTime header" in err
     assert "replayed from its first event, not from 1970" in err
     assert "replayed span 0.01 days" in err
+    assert r["ignored_unix_start_time"] is None
+
+
+def test_absolute_times_under_a_unix_start_time_header(tmp_path, capsys):
+    # As ALCF's Theta log converted by one public project: "UnixStartTime: 0"
+    # and absolute submit times. The warning must not claim there is no header.
+    log = tmp_path / "theta-like.swf"
+    with open(FORECAST_SWF) as f:
+        log.write_text("; UnixStartTime: 0\n" + f.read())
+    r = sim.load_swf(str(log)).swf_report
+    assert r["absolute_times"] is True
+    assert r["ignored_unix_start_time"] == 0
+    assert r["span_s"] == pytest.approx(500)
+    mix = tmp_path / "mix.csv"
+    mix.write_text(MIX_HEADER + "job,0,1,2,1000000000,10,5,0;1;2,0;10;20\n")
+    assert main(["simulate", "--swf", str(log), "--jobs", str(mix), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "and a UnixStartTime header of 0, not added" in err
+    assert "no UnixStartTime header" not in err
 
 
 def test_summary_table_has_units_and_warnings(tiny):

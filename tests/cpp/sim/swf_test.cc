@@ -345,6 +345,7 @@ TEST(SwfTest, AbsoluteTimesStartAtTheFirstEvent) {
   EXPECT_FALSE(log.header.has_unix_start_time);
   ASSERT_OK_AND_ASSIGN(SwfTrace t, SwfToIdleTrace(log));
   EXPECT_TRUE(t.report.absolute_times);
+  EXPECT_EQ(t.report.ignored_unix_start_time, -1);
   EXPECT_DOUBLE_EQ(t.report.skipped_lead_s, 1600000000);
   EXPECT_DOUBLE_EQ(t.report.span_s, 500);
   EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(1600000000));
@@ -375,6 +376,21 @@ TEST(SwfTest, AbsoluteTimesStartAtTheFirstEvent) {
   EXPECT_DOUBLE_EQ(r.summary.idle_node_hours, 600 / 3600.0);
   EXPECT_THAT(r.summary.warnings,
               ::testing::Not(::testing::Contains(HasSubstr("cannot be right"))));
+}
+
+// Absolute times under a UnixStartTime header (ALCF's Theta log as converted
+// by one public project says 0): the header is not added, the replay starts
+// at the first event all the same, and the report keeps the header's value
+// for the warning.
+TEST(SwfTest, AbsoluteTimesUnderAUnixStartTimeHeader) {
+  for (int64_t header : {0, 1000}) {
+    const SwfTrace t = Replay(absl::StrCat("; MaxNodes: 2\n; UnixStartTime: ", header, "\n",
+                                           Job(1, 1640000000, 10, 100, 1)));
+    EXPECT_TRUE(t.report.absolute_times) << header;
+    EXPECT_EQ(t.report.ignored_unix_start_time, header);
+    EXPECT_EQ(t.trace.start, absl::FromUnixSeconds(1640000000)) << header;
+    EXPECT_DOUBLE_EQ(t.report.span_s, 110) << header;
+  }
 }
 
 // A relative log whose first job arrives late starts there too.
