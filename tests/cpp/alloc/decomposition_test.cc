@@ -483,6 +483,16 @@ TEST(DecompositionTest, NodeFixingAndRebuildsKeepTheOptimum) {
   EXPECT_GT(rebuilt, 0);
 }
 
+// An exact solve (gap 1e-9) without the local search, which would find most
+// optima at the root: the search has to branch, which is what twins change.
+absl::StatusOr<DecompositionResult> SolveExactly(const CountModel& model, bool twins) {
+  DecompositionSettings settings;
+  settings.relative_gap = 1e-9;
+  settings.twins = twins;
+  settings.local_search = false;
+  return SolveByDecomposition(model, CurrentSolution(model), settings);
+}
+
 // Jobs the model cannot tell apart are searched in one order only: a branch
 // on one twin's count bounds the others'. Three identical jobs (waiting, or
 // two of them holding a node each in one pool) and one other on eight
@@ -515,14 +525,7 @@ TEST(DecompositionTest, TwinsKeepTheOptimum) {
     ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
     const Exhaustive opt = Search(model);
     for (bool twins : {false, true}) {
-      DecompositionSettings settings;
-      settings.relative_gap = 1e-9;
-      settings.twins = twins;
-      // The local search would find most optima at the root: without it the
-      // search has to branch, which is what twins change.
-      settings.local_search = false;
-      ASSERT_OK_AND_ASSIGN(DecompositionResult r,
-                           SolveByDecomposition(model, CurrentSolution(model), settings));
+      ASSERT_OK_AND_ASSIGN(DecompositionResult r, SolveExactly(model, twins));
       EXPECT_TRUE(r.proven) << "instance " << i << " twins " << twins << ": " << r.detail;
       EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9)
           << "instance " << i << " twins " << twins << ": " << r.solution.objective << " vs "
@@ -563,12 +566,7 @@ TEST(DecompositionTest, TwinsPickHowManyNotWhich) {
   EXPECT_NEAR(opt.best, 9000.0, 1e-6);  // three run: 3 x 30 samples/s x 100 s
   long long nodes[2] = {0, 0};
   for (bool twins : {false, true}) {
-    DecompositionSettings settings;
-    settings.relative_gap = 1e-9;
-    settings.twins = twins;
-    settings.local_search = false;
-    ASSERT_OK_AND_ASSIGN(DecompositionResult r,
-                         SolveByDecomposition(model, CurrentSolution(model), settings));
+    ASSERT_OK_AND_ASSIGN(DecompositionResult r, SolveExactly(model, twins));
     EXPECT_TRUE(r.proven) << r.detail;
     EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9) << r.detail;
     int running = 0;
