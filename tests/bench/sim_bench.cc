@@ -710,7 +710,12 @@ int main(int argc, char** argv) {
         log->rejected.size(), rep.jobs_unknown_times + rep.jobs_unknown_procs, rep.jobs_zero_length,
         rep.asked_node_seconds > 0 ? 100 * rep.oversubscribed_node_seconds / rep.asked_node_seconds
                                    : 0.0,
-        rep.absolute_times ? "; absolute submit times: replayed from the first event" : "");
+        !rep.absolute_times ? ""
+        : rep.ignored_unix_start_time < 0
+            ? "; absolute submit times: replayed from the first event"
+            : absl::StrCat("; absolute submit times (the header's UnixStartTime ",
+                           rep.ignored_unix_start_time,
+                           " not added): replayed from the first event"));
     m.trace = std::move(swf->trace);
     machines.push_back(std::move(m));
   }
