@@ -646,6 +646,7 @@ def _exec_daemon(name: str, argv: list) -> int:
 
 def _cmd_allocator(args: argparse.Namespace) -> int:
     from malletrain import _C
+    from malletrain.cluster import allocator_objective_flags
 
     _deployment_defaults(args)
     if (args.store is None) == (args.listen is None):
@@ -654,10 +655,9 @@ def _cmd_allocator(args: argparse.Namespace) -> int:
         return _usage_error(args, f"--secret (or {_C.ENV_SECRET}) is required")
     argv = [f"--secret={args.secret}", f"--policy={args.policy}",
             f"--forward_window={args.forward_window}s",
-            f"--heartbeat_timeout={args.heartbeat_timeout}s", f"--objective={args.objective}",
-            f"--resize_hysteresis={args.hysteresis!r}",
-            f"--rank_weight_exponent={args.rank_weights!r}",
-            f"--reclaim_hazard={'true' if args.reclaim_hazard else 'false'}"]
+            f"--heartbeat_timeout={args.heartbeat_timeout}s",
+            *allocator_objective_flags(args.objective, args.hysteresis, args.rank_weights,
+                                       args.reclaim_hazard)]
     argv.append(f"--store={args.store}" if args.store else f"--listen={args.listen}")
     if args.journal:
         argv.append(f"--journal={args.journal}")

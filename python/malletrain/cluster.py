@@ -60,6 +60,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def allocator_objective_flags(objective: str, resize_hysteresis: float,
+                              rank_weight_exponent: float, reclaim_hazard: bool) -> List[str]:
+    """``malle-allocator``'s flags for its objective and terms (docs/allocator.md), as
+    ``malletrain allocator`` and a :class:`LocalCluster` with ``allocator="process"`` pass them."""
+    return [f"--objective={objective}", f"--resize_hysteresis={resize_hysteresis!r}",
+            f"--rank_weight_exponent={rank_weight_exponent!r}",
+            f"--reclaim_hazard={'true' if reclaim_hazard else 'false'}"]
+
+
 def agent_binary(name: str = "malle-agent") -> str:
     """Path of a daemon shipped with the package (``malle-agent``, ``malle-allocator``)."""
     here = Path(__file__).resolve().parent / "bin" / name
@@ -277,10 +286,9 @@ class LocalCluster:
                 f"--secret={self.secret_path}", f"--policy={a['policy']}",
                 f"--forward_window={a['forward_window_s']}s",
                 f"--heartbeat_timeout={a['heartbeat_timeout_s']}s",
-                f"--debounce={a['debounce_s']}s", f"--objective={a['objective']}",
-                f"--resize_hysteresis={a['resize_hysteresis']!r}",
-                f"--rank_weight_exponent={a['rank_weight_exponent']!r}",
-                f"--reclaim_hazard={'true' if a['reclaim_hazard'] else 'false'}"]
+                f"--debounce={a['debounce_s']}s",
+                *allocator_objective_flags(a["objective"], a["resize_hysteresis"],
+                                           a["rank_weight_exponent"], a["reclaim_hazard"])]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
         if self._metrics:

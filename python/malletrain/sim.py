@@ -80,8 +80,9 @@ def load_swf(
     be (unknown times or sizes, zero length) and how far the log over-subscribes the machine.
     The replay starts at the log's first event; a log with absolute Unix submit times (with
     no ``UnixStartTime`` header, or one that is not added: ``["ignored_unix_start_time"]``) is
-    detected and read as such (``swf_report["absolute_times"]``, ``["skipped_lead_s"]``). ``unknown_wait_is_zero=True`` replays jobs whose wait time is
-    unknown (-1) as if they started at submit, for logs whose submit times are start times.
+    detected and read as such (``swf_report["absolute_times"]``, ``["skipped_lead_s"]``).
+    ``unknown_wait_is_zero=True`` replays jobs whose wait time is unknown (-1) as if they
+    started at submit, for logs whose submit times are start times.
     The result is a trace like :func:`load_trace`'s: pass it to :func:`simulate`.
     """
     return _C.sim_load_swf(

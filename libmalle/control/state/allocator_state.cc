@@ -860,8 +860,9 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
     }
     for (alloc::JobSpec& j : p.jobs) {
       if (j.remaining_samples > 0) continue;
-      const double rate = alloc::Interpolate(j.throughput, j.min_nodes);
-      j.remaining_samples = rate > 0 ? (2 * longest + 1) * rate / j.min_nodes : 1;
+      const double per_sample = alloc::WorkLeftNodeSeconds(j, 1);  // +inf at a zero rate
+      j.remaining_samples =
+          std::isfinite(per_sample) && per_sample > 0 ? (2 * longest + 1) / per_sample : 1;
     }
   }
   return p;
