@@ -29,18 +29,48 @@ PolicyResult SolveSinglePool(const CountModel& model) {
   const int num_jobs = static_cast<int>(model.jobs.size());
   const int num_pools = static_cast<int>(model.pools.size());
   int capacity = num_pools == 0 ? 0 : model.pools[0].capacity;
+  // Each job's largest count (its options never exceed max_nodes; the
+  // options decide, so that a model built otherwise stays exact).
+  std::vector<int> largest(num_jobs, 0);
   long long demand = 0;
-  for (const JobModel& job : model.jobs) demand += job.max_nodes;
+  for (int j = 0; j < num_jobs; ++j) {
+    for (const Option& o : model.jobs[j].options) largest[j] = std::max(largest[j], o.nodes);
+    demand += largest[j];
+  }
   capacity = static_cast<int>(std::min<long long>(capacity, demand));
 
-  // best[c]: best value of the jobs so far using at most c nodes.
+  // best[c]: best value of the jobs so far using at most c nodes. Only a
+  // band of c matters per job: above the counts the jobs so far can take
+  // together (hi), best[c] = best[hi]; below what the capacity less the
+  // counts of the jobs still to come leaves (lo), no allocation of every
+  // job ends at the capacity from there. The answer, best[capacity] after
+  // the last job, reads only the bands, and they are narrow where the pool
+  // is large for its jobs (~50,000 nodes, 1,000 jobs: a third of the
+  // capacity on average instead of all of it).
+  std::vector<int> lo(num_jobs), hi(num_jobs);
+  {
+    long long before = 0, after = demand;
+    for (int j = 0; j < num_jobs; ++j) {
+      before += largest[j];
+      after -= largest[j];
+      hi[j] = static_cast<int>(std::min<long long>(capacity, before));
+      lo[j] = static_cast<int>(std::max<long long>(0, capacity - after));
+    }
+  }
   std::vector<double> best(capacity + 1, 0.0), next(capacity + 1);
-  std::vector<int32_t> choice(static_cast<size_t>(num_jobs) * (capacity + 1));
+  // choice: per job, the option of each c in its band [lo, hi].
+  std::vector<size_t> row_start(num_jobs + 1, 0);
+  for (int j = 0; j < num_jobs; ++j) row_start[j + 1] = row_start[j] + (hi[j] - lo[j] + 1);
+  std::vector<int32_t> choice(row_start[num_jobs]);
+  int prev_hi = 0;  // best is valid on [.., prev_hi] and constant above it
   for (int j = 0; j < num_jobs; ++j) {
     const JobModel& job = model.jobs[j];
-    int32_t* row = &choice[static_cast<size_t>(j) * (capacity + 1)];
-    std::fill(next.begin(), next.end(), kUnreachable);
-    std::fill(row, row + capacity + 1, 0);
+    const int first = lo[j], last = hi[j];
+    // best above the previous band's top, as far as this job reads it.
+    std::fill(best.begin() + prev_hi + 1, best.begin() + last + 1, best[prev_hi]);
+    int32_t* row = choice.data() + row_start[j] - first;  // row[c], c in [first, last]
+    std::fill(next.begin() + first, next.begin() + last + 1, kUnreachable);
+    std::fill(row + first, row + last + 1, 0);
     // Option by option (in OptionOrder, so that the first of equally good
     // options wins, as before), each over every capacity it fits: the inner
     // loop runs over contiguous memory without a branch per option, which
@@ -49,24 +79,27 @@ PolicyResult SolveSinglePool(const CountModel& model) {
     for (const int o : OptionOrder(job)) {
       const int n = job.options[o].nodes;
       const double value = job.options[o].value;
-      const double* from = best.data();
-      double* to = next.data() + n;
-      int32_t* pick = row + n;
-      for (int c = 0; c + n <= capacity; ++c) {
-        const double candidate = from[c] + value;
-        const bool better = candidate > to[c];
-        to[c] = better ? candidate : to[c];
-        pick[c] = better ? o : pick[c];
+      const int from_c = std::max(first, n);
+      const double* from = best.data() + from_c - n;
+      double* to = next.data() + from_c;
+      int32_t* pick = row + from_c;
+      for (int k = 0; k <= last - from_c; ++k) {
+        const double candidate = from[k] + value;
+        const bool better = candidate > to[k];
+        to[k] = better ? candidate : to[k];
+        pick[k] = better ? o : pick[k];
       }
     }
     best.swap(next);
+    prev_hi = last;
   }
   CountSolution solution;
   solution.option.assign(num_jobs, 0);
   solution.per_pool.assign(num_jobs, std::vector<int>(num_pools, 0));
   int c = capacity;
   for (int j = num_jobs - 1; j >= 0; --j) {
-    const int o = choice[static_cast<size_t>(j) * (capacity + 1) + c];
+    c = std::min(c, hi[j]);  // above the band, the band's top decides
+    const int o = choice[row_start[j] + (c - lo[j])];
     solution.option[j] = o;
     const int n = model.jobs[j].options[o].nodes;
     if (num_pools > 0) solution.per_pool[j][0] = n;

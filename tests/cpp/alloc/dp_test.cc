@@ -1,5 +1,6 @@
 #include "libmalle/alloc/dp.h"
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cpp/alloc/oracles.h"
 #include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
@@ -134,6 +136,55 @@ TEST(DpTest, BatchOptionChoiceIsPartOfTheOptimum) {
   EXPECT_EQ(chosen.nodes, 4);
   EXPECT_EQ(chosen.batch_option, 1);
   EXPECT_DOUBLE_EQ(r.solution.objective, 300);
+}
+
+// The single-pool DP computes each job's row only over the counts that can
+// still matter (at most what the jobs so far can take, at least what the
+// capacity less the jobs still to come leaves). Random pools from 1 node to
+// more than every job together could take, against the exhaustive search:
+// an off-by-one at either end of the band, or a wrong count read above it,
+// gives a worse objective or an allocation that does not fit.
+TEST(DpTest, SinglePoolEqualsExhaustiveSearchAtEveryCapacity) {
+  std::mt19937 rng(20261128);
+  int below_demand = 0, above_demand = 0;
+  for (int rep = 0; rep < 300; ++rep) {
+    const int num_jobs = 2 + static_cast<int>(rng() % 4);
+    std::vector<JobSpec> jobs;
+    int demand = 0;
+    for (int j = 0; j < num_jobs; ++j) {
+      const int min = 1 + static_cast<int>(rng() % 2);
+      const int max = min + static_cast<int>(rng() % 3);
+      demand += max;
+      JobSpec job = Job(absl::StrCat("j", j), min, max,
+                        testing::CurveThrough(rng, testing::RandomBreakpoints(rng, min, max),
+                                              10.0 + rng() % 20, rng() % 2 == 0));
+      job.resize_up_pause = absl::Seconds(rng() % 6);
+      job.resize_down_pause = absl::Seconds(rng() % 4);
+      jobs.push_back(job);
+    }
+    const int capacity = 1 + static_cast<int>(rng() % (demand + 2));
+    (capacity < demand ? below_demand : above_demand)++;
+    Problem p = Nodes(capacity);
+    // Some jobs hold nodes (their options then carry resize costs).
+    int next_node = 0;
+    for (JobSpec& job : jobs) {
+      const int hold = static_cast<int>(rng() % (job.max_nodes + 1));
+      for (int k = 0; k < hold && next_node < capacity; ++k) {
+        job.current_nodes.push_back(absl::StrCat("n", next_node++));
+      }
+    }
+    p.jobs = jobs;
+    ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+    const testing::Exhaustive oracle = testing::ExhaustiveSearch(m);
+    EXPECT_NEAR(r.solution.objective, oracle.best, 1e-9 * std::max(1.0, std::abs(oracle.best)))
+        << "rep " << rep << ": " << num_jobs << " jobs, demand " << demand << ", capacity "
+        << capacity;
+    EXPECT_THAT(CheckSolution(m, r.solution), IsOk()) << "rep " << rep;
+  }
+  // Both sides of the band were exercised.
+  EXPECT_GT(below_demand, 50);
+  EXPECT_GT(above_demand, 20);
 }
 
 TEST(DpTest, MultiPoolRefusesHugeStateSpaces) {
