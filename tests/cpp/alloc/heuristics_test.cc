@@ -1,5 +1,7 @@
 #include "libmalle/alloc/heuristics.h"
 
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -7,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libmalle/alloc/dp.h"
+#include "tests/cpp/alloc/oracles.h"
 #include "tests/cpp/testing/status_matchers.h"
 
 namespace malle::alloc {
@@ -57,6 +60,81 @@ TEST(GreedyTest, IsNotOptimalOnNonConcaveCurves) {
   ASSERT_OK_AND_ASSIGN(PolicyResult dp, SolveDp(m));
   EXPECT_THAT(Counts(m, dp.solution), ElementsAre(4, 0));
   EXPECT_LT(greedy.solution.objective, dp.solution.objective);
+}
+
+// Greedy's rule, as a scan: every round, the job whose next step (its
+// smallest runnable size when stopped, else the next count it has an option
+// for) gains most per node and still fits, the lowest index among equals;
+// steps that gain nothing are not taken.
+std::vector<int> ScanGreedy(const CountModel& m) {
+  const int num_jobs = static_cast<int>(m.jobs.size());
+  std::vector<std::vector<std::optional<double>>> value(num_jobs);
+  for (int j = 0; j < num_jobs; ++j) {
+    value[j].resize(m.jobs[j].max_nodes + 1);
+    for (const Option& o : m.jobs[j].options) {
+      if (!value[j][o.nodes] || o.value > *value[j][o.nodes]) value[j][o.nodes] = o.value;
+    }
+  }
+  std::vector<int> totals(num_jobs, 0);
+  int remaining = m.total_nodes;
+  while (remaining > 0) {
+    int best = -1, best_step = 0;
+    double best_gain = 0;
+    for (int j = 0; j < num_jobs; ++j) {
+      const JobModel& job = m.jobs[j];
+      int target = totals[j] == 0 ? job.min_nodes : totals[j] + 1;
+      while (target <= job.max_nodes && !value[j][target]) ++target;
+      if (target > job.max_nodes || target - totals[j] > remaining) continue;
+      const double gain =
+          (*value[j][target] - value[j][totals[j]].value_or(0.0)) / (target - totals[j]);
+      if (gain > best_gain) {
+        best_gain = gain;
+        best = j;
+        best_step = target - totals[j];
+      }
+    }
+    if (best < 0) break;
+    totals[best] += best_step;
+    remaining -= best_step;
+  }
+  return totals;
+}
+
+// SolveGreedy keeps every job's next step in a heap instead of scanning the
+// jobs for each node. Random pools (some jobs twice, so that gains tie; some
+// flat, so that a step gains nothing; some minimums larger than what is left
+// at the end) must give the scan's counts.
+TEST(GreedyTest, HeapTakesTheScansSteps) {
+  std::mt19937 rng(1128);
+  int ties = 0, flat = 0;
+  for (int rep = 0; rep < 400; ++rep) {
+    Problem p = Nodes(1 + static_cast<int>(rng() % 40));
+    const int num_jobs = 1 + static_cast<int>(rng() % 8);
+    for (int j = 0; j < num_jobs; ++j) {
+      if (j > 0 && rng() % 4 == 0) {  // a twin of the previous job: equal gains
+        p.jobs.push_back(p.jobs.back());
+        p.jobs.back().id = absl::StrCat("j", j);
+        ++ties;
+        continue;
+      }
+      if (rng() % 5 == 0) {  // flat above its minimum: more nodes gain exactly 0
+        p.jobs.push_back(Job(absl::StrCat("j", j), 1, 4, {{1, 7}, {4, 7}}));
+        ++flat;
+        continue;
+      }
+      const int min = 1 + static_cast<int>(rng() % 5);
+      const int max = min + static_cast<int>(rng() % 8);
+      p.jobs.push_back(Job(absl::StrCat("j", j), min, max,
+                           testing::CurveThrough(rng, testing::RandomBreakpoints(rng, min, max),
+                                                 5.0 + rng() % 10, rng() % 2 == 0)));
+    }
+    ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveGreedy(m));
+    EXPECT_EQ(Counts(m, r.solution), ScanGreedy(m)) << "rep " << rep;
+    EXPECT_THAT(CheckSolution(m, r.solution), IsOk()) << "rep " << rep;
+  }
+  EXPECT_GT(ties, 50);
+  EXPECT_GT(flat, 50);
 }
 
 TEST(EqualShareTest, AdmitsInOrderThenDealsRoundRobin) {
