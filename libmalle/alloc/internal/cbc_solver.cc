@@ -526,6 +526,21 @@ absl::StatusOr<LpResult> ColumnLp::Solve() {
       m.value.clear();
       m.starts.assign(1, 0);
     }
+    if (m.clp.getNumCols() == 0) {
+      // No columns (a master whose every job has left it, or a problem
+      // without jobs): Clp's dual simplex crashes on such a model (SIGSEGV
+      // in ClpSimplex::deleteRim, Clp 1.17). The LP is max 0 over the
+      // empty vector: optimal with zero duals where every row admits 0,
+      // infeasible otherwise.
+      LpResult result;
+      result.optimal = true;
+      for (int r = 0; r < m.rows; ++r) {
+        result.optimal =
+            result.optimal && m.clp.getRowLower()[r] <= 0 && m.clp.getRowUpper()[r] >= 0;
+      }
+      if (result.optimal) result.row_duals.assign(m.rows, 0.0);
+      return result;
+    }
     // The first solve from scratch (dual simplex from the slack basis);
     // then primal from the last basis, which new columns keep feasible.
     // startFinishOptions 1 (keep the work areas and the factorization after

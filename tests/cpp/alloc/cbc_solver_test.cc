@@ -364,6 +364,25 @@ TEST(ColumnLpTest, GrowsByColumnsAndFollowsBoundChanges) {
 // column that has not reached the LP yet. Columns without an upper bound:
 // the row alone keeps them <= 1, and the row's dual is then the basic
 // column's value (with ub = 1 any dual up to it would do).
+// No column at all (a master every job has left): answered without Clp,
+// whose dual simplex crashed on it. Zero duals where every row admits 0;
+// infeasible (not optimal) where one does not; columns added later solve.
+TEST(ColumnLpTest, NoColumns) {
+  ColumnLp lp({-kInf, -kInf}, {2.0, 1.5});
+  ASSERT_OK_AND_ASSIGN(LpResult r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_EQ(r.objective, 0.0);
+  EXPECT_TRUE(r.x.empty());
+  EXPECT_THAT(r.row_duals, ElementsAre(0.0, 0.0));
+  lp.AddColumn({0, 1}, {1.0, 1.0}, 3.0, 0.0, kInf);
+  ASSERT_OK_AND_ASSIGN(r, lp.Solve());
+  ASSERT_TRUE(r.optimal);
+  EXPECT_NEAR(r.objective, 4.5, 1e-9);
+
+  ColumnLp must_hold_one({1.0}, {1.0});
+  ASSERT_OK_AND_ASSIGN(r, must_hold_one.Solve());
+  EXPECT_FALSE(r.optimal);
+}
 TEST(ColumnLpTest, EqualityRowsAndQueuedBounds) {
   ColumnLp lp({1.0}, {1.0});
   lp.AddColumn({0}, {1.0}, 4.0, 0.0, kInf);

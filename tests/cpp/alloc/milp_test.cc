@@ -452,6 +452,25 @@ TEST(MilpTest, NoJobsAndNoNodes) {
   EXPECT_FALSE(r.fell_back) << r.reason;
 }
 
+// Idle nodes and no job (every job done, or none submitted yet): the master
+// LP has the pools' rows and no column. Clp's dual simplex crashed on it
+// (SIGSEGV): in process that killed the caller, forked it fell back to the
+// DP with "solver crashed" (seen at the end of the demo).
+TEST(MilpTest, IdleNodesAndNoJobs) {
+  Problem p;
+  for (int i = 0; i < 4; ++i) p.nodes.push_back(Node{absl::StrCat("n", i)});
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  for (SolveIsolation isolation : {SolveIsolation::kInProcess, SolveIsolation::kFork}) {
+    MilpOptions o;
+    o.isolation = isolation;
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, o));
+    EXPECT_TRUE(r.solution.option.empty());
+    EXPECT_EQ(r.solution.objective, 0.0);
+    EXPECT_TRUE(r.optimal) << r.reason;
+    EXPECT_FALSE(r.fell_back) << r.reason;
+  }
+}
+
 // Four jobs with distinct curves on 12 nodes: the answer is known from the
 // DP, the faults must not change it.
 Problem FaultProblem() {
