@@ -87,9 +87,9 @@ PolicyResult SolveSinglePool(const CountModel& model) {
     const int first = lo[j], last = hi[j];
     // best above the previous band's top, as far as this job reads it.
     std::fill(best.begin() + prev_hi + 1, best.begin() + last + 1, best[prev_hi]);
-    int32_t* row = choice.data() + row_start[j] - first;  // row[c], c in [first, last]
+    int32_t* row = choice.data() + row_start[j];  // row[c - first], c in [first, last]
     std::fill(next.begin() + first, next.begin() + last + 1, kUnreachable);
-    std::fill(row + first, row + last + 1, 0);
+    std::fill(row, row + (last - first + 1), 0);
     // Option by option (in OptionOrder, so that the first of equally good
     // options wins, as before), each over every capacity of the band it fits.
     for (const int o : OptionOrder(job)) {
@@ -98,7 +98,7 @@ PolicyResult SolveSinglePool(const CountModel& model) {
       const int from_c = std::max(first, n);
       const double* from = best.data() + from_c - n;
       double* to = next.data() + from_c;
-      Relax(from, value, o, last - from_c + 1, to, row + from_c);
+      Relax(from, value, o, last - from_c + 1, to, row + (from_c - first));
     }
     best.swap(next);
     prev_hi = last;
