@@ -360,10 +360,6 @@ TEST(ColumnLpTest, GrowsByColumnsAndFollowsBoundChanges) {
   EXPECT_NEAR(r.objective, 6.25, 1e-9);
 }
 
-// Equality rows (the master's "one column per job") and a bound set on a
-// column that has not reached the LP yet. Columns without an upper bound:
-// the row alone keeps them <= 1, and the row's dual is then the basic
-// column's value (with ub = 1 any dual up to it would do).
 // No column at all (a master every job has left): answered without Clp,
 // whose dual simplex crashed on it. Zero duals where every row admits 0;
 // infeasible (not optimal) where one does not; columns added later solve.
@@ -383,6 +379,10 @@ TEST(ColumnLpTest, NoColumns) {
   ASSERT_OK_AND_ASSIGN(r, must_hold_one.Solve());
   EXPECT_FALSE(r.optimal);
 }
+// Equality rows (the master's "one column per job") and a bound set on a
+// column that has not reached the LP yet. Columns without an upper bound:
+// the row alone keeps them <= 1, and the row's dual is then the basic
+// column's value (with ub = 1 any dual up to it would do).
 TEST(ColumnLpTest, EqualityRowsAndQueuedBounds) {
   ColumnLp lp({1.0}, {1.0});
   lp.AddColumn({0}, {1.0}, 4.0, 0.0, kInf);
