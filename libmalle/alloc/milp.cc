@@ -1223,6 +1223,7 @@ absl::StatusOr<MipResult> SolveDecomposed(const CountModel& model, const CountSo
   ds.local_search = options.decomposition_local_search;
   ds.local_search_share = options.decomposition_local_search_share;
   ds.twins = options.decomposition_twins;
+  ds.cut_rounds = options.decomposition_cut_rounds;
   MALLE_ASSIGN_OR_RETURN(internal::DecompositionResult d,
                          internal::SolveByDecomposition(model, start, ds));
   MipResult r;

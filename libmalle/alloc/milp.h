@@ -122,6 +122,9 @@ struct MilpOptions {
   // values and held nodes) are searched in one order only, a branch on one
   // job's count bounding its twins' too; never changes exactness.
   bool decomposition_twins = true;
+  // With decomposition: rounds of MIR cuts on the pools' capacities at the
+  // root (internal::PoolCut; 0: none). Never changes exactness.
+  int decomposition_cut_rounds = 40;
   DpOptions fallback;          // options for the DP fallback
   MilpFault fault = MilpFault::kNone;
 };

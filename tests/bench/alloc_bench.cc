@@ -65,6 +65,9 @@ ABSL_FLAG(bool, milp_heuristic_start, true,
 ABSL_FLAG(bool, milp_decomposition, true,
           "MilpOptions::decomposition: branch-and-price on the decomposition by job (the "
           "default, also with one pool); false: CBC on the count formulation");
+ABSL_FLAG(int, milp_cut_rounds, -1,
+          "MilpOptions::decomposition_cut_rounds: rounds of MIR cuts at the root (-1: its "
+          "default, 0: none)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
 
@@ -196,6 +199,9 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, bool pernode, Row& row) {
   fork_opts.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
   fork_opts.heuristic_start = absl::GetFlag(FLAGS_milp_heuristic_start);
   fork_opts.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
+  if (absl::GetFlag(FLAGS_milp_cut_rounds) >= 0) {
+    fork_opts.decomposition_cut_rounds = absl::GetFlag(FLAGS_milp_cut_rounds);
+  }
   malle::alloc::MilpOptions inproc_opts = fork_opts;
   inproc_opts.isolation = malle::alloc::SolveIsolation::kInProcess;
   malle::bench::PerNodeOptions pn_opts;

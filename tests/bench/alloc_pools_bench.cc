@@ -81,6 +81,9 @@ ABSL_FLAG(std::string, milp_local_search, "true",
 ABSL_FLAG(bool, milp_twins, true,
           "decomposition: search jobs the model cannot tell apart in one order only "
           "(MilpOptions::decomposition_twins)");
+ABSL_FLAG(int, milp_cut_rounds, -1,
+          "decomposition: rounds of MIR cuts on the pools' capacities at the root "
+          "(MilpOptions::decomposition_cut_rounds; -1: its default, 0: none)");
 ABSL_FLAG(bool, print_reasons, false, "print every MILP answer's reason (stderr), not only notes");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
@@ -241,6 +244,9 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
   mo.pricing = absl::GetFlag(FLAGS_milp_pricing);
   mo.decomposition = absl::GetFlag(FLAGS_milp_decomposition);
   mo.decomposition_twins = absl::GetFlag(FLAGS_milp_twins);
+  if (absl::GetFlag(FLAGS_milp_cut_rounds) >= 0) {
+    mo.decomposition_cut_rounds = absl::GetFlag(FLAGS_milp_cut_rounds);
+  }
   const int first = absl::GetFlag(FLAGS_first_rep);
   for (int rep = first; rep < first + absl::GetFlag(FLAGS_reps); ++rep) {
     MALLE_ASSIGN_OR_RETURN(Problem problem,

@@ -459,6 +459,22 @@ struct ColumnLp::Impl {
   std::vector<double> value;
   bool solved_once = false;
   bool bounds_changed = false;
+  bool rows_added = false;
+  int cold_retries = 0;
+
+  // Moves the queued columns into `clp`.
+  void Flush() {
+    if (obj.empty()) return;
+    clp.addColumns(static_cast<int>(obj.size()), lb.data(), ub.data(), obj.data(), starts.data(),
+                   index.data(), value.data());
+    solved_columns += static_cast<int>(obj.size());
+    lb.clear();
+    ub.clear();
+    obj.clear();
+    index.clear();
+    value.clear();
+    starts.assign(1, 0);
+  }
 };
 
 ColumnLp::ColumnLp(std::vector<double> row_lb, std::vector<double> row_ub)
@@ -508,6 +524,26 @@ void ColumnLp::SetColumnUpper(int c, double ub) {
   m.bounds_changed = true;
 }
 
+int ColumnLp::AddRow(const std::vector<int>& columns, const std::vector<double>& values, double lb,
+                     double ub) {
+  MALLE_CHECK(columns.size() == values.size()) << "ColumnLp::AddRow: columns and values differ";
+  Impl& m = *impl_;
+  for (int c : columns) {
+    MALLE_CHECK(c >= 0 && c < num_columns()) << "ColumnLp::AddRow: column out of range";
+  }
+  m.Flush();
+  const CoinBigIndex starts[2] = {0, static_cast<CoinBigIndex>(columns.size())};
+  const double row_lb = std::isinf(lb) ? -COIN_DBL_MAX : lb;
+  const double row_ub = std::isinf(ub) ? COIN_DBL_MAX : ub;
+  m.clp.addRows(1, &row_lb, &row_ub, starts, columns.data(), values.data());
+  m.rows_added = true;
+  return m.rows++;
+}
+
+int ColumnLp::num_rows() const { return impl_->rows; }
+
+int ColumnLp::cold_retries() const { return impl_->cold_retries; }
+
 int ColumnLp::num_columns() const {
   return impl_->solved_columns + static_cast<int>(impl_->obj.size());
 }
@@ -515,17 +551,7 @@ int ColumnLp::num_columns() const {
 absl::StatusOr<LpResult> ColumnLp::Solve() {
   Impl& m = *impl_;
   try {
-    if (!m.obj.empty()) {
-      m.clp.addColumns(static_cast<int>(m.obj.size()), m.lb.data(), m.ub.data(), m.obj.data(),
-                       m.starts.data(), m.index.data(), m.value.data());
-      m.solved_columns += static_cast<int>(m.obj.size());
-      m.lb.clear();
-      m.ub.clear();
-      m.obj.clear();
-      m.index.clear();
-      m.value.clear();
-      m.starts.assign(1, 0);
-    }
+    m.Flush();
     if (m.clp.getNumCols() == 0) {
       // No columns (a master whose every job has left it, or a problem
       // without jobs): Clp's dual simplex crashes on such a model (SIGSEGV
@@ -549,15 +575,31 @@ absl::StatusOr<LpResult> ColumnLp::Solve() {
     // small warm solves, which spent much of their time creating, scaling
     // and freeing Clp's work areas: an instance of 333 nodes went from 300
     // to 235 ms (perf, issue 27).
-    if (!m.solved_once || m.bounds_changed) {
+    // New rows: the dual simplex from the last basis (the cut makes it
+    // primal infeasible, not dual), with fresh work areas for the new size.
+    if (m.rows_added) {
+      m.clp.dual(0, 1);
+      m.solved_once = true;
+      m.bounds_changed = false;
+      m.rows_added = false;
+    } else if (!m.solved_once || m.bounds_changed) {
       m.clp.dual(0, m.solved_once ? 7 : 1);
       m.solved_once = true;
       m.bounds_changed = false;
     } else {
       m.clp.primal(0, 7);
     }
+    if (!m.clp.isProvenOptimal()) {
+      // A warm solve can end wrongly infeasible (seen at branch nodes of a
+      // master with cut rows, whose artificial columns keep it feasible):
+      // once more from the slack basis with fresh work areas.
+      m.clp.allSlackBasis(true);
+      m.clp.dual(0, 1);
+      ++m.cold_retries;
+    }
     LpResult result;
     result.optimal = m.clp.isProvenOptimal();
+    result.status = m.clp.problemStatus();
     if (!result.optimal) return result;
     const int n = m.clp.getNumCols();
     result.objective = -m.clp.objectiveValue();

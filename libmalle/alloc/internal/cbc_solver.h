@@ -88,6 +88,8 @@ absl::StatusOr<MipResult> SolveWithCbc(const MipModel& model, const CbcSettings&
 // raise the objective by r per unit; row_duals y give r_k = obj_k - y . A_k.
 struct LpResult {
   bool optimal = false;
+  int status =
+      0;  // Clp's problemStatus() when not optimal (1 infeasible, 2 unbounded, 3 stopped...)
   double objective = 0.0;
   std::vector<double> x, row_duals, reduced_costs;
 };
@@ -115,6 +117,15 @@ class ColumnLp {
   // Changes column c's upper bound (0 takes it out of the LP, as a branch
   // does); the next Solve starts with the dual simplex from the last basis.
   void SetColumnUpper(int c, double ub);
+  // Appends a row lb <= sum_i values[i] x[columns[i]] <= ub over columns
+  // added so far (cuts); the next Solve starts with the dual simplex from
+  // the last basis, the new row's slack basic. Returns its index.
+  int AddRow(const std::vector<int>& columns, const std::vector<double>& values, double lb,
+             double ub);
+  int num_rows() const;
+  // Warm solves that ended short of optimal and were solved again from the
+  // slack basis (Solve).
+  int cold_retries() const;
 
   // Solves (warm after the first call). x over every column added so far,
   // duals in the maximisation's sense (r_k = obj_k - y . A_k). Internal for

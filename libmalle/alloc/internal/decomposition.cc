@@ -1,6 +1,7 @@
 #include "libmalle/alloc/internal/decomposition.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -25,6 +26,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// F(t) of the MIR with fraction f (PoolCut).
+double MirF(double t, double f) {
+  const double fl = std::floor(t);
+  return fl + std::max(0.0, (t - fl) - f) / (1.0 - f);
+}
+
 // Pools of a pattern as (price, nodes available), cheapest first; ties by
 // pool index so that splits do not depend on the sort's whims.
 using Slot = JobPricer::Slot;
@@ -47,17 +54,23 @@ double TakeCost(const std::vector<Slot>& slots, int amount) {
 // job's held nodes inside the pattern. Both cheapest first: `by_price`
 // (every pool, by price then index) filtered by the pattern's membership,
 // which is the order a sort of the pattern's slots would give, without one.
+// With cut terms the nodes a job adds and those it keeps are priced apart
+// (add, keep), each list in its own order.
 void PatternSlots(const CountModel& model, const JobModel& job, absl::Span<const char> member,
-                  absl::Span<const double> pi, absl::Span<const int> by_price,
+                  absl::Span<const double> add, absl::Span<const int> add_order,
+                  absl::Span<const double> keep, absl::Span<const int> keep_order,
                   std::vector<Slot>& grow, std::vector<Slot>& shrink) {
   grow.clear();
   shrink.clear();
-  for (int p : by_price) {
+  for (int p : add_order) {
+    if (!member[p]) continue;
+    const int room = model.pools[p].capacity - job.current_per_pool[p];
+    if (room > 0) grow.push_back({add[p], room, p});
+  }
+  for (int p : keep_order) {
     if (!member[p]) continue;
     const int held = job.current_per_pool[p];
-    const int room = model.pools[p].capacity - held;
-    if (room > 0) grow.push_back({pi[p], room, p});
-    if (held > 0) shrink.push_back({pi[p], held, p});
+    if (held > 0) shrink.push_back({keep[p], held, p});
   }
 }
 
@@ -244,13 +257,57 @@ JobPricer::JobPricer(const CountModel& model) : model_(model) {
   }
 }
 
+namespace {
+
+// pi + extra, and the pools by that price (ties by index).
+void Own(absl::Span<const double> pi, const std::vector<double>& extra, std::vector<double>& price,
+         std::vector<int>& order) {
+  price.assign(pi.begin(), pi.end());
+  for (size_t p = 0; p < price.size(); ++p) price[p] += extra[p];
+  order.resize(price.size());
+  for (size_t p = 0; p < order.size(); ++p) order[p] = static_cast<int>(p);
+  std::sort(order.begin(), order.end(),
+            [&price](int a, int b) { return price[a] != price[b] ? price[a] < price[b] : a < b; });
+}
+
+}  // namespace
+
+void JobPricer::Charge(absl::Span<const double> pi, absl::Span<const int> by_price,
+                       const JobCutTerms* terms, Charged& out) {
+  out.add = out.keep = pi;
+  out.add_order = out.keep_order = by_price;
+  out.constant = out.grow_bonus = 0.0;
+  if (terms == nullptr) return;
+  out.constant = terms->constant;
+  if (!terms->keep.empty()) {
+    Own(pi, terms->keep, out.keep_own, out.keep_order_own);
+    out.keep = out.keep_own;
+    out.keep_order = out.keep_order_own;
+  }
+}
+
+void JobPricer::ChargePattern(absl::Span<const double> pi, absl::Span<const int> by_price,
+                              const JobCutTerms* terms, int k, Charged& out) {
+  out.add = pi;
+  out.add_order = by_price;
+  out.grow_bonus = 0.0;
+  out.inside = {};
+  if (terms == nullptr) return;
+  if (k < static_cast<int>(terms->grow_bonus.size())) out.grow_bonus = terms->grow_bonus[k];
+  if (k < static_cast<int>(terms->inside.size())) out.inside = terms->inside[k];
+  if (k < static_cast<int>(terms->add.size()) && !terms->add[k].empty()) {
+    Own(pi, terms->add[k], out.add_own, out.add_order_own);
+    out.add = out.add_own;
+    out.add_order = out.add_order_own;
+  }
+}
+
 template <typename Visit>
-void JobPricer::Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
-                     absl::Span<const int> by_price, double held_cost, std::vector<Slot>& grow,
-                     std::vector<Slot>& shrink, const Visit& visit) const {
+void JobPricer::Walk(int j, int k, absl::Span<const int> opts, const Charged& c, double held_cost,
+                     std::vector<Slot>& grow, std::vector<Slot>& shrink, const Visit& visit) const {
   const JobModel& job = model_.jobs[j];
   const int cur = job.current_nodes;
-  PatternSlots(model_, job, member_[j][k], pi, by_price, grow, shrink);
+  PatternSlots(model_, job, member_[j][k], c.add, c.add_order, c.keep, c.keep_order, grow, shrink);
   // Options come by increasing count: walk the slots once for the growing
   // ones (cost of the first `extra` nodes, cheapest first).
   size_t slot = 0;
@@ -275,21 +332,35 @@ void JobPricer::Walk(int j, int k, absl::Span<const int> opts, absl::Span<const 
     } else {
       cost = TakeCost(shrink, n);
     }
-    visit(o, job.options[o].value - cost);
+    double cut = 0.0;
+    if (n > cur) {
+      cut = c.grow_bonus;
+      for (const JobCutTerms::Inside& in : c.inside) {
+        cut -= in.mu * MirF((n - cur) / in.delta, in.fraction);
+      }
+    }
+    visit(o, job.options[o].value - cost + c.constant + cut);
   }
 }
 
+double JobPricer::StopScore(int j, const JobCutTerms* terms) const {
+  return model_.jobs[j].options[0].value + (terms != nullptr ? terms->constant : 0.0);
+}
+
 void JobPricer::Scores(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
-                       std::vector<double>& score) const {
+                       std::vector<double>& score, const JobCutTerms* terms) const {
   const JobModel& job = model_.jobs[j];
   score.assign(job.options.size(), -kInf);
-  score[0] = job.options[0].value;
-  const double held_cost = HeldCost(job, pi);
+  score[0] = StopScore(j, terms);
+  Charged charged;
+  Charge(pi, by_price, terms, charged);
+  const double held_cost = HeldCost(job, charged.keep);
   std::vector<Slot> grow, shrink;
   for (size_t k = 0; k < job.patterns.size(); ++k) {
     const std::vector<int>& opts = by_pattern_[j][k];
     if (opts.empty()) continue;
-    Walk(j, static_cast<int>(k), opts, pi, by_price, held_cost, grow, shrink,
+    ChargePattern(pi, by_price, terms, static_cast<int>(k), charged);
+    Walk(j, static_cast<int>(k), opts, charged, held_cost, grow, shrink,
          [&score](int o, double v) { score[o] = v; });
   }
 }
@@ -304,16 +375,20 @@ std::vector<int> PoolsByPrice(absl::Span<const double> pi) {
 
 void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
                               const std::vector<std::vector<int>>& opts,
-                              std::vector<std::pair<double, int>>& best, double* scores) const {
+                              std::vector<std::pair<double, int>>& best, double* scores,
+                              const JobCutTerms* terms) const {
   const JobModel& job = model_.jobs[j];
   best.assign(job.patterns.size(), {-kInf, -1});
-  const double held_cost = HeldCost(job, pi);
+  Charged& charged = charged_scratch_;
+  Charge(pi, by_price, terms, charged);
+  const double held_cost = HeldCost(job, charged.keep);
   std::vector<Slot>& grow = grow_scratch_;
   std::vector<Slot>& shrink = shrink_scratch_;
   for (size_t k = 0; k < job.patterns.size(); ++k) {
     if (opts[k].empty()) continue;
     std::pair<double, int>& b = best[k];
-    Walk(j, static_cast<int>(k), opts[k], pi, by_price, held_cost, grow, shrink,
+    ChargePattern(pi, by_price, terms, static_cast<int>(k), charged);
+    Walk(j, static_cast<int>(k), opts[k], charged, held_cost, grow, shrink,
          [&b, scores](int o, double v) {
            if (scores != nullptr) scores[o] = v;
            if (b.second < 0 || v > b.first) b = {v, o};
@@ -322,13 +397,17 @@ void JobPricer::BestByPattern(int j, absl::Span<const double> pi, absl::Span<con
 }
 
 std::vector<int> JobPricer::Split(int j, int o, absl::Span<const double> pi,
-                                  absl::Span<const int> by_price) const {
+                                  absl::Span<const int> by_price, const JobCutTerms* terms) const {
   const JobModel& job = model_.jobs[j];
   std::vector<int> x(model_.pools.size(), 0);
   const Option& opt = job.options[o];
   if (opt.nodes == 0) return x;
+  Charged charged;
+  Charge(pi, by_price, terms, charged);
+  ChargePattern(pi, by_price, terms, opt.pattern, charged);
   std::vector<Slot> grow, shrink;
-  PatternSlots(model_, job, member_[j][opt.pattern], pi, by_price, grow, shrink);
+  PatternSlots(model_, job, member_[j][opt.pattern], charged.add, charged.add_order, charged.keep,
+               charged.keep_order, grow, shrink);
   int left;
   const std::vector<Slot>* from;
   if (opt.nodes >= job.current_nodes) {
@@ -657,6 +736,257 @@ double LagrangianBound(const CountModel& model, const JobPricer& pricer,
 
 namespace {
 
+const PoolCut::Member* FindMember(const std::vector<PoolCut::Member>& members, int j) {
+  const auto it = std::lower_bound(members.begin(), members.end(), j,
+                                   [](const PoolCut::Member& m, int job) { return m.job < job; });
+  return it != members.end() && it->job == j ? &*it : nullptr;
+}
+
+}  // namespace
+
+bool PatternInside(const CountModel& model, int j, int k, absl::Span<const char> in_set) {
+  for (int p : model.jobs[j].patterns[k].pools) {
+    if (!in_set[p]) return false;
+  }
+  return true;
+}
+
+double PoolCut::Coefficient(const CountModel& model, int j, int o,
+                            const std::vector<int>& x) const {
+  const JobModel& job = model.jobs[j];
+  int added = 0, freed = 0;
+  for (size_t p = 0; p < in_set.size(); ++p) {
+    if (!in_set[p]) continue;
+    const int held = job.current_per_pool[p];
+    added += std::max(0, x[p] - held);
+    freed += std::max(0, held - x[p]);
+  }
+  double c = -kappa * freed;
+  if (o <= 0 || job.options[o].nodes <= job.current_nodes) return c;
+  const int k = job.options[o].pattern;
+  if (PatternInside(model, j, k, in_set)) {
+    return c + MirF((job.options[o].nodes - job.current_nodes) / delta, fraction);
+  }
+  const Member* m = FindMember(members, j);
+  if (m != nullptr && m->patterns[k]) c += kappa * added + m->grow;
+  return c;
+}
+
+void PoolCut::AddTerms(const CountModel& model, int j, double mu, JobCutTerms& terms) const {
+  const JobModel& job = model.jobs[j];
+  const size_t num_pools = in_set.size();
+  const size_t num_patterns = job.patterns.size();
+  // Released nodes: +mu kappa each, i.e. mu kappa per held node in S less
+  // mu kappa per node kept there.
+  if (terms.keep.empty()) terms.keep.assign(num_pools, 0.0);
+  for (size_t p = 0; p < num_pools; ++p) {
+    if (!in_set[p]) continue;
+    terms.keep[p] += mu * kappa;
+    terms.constant += mu * kappa * job.current_per_pool[p];
+  }
+  for (size_t k = 0; k < num_patterns; ++k) {
+    if (!PatternInside(model, j, static_cast<int>(k), in_set)) continue;
+    terms.inside.resize(num_patterns);
+    terms.inside[k].push_back({mu, delta, fraction});
+  }
+  const Member* m = FindMember(members, j);
+  if (m == nullptr) return;
+  terms.add.resize(num_patterns);
+  terms.grow_bonus.resize(num_patterns, 0.0);
+  for (size_t k = 0; k < num_patterns; ++k) {
+    if (!m->patterns[k]) continue;
+    if (terms.add[k].empty()) terms.add[k].assign(num_pools, 0.0);
+    for (size_t p = 0; p < num_pools; ++p) {
+      if (in_set[p]) terms.add[k][p] += mu * kappa;
+    }
+    terms.grow_bonus[k] -= mu * m->grow;
+  }
+}
+
+int MostAdded(const CountModel& model, int j, absl::Span<const char> in_set,
+              absl::Span<const char> patterns) {
+  const JobModel& job = model.jobs[j];
+  std::vector<int> room(job.patterns.size(), 0);
+  for (size_t k = 0; k < job.patterns.size(); ++k) {
+    if (!patterns[k]) continue;
+    for (int p : job.patterns[k].pools) {
+      if (in_set[p]) room[k] += std::max(0, model.pools[p].capacity - job.current_per_pool[p]);
+    }
+  }
+  int most = 0;
+  for (size_t o = 1; o < job.options.size(); ++o) {
+    const Option& opt = job.options[o];
+    if (opt.nodes <= job.current_nodes || !patterns[opt.pattern]) continue;
+    most = std::max(most, std::min(opt.nodes - job.current_nodes, room[opt.pattern]));
+  }
+  return most;
+}
+
+namespace {
+
+// The room of S: its capacity less every job's held nodes there.
+double Room(const CountModel& model, absl::Span<const char> in_set) {
+  double b = 0;
+  for (size_t p = 0; p < in_set.size(); ++p) {
+    if (!in_set[p]) continue;
+    b += model.pools[p].capacity;
+    for (const JobModel& job : model.jobs) b -= job.current_per_pool[p];
+  }
+  return b;
+}
+
+// Fractions of b / delta the cuts use: away from 0 (no cut) and from 1
+// (kappa = 1 / (delta (1 - f)) would make the rows ill-conditioned).
+constexpr double kMinFraction = 1e-3, kMaxFraction = 0.99;
+
+}  // namespace
+
+std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& in_set,
+                              std::vector<PoolCut::Member> members, double delta) {
+  if (!(delta > 0)) return std::nullopt;
+  const double beta = Room(model, in_set) / delta;
+  const double f = beta - std::floor(beta);
+  if (f < kMinFraction || f > kMaxFraction) return std::nullopt;
+  PoolCut cut;
+  cut.in_set = in_set;
+  std::sort(members.begin(), members.end(),
+            [](const PoolCut::Member& a, const PoolCut::Member& b) { return a.job < b.job; });
+  for (size_t i = 0; i + 1 < members.size(); ++i) {
+    MALLE_CHECK(members[i].job != members[i + 1].job)
+        << "MirCut: job " << members[i].job << " twice";
+  }
+  cut.delta = delta;
+  cut.fraction = f;
+  cut.kappa = 1.0 / (delta * (1.0 - f));
+  cut.rhs = std::floor(beta);
+  for (PoolCut::Member& m : members) {
+    // A pattern inside S has its own exact term: not a member's.
+    for (size_t k = 0; k < m.patterns.size(); ++k) {
+      if (m.patterns[k] && PatternInside(model, m.job, static_cast<int>(k), in_set)) {
+        m.patterns[k] = 0;
+      }
+    }
+    const int u = MostAdded(model, m.job, in_set, m.patterns);
+    m.grow = MirF(u / delta, f) - cut.kappa * u;
+  }
+  cut.members = std::move(members);
+  return cut;
+}
+
+std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& point,
+                                      double min_violation) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  // The pool sets: each pool, each pattern's pools.
+  std::set<std::vector<char>> sets;
+  for (int p = 0; p < num_pools; ++p) {
+    std::vector<char> s(num_pools, 0);
+    s[p] = 1;
+    sets.insert(std::move(s));
+  }
+  for (const JobModel& job : model.jobs) {
+    for (const Pattern& pattern : job.patterns) {
+      std::vector<char> s(num_pools, 0);
+      for (int p : pattern.pools) s[p] = 1;
+      sets.insert(std::move(s));
+    }
+  }
+  // Per job and S: its growing columns inside S (step, weight), and its
+  // patterns meeting S but not inside it (as a member): g, nodes added, u.
+  struct Job {
+    std::vector<std::pair<int, double>> inside;
+    std::vector<char> meeting;
+    double g = 0, added = 0;
+    int most = 0;
+  };
+  std::vector<PoolCut> cuts;
+  std::vector<Job> jobs(num_jobs);
+  std::vector<std::vector<char>> inside(num_jobs);
+  for (const std::vector<char>& in_set : sets) {
+    double freed_all = 0;
+    std::set<int> divisors;
+    for (int j = 0; j < num_jobs; ++j) {
+      const JobModel& job = model.jobs[j];
+      const int num_patterns = static_cast<int>(job.patterns.size());
+      for (int p = 0; p < num_pools; ++p) {
+        if (in_set[p]) freed_all += point.freed[j][p];
+      }
+      inside[j].assign(num_patterns, 0);
+      for (int k = 0; k < num_patterns; ++k) inside[j][k] = PatternInside(model, j, k, in_set);
+      Job& jb = jobs[j];
+      jb.inside.clear();
+      bool fractional_inside = false;
+      for (const LpPoint::Step& step : point.steps[j]) {
+        if (!inside[j][step.pattern]) continue;
+        jb.inside.emplace_back(step.w, step.weight);
+        if (step.weight < 1 - 1e-6 && step.w > 0) {
+          divisors.insert(step.w);
+          fractional_inside = true;
+        }
+      }
+      if (fractional_inside) {
+        // Also the most the job can add in S through the patterns inside it.
+        const int u = MostAdded(model, j, in_set, inside[j]);
+        if (u > 0) divisors.insert(u);
+      }
+      jb.meeting.assign(num_patterns, 0);
+      jb.g = jb.added = 0;
+      jb.most = 0;
+      bool any = false;
+      for (int k = 0; k < num_patterns; ++k) {
+        if (inside[j][k] || !(point.grow[j][k] > 1e-9)) continue;
+        bool meets = false;
+        for (int p : job.patterns[k].pools) meets = meets || in_set[p];
+        if (!meets) continue;
+        jb.meeting[k] = 1;
+        any = true;
+        jb.g += point.grow[j][k];
+        for (int p = 0; p < num_pools; ++p) {
+          if (in_set[p]) jb.added += point.add[j][k][p];
+        }
+      }
+      if (!any) continue;
+      jb.most = MostAdded(model, j, in_set, jb.meeting);
+      if (jb.g > 1e-6 && jb.g < 1 - 1e-6 && jb.most > 0 && jb.added > 1e-9) {
+        divisors.insert(jb.most);
+      }
+    }
+    if (divisors.empty()) continue;
+    const double room = Room(model, in_set);
+    std::optional<PoolCut> best;
+    double best_violation = min_violation;
+    for (int d : divisors) {
+      const double beta = room / d;
+      const double f = beta - std::floor(beta);
+      if (f < kMinFraction || f > kMaxFraction) continue;
+      const double kappa = 1.0 / (d * (1.0 - f));
+      std::vector<PoolCut::Member> members;
+      double lhs = -kappa * freed_all;
+      for (int j = 0; j < num_jobs; ++j) {
+        const Job& jb = jobs[j];
+        for (const auto& [w, weight] : jb.inside)
+          lhs += MirF(static_cast<double>(w) / d, f) * weight;
+        if (jb.most == 0) continue;
+        const double term =
+            MirF(static_cast<double>(jb.most) / d, f) * jb.g - kappa * (jb.most * jb.g - jb.added);
+        if (term > 1e-12) {
+          members.push_back({j, jb.meeting, 0.0});
+          lhs += term;
+        }
+      }
+      const double violation = lhs - std::floor(beta);
+      if (violation > best_violation) {
+        best_violation = violation;
+        best = MirCut(model, in_set, std::move(members), d);
+      }
+    }
+    if (best) cuts.push_back(*std::move(best));
+  }
+  return cuts;
+}
+
+namespace {
+
 // One column of the master: job j at option o with split x (option -1: the
 // job's artificial column, which keeps every node's master feasible).
 struct Column {
@@ -839,6 +1169,13 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   for (int j = 0; j < num_jobs; ++j) job_row[j] = j;
   int pool_row0 = num_jobs;
   std::vector<int> fixed_option(num_jobs, -1);  // >= 0: out of the master
+  // MIR cuts on pool sets (PoolCut), separated at the root: rows after the
+  // pools'. A job out of the master moves its coefficient to the row's
+  // bound, as its held nodes do on the pools' rows.
+  std::vector<PoolCut> cuts;
+  auto fixed_split = [&](int j) {
+    return fixed_option[j] > 0 ? model.jobs[j].current_per_pool : std::vector<int>(num_pools, 0);
+  };
   auto master_rows = [&] {
     std::vector<double> lb, ub;
     for (int j = 0; j < num_jobs; ++j) {
@@ -850,6 +1187,15 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       int left = model.pools[p].capacity;
       for (int j = 0; j < num_jobs; ++j) {
         if (fixed_option[j] > 0) left -= model.jobs[j].current_per_pool[p];
+      }
+      lb.push_back(-kInf);
+      ub.push_back(left);
+    }
+    for (const PoolCut& cut : cuts) {
+      double left = cut.rhs;
+      for (int j = 0; j < num_jobs; ++j) {
+        if (fixed_option[j] >= 0)
+          left -= cut.Coefficient(model, j, fixed_option[j], fixed_split(j));
       }
       lb.push_back(-kInf);
       ub.push_back(left);
@@ -872,6 +1218,12 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       if (x[p] == 0) continue;
       rows.push_back(pool_row0 + p);
       vals.push_back(x[p]);
+    }
+    for (size_t c = 0; c < cuts.size(); ++c) {
+      const double v = cuts[c].Coefficient(model, j, o, x);
+      if (v == 0) continue;
+      rows.push_back(pool_row0 + num_pools + static_cast<int>(c));
+      vals.push_back(v);
     }
     // No upper bound of 1 (the job's row keeps the column below it): a
     // column at an upper bound would leave the job row's dual free to be
@@ -921,7 +1273,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     for (int j = 0; j < num_jobs; ++j) {
       banned[j].resize(shortfall[j].size());
       for (size_t o = 0; o < shortfall[j].size(); ++o) {
-        banned[j][o] = root_l - shortfall[j][o] < banned_at;
+        // Or-ed: the root's prices may change (cuts), and an option once
+        // fixed out stays out (pricing walks `active`, which only shrinks).
+        banned[j][o] = banned[j][o] || root_l - shortfall[j][o] < banned_at;
       }
       for (std::vector<int>& opts : active[j]) {
         opts.erase(std::remove_if(opts.begin(), opts.end(), [&](int o) { return banned[j][o]; }),
@@ -966,6 +1320,12 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   };
 
   std::vector<double> pi(num_pools, 0.0);
+  // The cut rows' duals and what they add to each job's pricing (terms:
+  // none while every dual is 0).
+  std::vector<double> mu;
+  std::vector<JobCutTerms> cut_terms;
+  bool with_terms = false;
+  auto terms = [&](int j) -> const JobCutTerms* { return with_terms ? &cut_terms[j] : nullptr; };
   // The last pricing round's scores (by global option id, for the options
   // it priced) and each job's best allowed score: the node's fixing.
   std::vector<double> node_score(option_base[num_jobs], -kInf), job_best(num_jobs, -kInf);
@@ -990,11 +1350,29 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       MALLE_ASSIGN_OR_RETURN(LpResult lp, master_lp->Solve());
       ++lp_solves;
       if (nodes_done == 0) ++root_rounds;
-      if (!lp.optimal) return absl::InternalError("decomposition: master LP not solved by Clp");
+      if (!lp.optimal) {
+        return absl::InternalError(
+            absl::StrCat("decomposition: master LP not solved by Clp (status ", lp.status, ", ",
+                         cuts.size(), " cuts)"));
+      }
       for (int p = 0; p < num_pools; ++p)
         pi[p] = std::max(0.0, lp.row_duals[pool_row0 + p]) / scale;
       double l = 0;
       for (int p = 0; p < num_pools; ++p) l += pi[p] * model.pools[p].capacity;
+      mu.assign(cuts.size(), 0.0);
+      with_terms = false;
+      for (size_t c = 0; c < cuts.size(); ++c) {
+        mu[c] = std::max(0.0, lp.row_duals[pool_row0 + num_pools + c]) / scale;
+        l += mu[c] * cuts[c].rhs;
+        with_terms = with_terms || mu[c] > 0;
+      }
+      if (with_terms) {
+        cut_terms.assign(num_jobs, JobCutTerms{});
+        for (size_t c = 0; c < cuts.size(); ++c) {
+          if (mu[c] == 0) continue;
+          for (int j = 0; j < num_jobs; ++j) cuts[c].AddTerms(model, j, mu[c], cut_terms[j]);
+        }
+      }
       const double tol = 1e-9 * 1e3;
       const std::vector<int> by_price = PoolsByPrice(pi);
       int added = 0;
@@ -1011,12 +1389,13 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         double best = -kInf;
         picks.clear();
         if (allowed(j, 0)) {
-          best = std::max(best, job.options[0].value);
-          const double rc = job.options[0].value * scale - dual;
+          const double stop = pricer.StopScore(j, terms(j));
+          best = std::max(best, stop);
+          const double rc = stop * scale - dual;
           if (rc > tol) picks.emplace_back(rc, 0);
         }
         pricer.BestByPattern(j, pi, by_price, node_options(j), by_pattern,
-                             &node_score[option_base[j]]);
+                             &node_score[option_base[j]], terms(j));
         for (const auto& [v, o] : by_pattern) {
           if (o < 0) continue;
           best = std::max(best, v);
@@ -1036,7 +1415,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         std::sort(picks.begin(), picks.end(), std::greater<>());
         for (size_t i = 0; i < picks.size() && i < kPerJob; ++i) {
           const int o = picks[i].second;
-          added += add_column(j, o, pricer.Split(j, o, pi, by_price), kInf) ? 1 : 0;
+          added += add_column(j, o, pricer.Split(j, o, pi, by_price, terms(j)), kInf) ? 1 : 0;
         }
       }
       bound = std::min(bound, l);
@@ -1149,6 +1528,54 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     for (int id = option_base[j]; id < option_base[j + 1]; ++id) option_job[id] = j;
   }
   double bounds_at = std::nan("");  // banned_at when every bound was last set
+  // A new master LP over `columns` (after the fixing dropped some, or with
+  // new cut rows): a cold solve once.
+  int lp_retries = 0;  // ColumnLp::cold_retries of the masters rebuilt
+  auto rebuild_master = [&] {
+    lp_retries += master_lp->cold_retries();
+    const auto [lb, ub] = master_rows();
+    master_lp = std::make_unique<ColumnLp>(lb, ub);
+    for (auto& jc : job_columns) jc.clear();
+    for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
+      lp_column(columns[c].job, columns[c].option, columns[c].x, kInf);
+      job_columns[columns[c].job].push_back(c);
+    }
+    bounds_at = std::nan("");  // every bound to be set
+  };
+  // Where the LP optimum x stands for the cuts (SeparatePoolCuts).
+  auto lp_point = [&](const std::vector<double>& lp_x) {
+    LpPoint point;
+    point.grow.resize(num_jobs);
+    point.add.resize(num_jobs);
+    point.freed.assign(num_jobs, std::vector<double>(num_pools, 0.0));
+    point.steps.assign(num_jobs, {});
+    for (int j = 0; j < num_jobs; ++j) {
+      const size_t patterns = model.jobs[j].patterns.size();
+      point.grow[j].assign(patterns, 0.0);
+      point.add[j].assign(patterns, std::vector<double>(num_pools, 0.0));
+    }
+    auto visit = [&](int j, int o, const std::vector<int>& split, double w) {
+      const JobModel& job = model.jobs[j];
+      const bool grows = o > 0 && job.options[o].nodes > job.current_nodes;
+      const int k = grows ? job.options[o].pattern : -1;
+      if (grows) {
+        point.grow[j][k] += w;
+        point.steps[j].push_back({k, job.options[o].nodes - job.current_nodes, w});
+      }
+      for (int p = 0; p < num_pools; ++p) {
+        if (grows) point.add[j][k][p] += w * std::max(0, split[p] - job.current_per_pool[p]);
+        point.freed[j][p] += w * std::max(0, job.current_per_pool[p] - split[p]);
+      }
+    };
+    for (int c = 0; c < static_cast<int>(lp_x.size()); ++c) {
+      if (lp_x[c] > 1e-9) visit(columns[c].job, columns[c].option, columns[c].x, lp_x[c]);
+    }
+    for (int j = 0; j < num_jobs; ++j) {
+      if (fixed_option[j] >= 0) visit(j, fixed_option[j], fixed_split(j), 1.0);
+    }
+    return point;
+  };
+  int cut_rounds_done = 0, dropped_cuts = 0;
   while (plunge || !open.empty()) {
     Node node;
     if (plunge) {
@@ -1214,14 +1641,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
           }
         }
         columns = std::move(kept);
-        const auto [lb, ub] = master_rows();
-        master_lp = std::make_unique<ColumnLp>(lb, ub);
-        for (auto& jc : job_columns) jc.clear();
-        for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
-          lp_column(columns[c].job, columns[c].option, columns[c].x, kInf);
-          job_columns[columns[c].job].push_back(c);
-        }
-        bounds_at = std::nan("");  // every bound to be set
+        rebuild_master();
         ++compactions;
       }
     }
@@ -1261,23 +1681,27 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     std::sort(ruled.begin(), ruled.end());
     ruled.erase(std::unique(ruled.begin(), ruled.end()), ruled.end());
     for (int j : ruled) set_bounds(j);
-    MALLE_ASSIGN_OR_RETURN(const double bound, solve_node(x));
-    if (nodes_done == 0) {
+    MALLE_ASSIGN_OR_RETURN(double bound, solve_node(x));
+    // The root's final prices (L there is the LP's value): the reduced
+    // costs every node's fixing and the local search use.
+    auto root_prices = [&] {
       root_time = absl::Now() - t_start;
       root_bound = bound;
-      if (!x.empty()) {
-        // The root's final prices: L there is the LP's value.
-        root_l = last_l;
-        shortfall.assign(num_jobs, {});
-        const std::vector<int> by_price = PoolsByPrice(pi);
-        for (int j = 0; j < num_jobs; ++j) {
-          pricer.Scores(j, pi, by_price, score);
-          const double best = *std::max_element(score.begin(), score.end());
-          shortfall[j].resize(score.size());
-          for (size_t o = 0; o < score.size(); ++o) shortfall[j][o] = best - score[o];
-        }
+      if (x.empty()) return;
+      root_l = last_l;
+      shortfall.assign(num_jobs, {});
+      const std::vector<int> by_price = PoolsByPrice(pi);
+      for (int j = 0; j < num_jobs; ++j) {
+        pricer.Scores(j, pi, by_price, score, terms(j));
+        // The best score L took for the job: over the options still allowed
+        // (after the cuts' rounds the first fixing has taken some out, and a
+        // shortfall from an option L did not count would fix too much).
+        const double best = job_best[j];
+        shortfall[j].resize(score.size());
+        for (size_t o = 0; o < score.size(); ++o) shortfall[j][o] = best - score[o];
       }
-    }
+    };
+    if (nodes_done == 0) root_prices();
     refresh_banned();
     // A rounding at every node: with ModeFlow's cached envelopes a flow
     // costs 20-50 us, a node 0.4-3 ms (it was every 8th node when a flow
@@ -1287,6 +1711,70 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         (nodes_done == 0 || searched_from < out.solution.objective)) {
       local_search();
       searched_from = out.solution.objective;
+    }
+    // At the root, after the local search (so that the incumbent tells
+    // when cuts stop paying): rounds of MIR cuts on the pools' capacities
+    // (PoolCut) while the LP violates some, for at most a third of the
+    // time left, until two rounds in a row close less than 1 % of what is
+    // left between the bound and the incumbent. Then the cuts whose dual
+    // is 0 leave (their dense rows only slow Clp down), and the root's
+    // prices, now with the cuts' duals, fix options again.
+    if (nodes_done == 0 && settings.cut_rounds > 0 && !x.empty()) {
+      const absl::Time cut_start = absl::Now();
+      const absl::Time cut_until = settings.deadline == absl::InfiniteFuture()
+                                       ? absl::InfiniteFuture()
+                                       : cut_start + (settings.deadline - cut_start) / 3;
+      int stalled = 0;
+      while (cut_rounds_done < settings.cut_rounds && !x.empty() && bound > threshold() &&
+             absl::Now() < cut_until) {
+        std::vector<PoolCut> found = SeparatePoolCuts(model, lp_point(x), 1e-3);
+        if (found.empty()) break;
+        ++cut_rounds_done;
+        for (PoolCut& cut : found) {
+          // Its row over the columns so far (ColumnLp::AddRow; a warm solve).
+          std::vector<int> cols;
+          std::vector<double> vals;
+          for (int c = 0; c < static_cast<int>(columns.size()); ++c) {
+            const double v =
+                cut.Coefficient(model, columns[c].job, columns[c].option, columns[c].x);
+            if (v == 0) continue;
+            cols.push_back(c);
+            vals.push_back(v);
+          }
+          double left = cut.rhs;
+          for (int j = 0; j < num_jobs; ++j) {
+            if (fixed_option[j] >= 0) {
+              left -= cut.Coefficient(model, j, fixed_option[j], fixed_split(j));
+            }
+          }
+          const int row = master_lp->AddRow(cols, vals, -kInf, left);
+          MALLE_CHECK(row == pool_row0 + num_pools + static_cast<int>(cuts.size()))
+              << "decomposition: cut row " << row << " out of place";
+          cuts.push_back(std::move(cut));
+        }
+        const double before = bound;
+        MALLE_ASSIGN_OR_RETURN(const double b, solve_node(x));
+        bound = std::min(bound, b);
+        stalled = before - bound < 0.01 * (before - threshold()) ? stalled + 1 : 0;
+        if (stalled == 2) break;
+      }
+      if (!cuts.empty()) {
+        if (!x.empty()) {
+          std::vector<PoolCut> kept;
+          for (size_t c = 0; c < cuts.size(); ++c) {
+            if (mu[c] > 0) kept.push_back(std::move(cuts[c]));
+          }
+          dropped_cuts += static_cast<int>(cuts.size() - kept.size());
+          cuts = std::move(kept);
+          root_prices();
+          banned_at = -kInf;  // fix again at the new prices
+          refresh_banned();
+          if (bound > threshold()) flow_round(x);
+        }
+        // (cut_terms stay those of the last pricing, which the root's
+        // branching and fixing below read with job_best and last_l.)
+        rebuild_master();
+      }
     }
     ++nodes_done;
     node.bound = std::min(node.bound, bound);
@@ -1417,7 +1905,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       const double margin = last_l - threshold();
       for (int jj = 0; jj < num_jobs; ++jj) {
         const double best = job_best[jj];
-        if (allowed(jj, 0) && best - model.jobs[jj].options[0].value > margin) {
+        if (allowed(jj, 0) && best - pricer.StopScore(jj, terms(jj)) > margin) {
           fixed.push_back(option_base[jj]);
         }
         const double* sc = &node_score[option_base[jj]];
@@ -1453,17 +1941,20 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.bound = std::max(out.bound, out.solution.objective);
   out.proven = !out_of_time && Gap(out.bound, out.solution.objective) <= gap * (1 + 1e-9);
   out.branch_nodes = nodes_done;
-  out.master_rows = pool_row0 + num_pools;
+  out.master_rows = pool_row0 + num_pools + static_cast<int>(cuts.size());
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves, %d columns (%d rebuilds, %d jobs out of the master); "
+      "%d LP solves (%d again from the slack basis), %d columns (%d rebuilds, %d jobs out of "
+      "the master); "
+      "%d cuts in %d rounds (%d dropped); "
       "%lld options fixed at nodes; %d groups of twins, %lld decisions implied for twins; "
       "%d roundings (%d improved); "
       "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, columns.size(), compactions, num_jobs - pool_row0, node_fixings,
+      lp_solves, lp_retries + master_lp->cold_retries(), columns.size(), compactions,
+      num_jobs - pool_row0, cuts.size(), cut_rounds_done, dropped_cuts, node_fixings,
       static_cast<int>(twin_groups.size()), twin_decisions, rounded, rounded_better, ls_flows,
       ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
       absl::ToDoubleMilliseconds(root_time), absl::ToDoubleMilliseconds(ls_time),

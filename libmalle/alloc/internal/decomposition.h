@@ -45,7 +45,28 @@
 
 namespace malle::alloc::internal {
 
+// What the master's cut rows (PoolCut) add to one job's pricing, on top of
+// the pools' prices: a price per pool on the nodes it keeps (held nodes it
+// keeps when it stays, grows or shrinks), a constant on every option (the
+// stop option too), and per pattern of the job: a price per pool on the
+// nodes it adds and a bonus on the options that add nodes (count above its
+// current), and terms mu F((count - current) / delta) charged to those
+// options (`inside`, PoolCut). Empty vectors: none.
+struct JobCutTerms {
+  struct Inside {
+    double mu, delta, fraction;
+  };
+  std::vector<double> keep;  // per pool
+  double constant = 0.0;
+  std::vector<std::vector<double>> add;     // per pattern (empty: 0), per pool
+  std::vector<double> grow_bonus;           // per pattern
+  std::vector<std::vector<Inside>> inside;  // per pattern
+};
+
 // Per-job pricing under pool prices: each option's best score and split.
+// `terms` (optional, every method): the cut rows' share of the prices; the
+// score of (option, split) is then value - pi . split - the duals times its
+// coefficients in the cuts (PoolCut::Coefficient).
 class JobPricer {
  public:
   explicit JobPricer(const CountModel& model);
@@ -55,7 +76,7 @@ class JobPricer {
   // capacities). `pi` has one non-negative price per pool; `by_price`:
   // PoolsByPrice(pi), computed once for all the jobs priced at pi.
   void Scores(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
-              std::vector<double>& score) const;
+              std::vector<double>& score, const JobCutTerms* terms = nullptr) const;
 
   // Per pattern k, the best score among the options in `opts[k]` (a subset
   // of PatternOptions(j, k), in its order) and that option: (-inf, -1) where
@@ -68,12 +89,16 @@ class JobPricer {
   // score of every option walked.
   void BestByPattern(int j, absl::Span<const double> pi, absl::Span<const int> by_price,
                      const std::vector<std::vector<int>>& opts,
-                     std::vector<std::pair<double, int>>& best, double* scores = nullptr) const;
+                     std::vector<std::pair<double, int>>& best, double* scores = nullptr,
+                     const JobCutTerms* terms = nullptr) const;
 
   // A split of option o of job j of least cost under `pi` (one count per
   // pool); the cost is what Scores charged. `by_price`: PoolsByPrice(pi).
-  std::vector<int> Split(int j, int o, absl::Span<const double> pi,
-                         absl::Span<const int> by_price) const;
+  std::vector<int> Split(int j, int o, absl::Span<const double> pi, absl::Span<const int> by_price,
+                         const JobCutTerms* terms = nullptr) const;
+
+  // The stop option's score (no nodes): its value plus the terms' constant.
+  double StopScore(int j, const JobCutTerms* terms = nullptr) const;
 
   // A pool's price and the nodes a job may take there (decomposition.cc).
   struct Slot {
@@ -90,12 +115,27 @@ class JobPricer {
   double largest_value() const { return largest_; }
 
  private:
+  // The prices a job's nodes are charged in pattern k: those it adds (add,
+  // by add_order) and those it keeps (keep, by keep_order); both pi without
+  // cut terms. Keep: Charge once per job; ChargePattern per pattern.
+  struct Charged {
+    std::vector<double> add_own, keep_own;  // storage where terms change pi
+    std::vector<int> add_order_own, keep_order_own;
+    absl::Span<const double> add, keep;
+    absl::Span<const int> add_order, keep_order;
+    double constant = 0.0, grow_bonus = 0.0;
+    absl::Span<const JobCutTerms::Inside> inside;
+  };
+  static void Charge(absl::Span<const double> pi, absl::Span<const int> by_price,
+                     const JobCutTerms* terms, Charged& out);
+  static void ChargePattern(absl::Span<const double> pi, absl::Span<const int> by_price,
+                            const JobCutTerms* terms, int k, Charged& out);
+
   // Calls visit(o, score) for the options `opts` of pattern k of job j
   // (by increasing count).
   template <typename Visit>
-  void Walk(int j, int k, absl::Span<const int> opts, absl::Span<const double> pi,
-            absl::Span<const int> by_price, double held_cost, std::vector<Slot>& grow,
-            std::vector<Slot>& shrink, const Visit& visit) const;
+  void Walk(int j, int k, absl::Span<const int> opts, const Charged& c, double held_cost,
+            std::vector<Slot>& grow, std::vector<Slot>& shrink, const Visit& visit) const;
 
   const CountModel& model_;
   // by_pattern_[j][k]: job j's options of pattern k.
@@ -104,7 +144,90 @@ class JobPricer {
   // member_[j][k][p]: pool p is in pattern k of job j.
   std::vector<std::vector<std::vector<char>>> member_;
   mutable std::vector<Slot> grow_scratch_, shrink_scratch_;
+  mutable Charged charged_scratch_;
 };
+
+// A mixed-integer rounding (MIR) cut on the capacity of a set S of pools,
+// valid for every allocation of the count model. Why: growing costs a job
+// a fixed resize cost however many nodes it adds, and a job starts or grows
+// by whole steps, so the master's LP grows several jobs by a fraction of
+// their step and pays a fraction of each cost, where an allocation grows a
+// job by whole nodes and pays it all (docs/benchmarks.md, issue 27, seventh
+// look); no branching on one job closes that, since the LP moves the
+// fraction to a similar job.
+//
+// The row: the nodes jobs add in S less those they release there fit in
+// the room b = capacity(S) - held(S). A growing option of a pattern whose
+// pools all lie in S adds exactly w = count - current there: an integer
+// term w y_o. For a job's other growing options (patterns that meet S) the
+// nodes added there, a_j, are either dropped (they are >= 0) or, for the
+// patterns in a member's `patterns`, written a_j = u_j g_j - s_j with g_j
+// = 1 when the job grows in one of them, u_j the most it can add in S and
+// s_j >= 0. Divided by delta, the MIR of the row (f the fraction of
+// b / delta, F(t) = floor(t) + max(0, frac(t) - f) / (1 - f)) is
+//   sum_o F(w_o / delta) y_o + sum_members [F(u_j / delta) g_j - kappa s_j]
+//       - kappa (nodes released in S) <= floor(b / delta),
+// kappa = 1 / (delta (1 - f)) (Marchand and Wolsey 2001, "Aggregation and
+// mixed integer rounding to solve MIPs"). With every step w = delta: at
+// most floor(b / delta) jobs take their whole step.
+struct PoolCut {
+  struct Member {
+    int job;
+    std::vector<char> patterns;  // per pattern of the job (meeting S, not inside)
+    double grow;                 // F(u_j / delta) - kappa u_j
+  };
+  std::vector<char> in_set;     // per pool: in S
+  std::vector<Member> members;  // by job index
+  double kappa = 0.0;
+  double rhs = 0.0;  // floor(b / delta)
+  double delta = 0.0;
+  double fraction = 0.0;  // f
+
+  // The coefficient of job j taking option o (-1: no allocation, nodes 0)
+  // with split x: F(w / delta) for a growing option of a pattern inside S;
+  // for a member's growing option of one of its patterns grow_j plus kappa
+  // per node it adds in S; less kappa per node it releases in S.
+  double Coefficient(const CountModel& model, int j, int o, const std::vector<int>& x) const;
+  // Its share of job j's pricing at dual mu >= 0 (added to `terms`).
+  void AddTerms(const CountModel& model, int j, double mu, JobCutTerms& terms) const;
+};
+
+// Whether every pool of pattern k of job j is in `in_set`.
+bool PatternInside(const CountModel& model, int j, int k, absl::Span<const char> in_set);
+
+// The most nodes job j can add in the pools `in_set` with a growing option
+// of one of `patterns` (0 if none).
+int MostAdded(const CountModel& model, int j, absl::Span<const char> in_set,
+              absl::Span<const char> patterns);
+
+// The MIR cut of pool set `in_set` with divisor delta > 0 and `members`
+// (job and patterns meeting S but not inside it; grow is computed); nullopt
+// when b / delta is (nearly) integral, which gives no cut.
+std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& in_set,
+                              std::vector<PoolCut::Member> members, double delta);
+
+// Where an LP solution stands for the cuts: per job and pattern, the
+// weight of its growing options and the nodes they add per pool, and each
+// growing column's (pattern, step w = count - current, weight); per job
+// and pool the nodes it releases (weighted by the columns' values).
+struct LpPoint {
+  struct Step {
+    int pattern, w;
+    double weight;
+  };
+  std::vector<std::vector<double>> grow;              // per job, per pattern
+  std::vector<std::vector<std::vector<double>>> add;  // per job, per pattern, per pool
+  std::vector<std::vector<double>> freed;             // per job, per pool
+  std::vector<std::vector<Step>> steps;               // per job
+};
+
+// The most violated MIR cut (by more than `min_violation`) of each pool
+// set worth trying: every pool alone and every pool set of a pattern of
+// some job. Divisors: the steps of fractional growing columns inside S and
+// the u_j of members whose g is fractional. A job is a member (for the
+// patterns meeting S but not inside it) when its term is positive there.
+std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& point,
+                                      double min_violation);
 
 // Every pool, by increasing price (ties by index): the order in which a
 // job's split takes pools.
@@ -226,6 +349,9 @@ struct DecompositionSettings {
   // Jobs the model cannot tell apart are searched in one order only (a
   // branch on one's count bounds its twins': decomposition.cc).
   bool twins = true;
+  // MIR cuts on the pools' capacities (PoolCut), separated at the root for
+  // up to this many rounds (0: none).
+  int cut_rounds = 40;
 };
 
 struct DecompositionResult {

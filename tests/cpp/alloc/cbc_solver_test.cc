@@ -460,6 +460,94 @@ TEST(ColumnLpTest, WarmSolvesAgreeWithColdOnes) {
   EXPECT_EQ(solves, 600);
 }
 
+// Rows added after columns (cuts) and solved warm from the last basis give
+// the cold solve's optimum of the LP with every row from the start, while
+// columns keep coming and bounds keep changing in between.
+TEST(ColumnLpTest, AddedRowsAgreeWithColdSolves) {
+  std::mt19937 rng(2802);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int solves = 0, rows_added = 0;
+  for (int instance = 0; instance < 20; ++instance) {
+    const int jobs = 3 + rng() % 6, pools = 2 + rng() % 4;
+    std::vector<double> lb(jobs + pools), ub(jobs + pools);
+    for (int r = 0; r < jobs; ++r) lb[r] = ub[r] = 1.0;
+    for (int p = 0; p < pools; ++p) {
+      lb[jobs + p] = -kInf;
+      ub[jobs + p] = 1 + rng() % 6;
+    }
+    struct Col {
+      std::vector<int> rows;
+      std::vector<double> vals;
+      double obj, upper;
+    };
+    std::vector<Col> cols;
+    ColumnLp warm(lb, ub);
+    for (int j = 0; j < jobs; ++j) {
+      cols.push_back({{j}, {1.0}, -100.0, kInf});  // artificial
+      warm.AddColumn(cols.back().rows, cols.back().vals, cols.back().obj);
+    }
+    for (int step = 0; step < 30; ++step) {
+      const int kind = rng() % 3;
+      if (kind == 0 || cols.size() == static_cast<size_t>(jobs)) {
+        Col c{{static_cast<int>(rng() % jobs)}, {1.0}, 10 * u(rng), kInf};
+        for (int p = 0; p < pools; ++p) {
+          if (rng() % 2 == 0) {
+            c.rows.push_back(jobs + p);
+            c.vals.push_back(1 + rng() % 4);
+          }
+        }
+        // Entries in the rows added so far too.
+        for (int r = jobs + pools; r < static_cast<int>(lb.size()); ++r) {
+          if (rng() % 2 == 0) {
+            c.rows.push_back(r);
+            c.vals.push_back(2 * u(rng) - 0.5);
+          }
+        }
+        warm.AddColumn(c.rows, c.vals, c.obj);
+        cols.push_back(std::move(c));
+      } else if (kind == 1) {
+        // A row over the non-artificial columns, feasible at 0 (the
+        // artificial columns keep the LP feasible).
+        std::vector<int> on;
+        std::vector<double> coef;
+        for (int k = jobs; k < static_cast<int>(cols.size()); ++k) {
+          if (rng() % 2 == 0) continue;
+          on.push_back(k);
+          coef.push_back(2 * u(rng) - 0.5);
+        }
+        const double bound = 0.2 + 1.5 * u(rng);
+        const int row = warm.AddRow(on, coef, -kInf, bound);
+        ASSERT_EQ(row, static_cast<int>(lb.size()));
+        lb.push_back(-kInf);
+        ub.push_back(bound);
+        for (size_t i = 0; i < on.size(); ++i) {
+          cols[on[i]].rows.push_back(row);
+          cols[on[i]].vals.push_back(coef[i]);
+        }
+        ++rows_added;
+      } else {
+        const int c = jobs + rng() % (cols.size() - jobs);
+        cols[c].upper = rng() % 2 == 0 ? 0.0 : kInf;
+        warm.SetColumnUpper(c, cols[c].upper);
+      }
+      // Not after every change: a row may come while columns are queued.
+      if (rng() % 2 == 0 && step < 29) continue;
+      ColumnLp cold(lb, ub);
+      for (const Col& c : cols) cold.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
+      ASSERT_OK_AND_ASSIGN(LpResult w, warm.Solve());
+      ASSERT_OK_AND_ASSIGN(LpResult c, cold.Solve());
+      ASSERT_TRUE(w.optimal && c.optimal) << "instance " << instance << " step " << step;
+      EXPECT_NEAR(w.objective, c.objective, 1e-7 * std::max(1.0, std::fabs(c.objective)))
+          << "instance " << instance << " step " << step;
+      ASSERT_EQ(w.row_duals.size(), lb.size());
+      ++solves;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_GT(solves, 250);
+  EXPECT_GT(rows_added, 100);
+}
+
 TEST(CbcSolverTest, StatusNames) {
   EXPECT_EQ(MipStatusName(Status::kOptimal), "optimal");
   EXPECT_EQ(MipStatusName(Status::kLimitWithSolution), "time limit with solution");

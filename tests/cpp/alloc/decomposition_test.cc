@@ -490,6 +490,10 @@ absl::StatusOr<DecompositionResult> SolveExactly(const CountModel& model, bool t
   settings.relative_gap = 1e-9;
   settings.twins = twins;
   settings.local_search = false;
+  // Without cuts: a MIR cut on the pool (at most 3 of the six 2-node jobs
+  // on 7 nodes) proves TwinsPickHowManyNotWhich's instance at the root,
+  // and what is measured here is the branching.
+  settings.cut_rounds = 0;
   return SolveByDecomposition(model, CurrentSolution(model), settings);
 }
 
@@ -575,6 +579,251 @@ TEST(DecompositionTest, TwinsPickHowManyNotWhich) {
     nodes[twins] = r.branch_nodes;
   }
   EXPECT_LT(2 * nodes[1], nodes[0]);
+}
+
+// Every (option, split) job j may take, the stop option (no nodes) first.
+std::vector<std::pair<int, std::vector<int>>> JobChoices(const CountModel& model, int j) {
+  const JobModel& job = model.jobs[j];
+  std::vector<std::pair<int, std::vector<int>>> out = {
+      {0, std::vector<int>(model.pools.size(), 0)}};
+  for (int o = 1; o < static_cast<int>(job.options.size()); ++o) {
+    ForEachSplit(model, job, o, [&](const std::vector<int>& x) { out.emplace_back(o, x); });
+  }
+  return out;
+}
+
+// Calls visit(choice index per job) for every allocation: one choice per
+// job, the splits within the pools' capacities together.
+void ForEachAllocation(const CountModel& model,
+                       const std::vector<std::vector<std::pair<int, std::vector<int>>>>& choices,
+                       const std::function<void(const std::vector<int>&)>& visit) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  std::vector<int> left(model.pools.size()), pick(num_jobs, 0);
+  for (size_t p = 0; p < left.size(); ++p) left[p] = model.pools[p].capacity;
+  std::function<void(int)> rec = [&](int j) {
+    if (j == num_jobs) {
+      visit(pick);
+      return;
+    }
+    for (size_t c = 0; c < choices[j].size(); ++c) {
+      const std::vector<int>& x = choices[j][c].second;
+      bool fits = true;
+      for (size_t p = 0; p < x.size(); ++p) fits = fits && x[p] <= left[p];
+      if (!fits) continue;
+      for (size_t p = 0; p < x.size(); ++p) left[p] -= x[p];
+      pick[j] = static_cast<int>(c);
+      rec(j + 1);
+      for (size_t p = 0; p < x.size(); ++p) left[p] += x[p];
+    }
+  };
+  rec(0);
+}
+
+// A MIR cut on a random pool set over random jobs and patterns, with a
+// random divisor (nullopt when the room is a multiple of it).
+std::optional<PoolCut> RandomCut(std::mt19937& rng, const CountModel& model) {
+  const int num_pools = static_cast<int>(model.pools.size());
+  std::vector<char> in_set(num_pools, 0);
+  in_set[rng() % num_pools] = 1;
+  for (char& in : in_set) in = in || rng() % 2 == 0;
+  std::vector<PoolCut::Member> members;
+  for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+    if (rng() % 3 == 0) continue;
+    PoolCut::Member m{j, std::vector<char>(model.jobs[j].patterns.size(), 0), 0.0};
+    for (char& k : m.patterns) k = rng() % 3 != 0;
+    members.push_back(std::move(m));
+  }
+  static constexpr double kDivisors[] = {0.7, 1.5, 2.0, 2.5, 3.0, 4.0, 5.5};
+  return MirCut(model, in_set, std::move(members), kDivisors[rng() % 7]);
+}
+
+// The MIR cuts on pool sets (PoolCut) hold for every allocation: random
+// sets, jobs, patterns and divisors against every allocation of small
+// eight-pool instances; many of them are tight on some allocation.
+TEST(DecompositionTest, PoolCutsHoldForEveryAllocation) {
+  std::mt19937 rng(2711);
+  long long allocations = 0;
+  int cuts = 0, tight = 0;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, i % 2 == 0)));
+    // Three jobs on eight pools can have ~10^6 allocations: two here.
+    model.jobs.resize(std::min<size_t>(model.jobs.size(), 2));
+    std::vector<PoolCut> drawn;
+    for (int k = 0; k < 25; ++k) {
+      if (std::optional<PoolCut> cut = RandomCut(rng, model)) drawn.push_back(*std::move(cut));
+    }
+    std::vector<std::vector<std::pair<int, std::vector<int>>>> choices;
+    for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+      choices.push_back(JobChoices(model, j));
+    }
+    std::vector<double> most(drawn.size(), -kInf);
+    ForEachAllocation(model, choices, [&](const std::vector<int>& pick) {
+      ++allocations;
+      for (size_t c = 0; c < drawn.size(); ++c) {
+        double lhs = 0;
+        for (size_t j = 0; j < pick.size(); ++j) {
+          const auto& [o, x] = choices[j][pick[j]];
+          lhs += drawn[c].Coefficient(model, static_cast<int>(j), o, x);
+        }
+        most[c] = std::max(most[c], lhs);
+      }
+    });
+    for (size_t c = 0; c < drawn.size(); ++c) {
+      EXPECT_LE(most[c], drawn[c].rhs + 1e-9)
+          << "instance " << i << " cut " << c << " (delta " << drawn[c].delta << ", kappa "
+          << drawn[c].kappa << ")";
+      tight += most[c] > drawn[c].rhs - 1e-9;
+      ++cuts;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(cuts, 500);
+  EXPECT_GT(tight, cuts / 10) << "the cuts should touch the allocations, not float above them";
+  EXPECT_GT(allocations, 10000);
+}
+
+// With cut terms (random cuts, random duals) the pricer still charges each
+// option its cheapest split: value - pi . x - sum_c mu_c coefficient_c(x),
+// against every split; Split returns one that costs that.
+TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
+  std::mt19937 rng(2712);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int checked = 0, with_terms = 0;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, false)));
+    JobPricer pricer(model);
+    const double magnitude = LargestValue(model) / 4;
+    const std::vector<double> pi = RandomPrices(rng, model, magnitude);
+    std::vector<PoolCut> cuts;
+    std::vector<double> mu;
+    for (int k = 0; k < 4; ++k) {
+      if (std::optional<PoolCut> cut = RandomCut(rng, model)) {
+        cuts.push_back(*std::move(cut));
+        mu.push_back(rng() % 4 == 0 ? 0.0 : magnitude * u(rng));
+      }
+    }
+    std::vector<double> score;
+    for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+      JobCutTerms terms;
+      for (size_t c = 0; c < cuts.size(); ++c) cuts[c].AddTerms(model, j, mu[c], terms);
+      with_terms += !terms.add.empty();
+      auto cost = [&](int o, const std::vector<int>& x) {
+        double v = 0;
+        for (size_t p = 0; p < x.size(); ++p) v += pi[p] * x[p];
+        for (size_t c = 0; c < cuts.size(); ++c) v += mu[c] * cuts[c].Coefficient(model, j, o, x);
+        return v;
+      };
+      const JobModel& job = model.jobs[j];
+      pricer.Scores(j, pi, PoolsByPrice(pi), score, &terms);
+      const std::vector<int> none(model.pools.size(), 0);
+      EXPECT_NEAR(score[0], job.options[0].value - cost(0, none), 1e-9 * magnitude);
+      EXPECT_NEAR(pricer.StopScore(j, &terms), score[0], 1e-9 * magnitude);
+      for (int o = 1; o < static_cast<int>(job.options.size()); ++o) {
+        double cheapest = kInf;
+        ForEachSplit(model, job, o,
+                     [&](const std::vector<int>& x) { cheapest = std::min(cheapest, cost(o, x)); });
+        EXPECT_NEAR(score[o], job.options[o].value - cheapest,
+                    1e-9 * std::max(magnitude, std::fabs(cheapest)))
+            << "instance " << i << " job " << j << " option " << o;
+        const std::vector<int> x = pricer.Split(j, o, pi, PoolsByPrice(pi), &terms);
+        EXPECT_NEAR(cost(o, x), cheapest, 1e-9 * std::max(magnitude, std::fabs(cheapest)))
+            << "instance " << i << " job " << j << " option " << o;
+        EXPECT_TRUE(JobVectorValue(job, x).has_value());
+        ++checked;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_GT(checked, 500);
+  EXPECT_GT(with_terms, 20);
+}
+
+// A hand-checked MIR cut: one pool of 6 nodes; job 3 holds one (and may
+// stay or stop), jobs 0-2 wait and may start on 1 or 2. Room b = 5. The LP
+// point starts jobs 0 and 1 on 2 nodes and half of job 2 on 2. Divisor 2
+// (job 2's step): b / 2 = 2.5, f = 0.5, kappa = 1; a start on 2 nodes has
+// F(2 / 2) = 1, one on 1 node F(1 / 2) = 0, and the cut reads
+// (jobs starting on 2) - (nodes released) <= 2; at the point 1 + 1 + 0.5 =
+// 2.5: violated by 0.5.
+TEST(DecompositionTest, HandCheckedMirCut) {
+  CountModel model;
+  model.pools.resize(1);
+  model.pools[0].capacity = 6;
+  model.total_nodes = 6;
+  for (int j = 0; j < 4; ++j) {
+    JobModel job;
+    job.min_nodes = 1;
+    job.max_nodes = 2;
+    job.current_per_pool = {j == 3 ? 1 : 0};
+    job.current_nodes = job.current_per_pool[0];
+    Pattern pattern;
+    pattern.horizon_s = 100;
+    pattern.pools = {0};
+    job.patterns = {pattern};
+    job.options.push_back(Option{});
+    for (int n = 1; n <= (j == 3 ? 1 : 2); ++n) {
+      job.options.push_back(Option{n, 0, 0, 10.0 * n, 1000.0 * n});
+    }
+    job.current_option = j == 3 ? 1 : 0;
+    model.jobs.push_back(job);
+  }
+  LpPoint point;
+  point.grow = {{1.0}, {1.0}, {0.5}, {0.0}};
+  point.add = {{{2.0}}, {{2.0}}, {{1.0}}, {{0.0}}};
+  point.freed = {{0.0}, {0.0}, {0.0}, {0.0}};
+  point.steps = {{{0, 2, 1.0}}, {{0, 2, 1.0}}, {{0, 2, 0.5}}, {}};
+  const std::vector<PoolCut> cuts = SeparatePoolCuts(model, point, 1e-3);
+  ASSERT_EQ(cuts.size(), 1u);
+  const PoolCut& cut = cuts[0];
+  EXPECT_DOUBLE_EQ(cut.delta, 2.0);
+  EXPECT_DOUBLE_EQ(cut.fraction, 0.5);
+  EXPECT_DOUBLE_EQ(cut.kappa, 1.0);
+  EXPECT_DOUBLE_EQ(cut.rhs, 2.0);
+  EXPECT_TRUE(cut.members.empty());  // every pattern lies inside S: exact terms
+  // Starting on 2 nodes: F(1) = 1; on 1 node: F(0.5) = 0; job 3 stopping
+  // frees 1.
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 2, {2}), 1.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 1, {1}), 0.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 0, {0}), 0.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 3, 0, {0}), -1.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 3, 1, {1}), 0.0);
+  // Tight on both best fills: three start on 2 with job 3 stopped (1 + 1 +
+  // 1 - 1), or two on 2 and one on 1 with job 3 staying (1 + 1 + 0 + 0).
+  EXPECT_DOUBLE_EQ(3 * cut.Coefficient(model, 0, 2, {2}) + cut.Coefficient(model, 3, 0, {0}),
+                   cut.rhs);
+  // Below the violation threshold: none.
+  EXPECT_TRUE(SeparatePoolCuts(model, point, 0.6).empty());
+}
+
+// Cuts at the root change the bound the search starts from, never the
+// proven optimum: against the exhaustive search, with and without cuts, a
+// gap of 1e-9 and no local search (so that the root is often fractional
+// and cuts are separated).
+TEST(DecompositionTest, CutsKeepTheOptimum) {
+  std::mt19937 rng(2713);
+  int with_cuts = 0;
+  for (int i = 0; i < 60; ++i) {
+    ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, i % 3 == 0)));
+    const Exhaustive opt = Search(model);
+    for (int rounds : {0, 40}) {
+      DecompositionSettings settings;
+      settings.relative_gap = 1e-9;
+      settings.local_search = false;
+      settings.cut_rounds = rounds;
+      ASSERT_OK_AND_ASSIGN(DecompositionResult r,
+                           SolveByDecomposition(model, CurrentSolution(model), settings));
+      EXPECT_TRUE(r.proven) << "instance " << i << " rounds " << rounds << ": " << r.detail;
+      EXPECT_LE(Rel(r.solution.objective, opt.best), 1e-9)
+          << "instance " << i << " rounds " << rounds << ": " << r.solution.objective << " vs "
+          << opt.best << "; " << r.detail;
+      EXPECT_GE(r.bound, opt.best - 1e-9 * std::max(1.0, std::fabs(opt.best)))
+          << "instance " << i << " rounds " << rounds << ": " << r.detail;
+      EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
+      if (rounds > 0) with_cuts += !absl::StrContains(r.detail, "; 0 cuts in 0 rounds");
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(with_cuts, 5);
 }
 
 // Never worse than the start, and the bound is never below the answer, on
