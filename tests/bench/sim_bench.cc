@@ -99,6 +99,9 @@ ABSL_FLAG(double, milp_relative_gap, 1e-9, "CBC relative gap");
 ABSL_FLAG(bool, milp_fork, true, "solve the MILP in a forked child (the live default)");
 ABSL_FLAG(bool, milp_dp_start, false,
           "give CBC the DP's answer as its MIP start (single-pool problems)");
+ABSL_FLAG(int, milp_cut_rounds, -1,
+          "rounds of MIR cuts at the root of the MILP's branch-and-price "
+          "(MilpOptions::decomposition_cut_rounds; -1: its default, 0: none)");
 ABSL_FLAG(bool, audit_all, false,
           "audit every MILP decision against the DP, not only those not proven optimal");
 ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
@@ -255,6 +258,9 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   o.decide.milp.isolation =
       absl::GetFlag(FLAGS_milp_fork) ? alloc::SolveIsolation::kFork : alloc::SolveIsolation::kInProcess;
   o.decide.milp.dp_start = absl::GetFlag(FLAGS_milp_dp_start);
+  if (absl::GetFlag(FLAGS_milp_cut_rounds) >= 0) {
+    o.decide.milp.decomposition_cut_rounds = absl::GetFlag(FLAGS_milp_cut_rounds);
+  }
   return o;
 }
 
