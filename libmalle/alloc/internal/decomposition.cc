@@ -1,7 +1,6 @@
 #include "libmalle/alloc/internal/decomposition.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <map>

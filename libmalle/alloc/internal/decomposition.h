@@ -25,7 +25,9 @@
 // incumbent are pruned. Best-first, plunging into the child that holds
 // the job's heaviest column, which also finds incumbents (and a rounding
 // at every node); after the root and after every better incumbent, a
-// local search over the jobs' modes (ImproveModes) finds better ones.
+// local search over the jobs' modes (ImproveModes) finds better ones. At
+// the root, rounds of MIR cuts on the pools' capacities (PoolCut) tighten
+// the master's LP where it grows jobs by a fraction of their step.
 //
 // Thread-safety: pure functions; the caller serialises COIN (milp.cc).
 #ifndef MALLE_ALLOC_INTERNAL_DECOMPOSITION_H_
