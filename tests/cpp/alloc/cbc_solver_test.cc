@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -397,6 +399,26 @@ TEST(ColumnLpTest, EqualityRowsAndQueuedBounds) {
   EXPECT_NEAR(r.objective, 7.0, 1e-9);
 }
 
+// A random master's rows (ColumnLp's warm-solve tests): one per job (= 1),
+// then one per pool (<= 1 to 6).
+std::pair<std::vector<double>, std::vector<double>> RandomMasterRows(std::mt19937& rng, int jobs,
+                                                                     int pools) {
+  std::vector<double> lb(jobs + pools), ub(jobs + pools);
+  for (int r = 0; r < jobs; ++r) lb[r] = ub[r] = 1.0;
+  for (int p = 0; p < pools; ++p) {
+    lb[jobs + p] = -kInf;
+    ub[jobs + p] = 1 + rng() % 6;
+  }
+  return {lb, ub};
+}
+
+// A column of those tests, kept to build the cold LP again.
+struct Col {
+  std::vector<int> rows;
+  std::vector<double> vals;
+  double obj, upper;
+};
+
 // The warm path (Clp keeps its work areas and factorization between
 // solves) against a cold solve of the same LP after every step of a random
 // sequence of column additions and bound changes, as branch-and-price
@@ -408,17 +430,8 @@ TEST(ColumnLpTest, WarmSolvesAgreeWithColdOnes) {
   int solves = 0;
   for (int instance = 0; instance < 20; ++instance) {
     const int jobs = 3 + rng() % 6, pools = 2 + rng() % 4;
-    std::vector<double> lb(jobs + pools), ub(jobs + pools);
-    for (int r = 0; r < jobs; ++r) lb[r] = ub[r] = 1.0;
-    for (int p = 0; p < pools; ++p) {
-      lb[jobs + p] = -kInf;
-      ub[jobs + p] = 1 + rng() % 6;
-    }
-    struct Col {
-      std::vector<int> rows;
-      std::vector<double> vals;
-      double obj, upper;
-    };
+    std::vector<double> lb, ub;
+    std::tie(lb, ub) = RandomMasterRows(rng, jobs, pools);
     std::vector<Col> cols;
     ColumnLp warm(lb, ub);
     auto add = [&](Col c) {
@@ -469,17 +482,8 @@ TEST(ColumnLpTest, AddedRowsAgreeWithColdSolves) {
   int solves = 0, rows_added = 0;
   for (int instance = 0; instance < 20; ++instance) {
     const int jobs = 3 + rng() % 6, pools = 2 + rng() % 4;
-    std::vector<double> lb(jobs + pools), ub(jobs + pools);
-    for (int r = 0; r < jobs; ++r) lb[r] = ub[r] = 1.0;
-    for (int p = 0; p < pools; ++p) {
-      lb[jobs + p] = -kInf;
-      ub[jobs + p] = 1 + rng() % 6;
-    }
-    struct Col {
-      std::vector<int> rows;
-      std::vector<double> vals;
-      double obj, upper;
-    };
+    std::vector<double> lb, ub;
+    std::tie(lb, ub) = RandomMasterRows(rng, jobs, pools);
     std::vector<Col> cols;
     ColumnLp warm(lb, ub);
     for (int j = 0; j < jobs; ++j) {
