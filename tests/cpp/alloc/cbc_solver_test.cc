@@ -4,10 +4,13 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -419,6 +422,22 @@ struct Col {
   double obj, upper;
 };
 
+// Solves `warm` and the same LP cold (rows lb, ub; columns `cols`): both
+// optimal with the same objective. Returns the warm solve's result.
+LpResult SolveWarmAndCold(ColumnLp& warm, const std::vector<double>& lb,
+                          const std::vector<double>& ub, const std::vector<Col>& cols,
+                          const std::string& where) {
+  ColumnLp cold(lb, ub);
+  for (const Col& c : cols) cold.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
+  absl::StatusOr<LpResult> w = warm.Solve();
+  absl::StatusOr<LpResult> c = cold.Solve();
+  EXPECT_TRUE(w.ok() && c.ok()) << where;
+  if (!w.ok() || !c.ok()) return {};
+  EXPECT_TRUE(w->optimal && c->optimal) << where;
+  EXPECT_NEAR(w->objective, c->objective, 1e-7 * std::max(1.0, std::fabs(c->objective))) << where;
+  return *std::move(w);
+}
+
 // The warm path (Clp keeps its work areas and factorization between
 // solves) against a cold solve of the same LP after every step of a random
 // sequence of column additions and bound changes, as branch-and-price
@@ -456,13 +475,9 @@ TEST(ColumnLpTest, WarmSolvesAgreeWithColdOnes) {
         cols[c].upper = rng() % 2 == 0 ? 0.0 : kInf;
         warm.SetColumnUpper(c, cols[c].upper);
       }
-      ColumnLp cold(lb, ub);
-      for (const Col& c : cols) cold.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
-      ASSERT_OK_AND_ASSIGN(LpResult w, warm.Solve());
-      ASSERT_OK_AND_ASSIGN(LpResult c, cold.Solve());
-      ASSERT_TRUE(w.optimal && c.optimal) << "instance " << instance << " step " << step;
-      EXPECT_NEAR(w.objective, c.objective, 1e-7 * std::max(1.0, std::fabs(c.objective)))
-          << "instance " << instance << " step " << step;
+      const LpResult w =
+          SolveWarmAndCold(warm, lb, ub, cols, absl::StrCat("instance ", instance, " step ", step));
+      if (::testing::Test::HasFailure()) return;
       for (size_t k = 0; k < cols.size(); ++k) {
         EXPECT_LE(w.x[k], cols[k].upper + 1e-9) << "instance " << instance << " column " << k;
       }
@@ -536,13 +551,9 @@ TEST(ColumnLpTest, AddedRowsAgreeWithColdSolves) {
       }
       // Not after every change: a row may come while columns are queued.
       if (rng() % 2 == 0 && step < 29) continue;
-      ColumnLp cold(lb, ub);
-      for (const Col& c : cols) cold.AddColumn(c.rows, c.vals, c.obj, 0.0, c.upper);
-      ASSERT_OK_AND_ASSIGN(LpResult w, warm.Solve());
-      ASSERT_OK_AND_ASSIGN(LpResult c, cold.Solve());
-      ASSERT_TRUE(w.optimal && c.optimal) << "instance " << instance << " step " << step;
-      EXPECT_NEAR(w.objective, c.objective, 1e-7 * std::max(1.0, std::fabs(c.objective)))
-          << "instance " << instance << " step " << step;
+      const LpResult w =
+          SolveWarmAndCold(warm, lb, ub, cols, absl::StrCat("instance ", instance, " step ", step));
+      if (::testing::Test::HasFailure()) return;
       ASSERT_EQ(w.row_duals.size(), lb.size());
       ++solves;
       if (::testing::Test::HasFailure()) return;
