@@ -540,8 +540,6 @@ int ColumnLp::AddRow(const std::vector<int>& columns, const std::vector<double>&
   return m.rows++;
 }
 
-int ColumnLp::num_rows() const { return impl_->rows; }
-
 int ColumnLp::cold_retries() const { return impl_->cold_retries; }
 
 int ColumnLp::num_columns() const {
@@ -575,17 +573,13 @@ absl::StatusOr<LpResult> ColumnLp::Solve() {
     // small warm solves, which spent much of their time creating, scaling
     // and freeing Clp's work areas: an instance of 333 nodes went from 300
     // to 235 ms (perf, issue 27).
-    // New rows: the dual simplex from the last basis (the cut makes it
+    // New rows: the dual simplex from the last basis too (a cut makes it
     // primal infeasible, not dual), with fresh work areas for the new size.
-    if (m.rows_added) {
-      m.clp.dual(0, 1);
+    if (!m.solved_once || m.bounds_changed || m.rows_added) {
+      m.clp.dual(0, m.solved_once && !m.rows_added ? 7 : 1);
       m.solved_once = true;
       m.bounds_changed = false;
       m.rows_added = false;
-    } else if (!m.solved_once || m.bounds_changed) {
-      m.clp.dual(0, m.solved_once ? 7 : 1);
-      m.solved_once = true;
-      m.bounds_changed = false;
     } else {
       m.clp.primal(0, 7);
     }

@@ -88,8 +88,9 @@ absl::StatusOr<MipResult> SolveWithCbc(const MipModel& model, const CbcSettings&
 // raise the objective by r per unit; row_duals y give r_k = obj_k - y . A_k.
 struct LpResult {
   bool optimal = false;
-  int status =
-      0;  // Clp's problemStatus() when not optimal (1 infeasible, 2 unbounded, 3 stopped...)
+  // Clp's problemStatus() (1 infeasible, 2 unbounded, 3 stopped...): why
+  // it is not optimal.
+  int status = 0;
   double objective = 0.0;
   std::vector<double> x, row_duals, reduced_costs;
 };
@@ -122,7 +123,6 @@ class ColumnLp {
   // the last basis, the new row's slack basic. Returns its index.
   int AddRow(const std::vector<int>& columns, const std::vector<double>& values, double lb,
              double ub);
-  int num_rows() const;
   // Warm solves that ended short of optimal and were solved again from the
   // slack basis (Solve).
   int cold_retries() const;

@@ -1175,6 +1175,15 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   auto fixed_split = [&](int j) {
     return fixed_option[j] > 0 ? model.jobs[j].current_per_pool : std::vector<int>(num_pools, 0);
   };
+  // A cut row's bound in the master: its right-hand side less the
+  // coefficients of the jobs out of it.
+  auto cut_bound = [&](const PoolCut& cut) {
+    double left = cut.rhs;
+    for (int j = 0; j < num_jobs; ++j) {
+      if (fixed_option[j] >= 0) left -= cut.Coefficient(model, j, fixed_option[j], fixed_split(j));
+    }
+    return left;
+  };
   auto master_rows = [&] {
     std::vector<double> lb, ub;
     for (int j = 0; j < num_jobs; ++j) {
@@ -1191,13 +1200,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       ub.push_back(left);
     }
     for (const PoolCut& cut : cuts) {
-      double left = cut.rhs;
-      for (int j = 0; j < num_jobs; ++j) {
-        if (fixed_option[j] >= 0)
-          left -= cut.Coefficient(model, j, fixed_option[j], fixed_split(j));
-      }
       lb.push_back(-kInf);
-      ub.push_back(left);
+      ub.push_back(cut_bound(cut));
     }
     return std::make_pair(lb, ub);
   };
@@ -1740,13 +1744,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
             cols.push_back(c);
             vals.push_back(v);
           }
-          double left = cut.rhs;
-          for (int j = 0; j < num_jobs; ++j) {
-            if (fixed_option[j] >= 0) {
-              left -= cut.Coefficient(model, j, fixed_option[j], fixed_split(j));
-            }
-          }
-          const int row = master_lp->AddRow(cols, vals, -kInf, left);
+          const int row = master_lp->AddRow(cols, vals, -kInf, cut_bound(cut));
           MALLE_CHECK(row == pool_row0 + num_pools + static_cast<int>(cuts.size()))
               << "decomposition: cut row " << row << " out of place";
           cuts.push_back(std::move(cut));
