@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "libmalle/base/status_macros.h"
 
 namespace malle::alloc {
@@ -256,7 +257,9 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
   }
 
-  absl::flat_hash_map<std::string, int> node_index;
+  // Views into `problem`: no copy of every node id per decision.
+  absl::flat_hash_map<absl::string_view, int> node_index;
+  node_index.reserve(problem.nodes.size());
   for (size_t i = 0; i < problem.nodes.size(); ++i) node_index[problem.nodes[i].id] = i;
 
   const std::vector<double> rank_weights = RankWeights(problem);

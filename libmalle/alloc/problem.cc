@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "libmalle/base/status_macros.h"
 
 namespace malle::alloc {
@@ -24,18 +25,25 @@ absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
-absl::Status ValidateIdString(const std::string& where, const std::string& id) {
-  if (id.empty()) return Invalid(where, "must not be empty");
+// `where` is a callable giving the entry's name, called only for an error
+// (the per-node checks of a ~50,000-node problem run on every decision).
+template <typename Where>
+absl::Status CheckIdString(const Where& where, const std::string& id) {
+  if (id.empty()) return Invalid(where(), "must not be empty");
   if (id.size() > kMaxIdLength) {
-    return Invalid(where, absl::StrFormat("is %d characters long; at most %d allowed", id.size(),
-                                          kMaxIdLength));
+    return Invalid(where(), absl::StrFormat("is %d characters long; at most %d allowed", id.size(),
+                                            kMaxIdLength));
   }
   for (char c : id) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return Invalid(where, "contains a control character");
+      return Invalid(where(), "contains a control character");
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateIdString(const std::string& where, const std::string& id) {
+  return CheckIdString([&where] { return where; }, id);
 }
 
 absl::Status ValidateDuration(const std::string& where, absl::Duration d, bool allow_infinite) {
@@ -166,34 +174,41 @@ absl::Status ValidateProblem(const Problem& problem) {
     }
   }
 
-  absl::flat_hash_set<std::string> node_ids;
+  // Views into `problem` (no copy of every id), and each entry's name is
+  // formatted only for an error: at ~20,000 idle nodes copying and
+  // formatting them took most of a decision's fixed cost (docs/benchmarks.md,
+  // "Mira competing").
+  absl::flat_hash_set<absl::string_view> node_ids;
+  node_ids.reserve(problem.nodes.size());
   for (size_t i = 0; i < problem.nodes.size(); ++i) {
     const Node& node = problem.nodes[i];
-    const std::string where = absl::StrFormat("nodes[%d]", i);
-    MALLE_RETURN_IF_ERROR(ValidateIdString(where + ".id", node.id));
+    auto where = [i] { return absl::StrFormat("nodes[%d]", i); };
+    MALLE_RETURN_IF_ERROR(CheckIdString([&where] { return where() + ".id"; }, node.id));
     if (!node_ids.insert(node.id).second) {
-      return Invalid(where + ".id", absl::StrFormat("duplicate node id \"%s\"", node.id));
+      return Invalid(where() + ".id", absl::StrFormat("duplicate node id \"%s\"", node.id));
     }
     if (problem.classes.empty()) {
       if (!node.class_id.empty() && node.class_id != "default") {
-        return Invalid(where + ".class",
+        return Invalid(where() + ".class",
                        absl::StrFormat("unknown class \"%s\" (no classes are defined; leave it "
                                        "empty or use \"default\")",
                                        node.class_id));
       }
     } else if (node.class_id.empty()) {
       if (problem.classes.size() != 1) {
-        return Invalid(where + ".class", "must name one of the classes (there are several)");
+        return Invalid(where() + ".class", "must name one of the classes (there are several)");
       }
     } else if (!class_ids.contains(node.class_id)) {
-      return Invalid(where + ".class", absl::StrFormat("unknown class \"%s\"", node.class_id));
+      return Invalid(where() + ".class", absl::StrFormat("unknown class \"%s\"", node.class_id));
     }
-    MALLE_RETURN_IF_ERROR(
-        ValidateDuration(where + ".expected_idle", node.expected_idle, /*allow_infinite=*/true));
+    if (node.expected_idle < absl::ZeroDuration()) {
+      MALLE_RETURN_IF_ERROR(ValidateDuration(where() + ".expected_idle", node.expected_idle,
+                                             /*allow_infinite=*/true));
+    }
   }
 
   absl::flat_hash_set<std::string> job_ids;
-  absl::flat_hash_map<std::string, std::string> holder;  // node id -> job naming it
+  absl::flat_hash_map<absl::string_view, absl::string_view> holder;  // node id -> job naming it
   for (size_t j = 0; j < problem.jobs.size(); ++j) {
     const JobSpec& job = problem.jobs[j];
     const std::string name = JobName(j, job);
@@ -273,16 +288,16 @@ absl::Status ValidateProblem(const Problem& problem) {
     }
     for (size_t k = 0; k < job.current_nodes.size(); ++k) {
       const std::string& node = job.current_nodes[k];
-      const std::string where = absl::StrFormat("%s.current_nodes[%d]", name, k);
+      auto where = [&name, k] { return absl::StrFormat("%s.current_nodes[%d]", name, k); };
       if (!node_ids.contains(node)) {
-        return Invalid(where, absl::StrFormat("unknown node \"%s\" (not in nodes)", node));
+        return Invalid(where(), absl::StrFormat("unknown node \"%s\" (not in nodes)", node));
       }
       auto [it, inserted] = holder.emplace(node, job.id);
       if (!inserted) {
-        return Invalid(where, it->second == job.id
-                                  ? absl::StrFormat("node \"%s\" listed twice", node)
-                                  : absl::StrFormat("node \"%s\" is also held by job \"%s\"",
-                                                    node, it->second));
+        return Invalid(where(), it->second == job.id
+                                    ? absl::StrFormat("node \"%s\" listed twice", node)
+                                    : absl::StrFormat("node \"%s\" is also held by job \"%s\"",
+                                                      node, it->second));
       }
     }
   }

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "libmalle/base/status_macros.h"
 
 namespace malle::alloc {
@@ -23,7 +24,9 @@ absl::StatusOr<Allocation> Realize(const Problem& problem, const CountModel& mod
   for (int p = 0; p < num_pools; ++p) {
     for (int i : model.pools[p].nodes) pool_of[i] = p;
   }
-  absl::flat_hash_map<std::string, int> node_index;
+  // Views into `problem`: no copy of every node id per decision.
+  absl::flat_hash_map<absl::string_view, int> node_index;
+  node_index.reserve(problem.nodes.size());
   for (size_t i = 0; i < problem.nodes.size(); ++i) node_index[problem.nodes[i].id] = i;
   auto shorter_window = [&](int a, int b) {
     const absl::Duration wa = problem.nodes[a].expected_idle;
