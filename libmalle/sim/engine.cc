@@ -994,7 +994,7 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
       "jobs_submitted,jobs_finished,resizes,preemptions,reclaims,decisions,decisions_fell_back,"
       "decision_p50_ms,"
       "decision_p99_ms,decision_max_ms,wall_s,jct_mean_s,jct_median_s,makespan_s,"
-      "preemption_cost,lost_to_preemptions,lost_to_snapshots,stops\n";
+      "preemption_cost,lost_to_preemptions,lost_to_snapshots,stops,jct_p95_s,jct_max_s\n";
   for (const Summary& s : summaries) {
     absl::StrAppend(&out, s.policy, ",", Csv(s.samples_trained), ",", Csv(s.idle_node_hours), ",",
                     Csv(s.used_node_hours), ",", Csv(s.efficiency), ",", Csv(s.utilisation), ",",
@@ -1005,7 +1005,8 @@ std::string SummariesToCsv(const std::vector<Summary>& summaries) {
                     Csv(s.jct_median_s), ",", Csv(s.makespan_s), ",",
                     // The mode's name only: the description has commas.
                     s.preemption_cost.substr(0, s.preemption_cost.find(' ')), ",",
-                    Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops, "\n");
+                    Csv(s.lost_to_preemptions), ",", Csv(s.lost_to_snapshots), ",", s.stops, ",",
+                    Csv(s.jct_p95_s), ",", Csv(s.jct_max_s), "\n");
   }
   return out;
 }

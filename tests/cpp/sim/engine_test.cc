@@ -22,9 +22,10 @@ namespace malle::sim {
 namespace {
 
 using ::malle::testing::StatusIs;
-using ::testing::ElementsAre;
 using ::testing::AllOf;
 using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -672,10 +673,12 @@ TEST(EngineTest, CsvWriters) {
   s.samples_trained = 1.5;
   s.jobs_finished = 2;
   const std::string summaries = SummariesToCsv({s});
-  EXPECT_THAT(summaries, HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,0,nan,nan,nan,,0,0,0\n"));
+  EXPECT_THAT(summaries,
+              HasSubstr("\ndp,1.5,0,0,0,0,0,2,0,0,0,0,0,0,0,0,0,nan,nan,nan,,0,0,0,nan,nan\n"));
   EXPECT_THAT(summaries, HasSubstr(",reclaims,decisions,decisions_fell_back,decision_p50_ms,"));
   EXPECT_THAT(summaries, HasSubstr(",wall_s,jct_mean_s,jct_median_s,makespan_s,preemption_cost,"
-                                   "lost_to_preemptions,lost_to_snapshots,stops\n"));
+                                   "lost_to_preemptions,lost_to_snapshots,stops,jct_p95_s,"
+                                   "jct_max_s\n"));
   // The mode's name, not its description (which has commas).
   EXPECT_THAT(SummariesToCsv({r.summary}), HasSubstr(",park,"));
   // Unstarted jobs leave first_start and finish empty.
@@ -696,6 +699,8 @@ TEST(EngineTest, JobCompletionTimesAndMakespan) {
   EXPECT_DOUBLE_EQ(r.summary.jct_mean_s, 500.0 / 3);
   EXPECT_DOUBLE_EQ(r.summary.jct_median_s, 100);
   EXPECT_DOUBLE_EQ(r.summary.makespan_s, 300);
+  // The CSV carries the tail too (nearest-rank p95 of 100, 100, 300; max).
+  EXPECT_THAT(SummariesToCsv({r.summary}), EndsWith(",300,300\n"));
 
   // A job that never finishes: JCTs of the finished ones only (even count:
   // the median is the mean of the middle two), and no makespan.
