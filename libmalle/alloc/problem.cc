@@ -25,8 +25,9 @@ absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
-// `where` is a callable giving the entry's name, called only for an error
-// (the per-node checks of a ~50,000-node problem run on every decision).
+// Check*: `where` is a callable giving the entry's name, called only for an
+// error (the per-node checks of a ~50,000-node problem run on every
+// decision); Validate*: the same with the name given.
 template <typename Where>
 absl::Status CheckIdString(const Where& where, const std::string& id) {
   if (id.empty()) return Invalid(where(), "must not be empty");
@@ -46,12 +47,17 @@ absl::Status ValidateIdString(const std::string& where, const std::string& id) {
   return CheckIdString([&where] { return where; }, id);
 }
 
-absl::Status ValidateDuration(const std::string& where, absl::Duration d, bool allow_infinite) {
+template <typename Where>
+absl::Status CheckDuration(const Where& where, absl::Duration d, bool allow_infinite) {
   if (d < absl::ZeroDuration()) {
-    return Invalid(where, absl::StrCat("must be >= 0, got ", absl::FormatDuration(d)));
+    return Invalid(where(), absl::StrCat("must be >= 0, got ", absl::FormatDuration(d)));
   }
-  if (!allow_infinite && d == absl::InfiniteDuration()) return Invalid(where, "must be finite");
+  if (!allow_infinite && d == absl::InfiniteDuration()) return Invalid(where(), "must be finite");
   return absl::OkStatus();
+}
+
+absl::Status ValidateDuration(const std::string& where, absl::Duration d, bool allow_infinite) {
+  return CheckDuration([&where] { return where; }, d, allow_infinite);
 }
 
 absl::Status ValidateCurve(const std::string& where, const Curve& curve, int min_nodes,
@@ -201,10 +207,8 @@ absl::Status ValidateProblem(const Problem& problem) {
     } else if (!class_ids.contains(node.class_id)) {
       return Invalid(where() + ".class", absl::StrFormat("unknown class \"%s\"", node.class_id));
     }
-    if (node.expected_idle < absl::ZeroDuration()) {
-      MALLE_RETURN_IF_ERROR(ValidateDuration(where() + ".expected_idle", node.expected_idle,
-                                             /*allow_infinite=*/true));
-    }
+    MALLE_RETURN_IF_ERROR(CheckDuration([&where] { return where() + ".expected_idle"; },
+                                        node.expected_idle, /*allow_infinite=*/true));
   }
 
   absl::flat_hash_set<std::string> job_ids;
