@@ -91,7 +91,7 @@ malle_setup_venv() {
     malle_log "Creating ${MALLE_VENV} with ${base} ($("${base}" --version))"
     rm -rf "${MALLE_VENV}"
     "${base}" -m venv "${MALLE_VENV}"
-    "${MALLE_PY}" -m pip install --upgrade pip
+    "${MALLE_PY}" -m pip install --no-cache-dir --upgrade pip
   fi
   # The pins live in pyproject.toml only: runtime dependencies, the test extra and the
   # build backend (needed because the package is built with --no-build-isolation).
@@ -109,7 +109,20 @@ print("\n".join(reqs))
 PY
   )
   malle_log "Python packages: ${requirements[*]}"
-  "${MALLE_PY}" -m pip install --disable-pip-version-check "${requirements[@]}"
+  # torch and its CUDA wheels take about 6 GB installed. pip's cache would keep another copy of
+  # every wheel (about 3.5 GB) that nothing here reads again: --no-cache-dir. A disk too full
+  # for them is named before pip starts, and again if pip fails.
+  local free_kb
+  free_kb="$(df -Pk "${MALLE_VENV}" | awk 'NR == 2 { print $4 }')"
+  if [[ -n "${free_kb}" ]] && ((free_kb < 8 * 1024 * 1024)); then
+    malle_log "warning: only $((free_kb / 1024)) MiB free on the disk of ${MALLE_VENV};" \
+      "torch and its CUDA wheels need about 6 GiB"
+  fi
+  if ! "${MALLE_PY}" -m pip install --disable-pip-version-check --no-cache-dir "${requirements[@]}"; then
+    echo "error: pip could not install the Python packages; free space on the disk of" \
+      "${MALLE_VENV}: $(df -Ph "${MALLE_VENV}" | awk 'NR == 2 { print $4 }')" >&2
+    return 1
+  fi
 }
 
 malle_setup_env() {
