@@ -109,16 +109,39 @@ print("\n".join(reqs))
 PY
   )
   malle_log "Python packages: ${requirements[*]}"
-  # torch and its CUDA wheels take about 6 GB installed. pip's cache would keep another copy of
-  # every wheel (about 3.5 GB) that nothing here reads again: --no-cache-dir. A disk too full
-  # for them is named before pip starts, and again if pip fails.
+  # torch and its CUDA wheels take 5.1 GB installed. One pip call downloads every wheel before it
+  # unpacks any, so the disk held both at once (7.8 GB at the peak); pip's cache would keep a
+  # third copy (--no-cache-dir). The large ones go first, one pip call each, so that the peak is
+  # what is installed plus one wheel (5.2 GB; docs/install.md, "Disk"); then one call installs
+  # the rest and checks it all. A disk too full for them is named before pip starts, and again
+  # if pip fails.
   local free_kb
   free_kb="$(df -Pk "${MALLE_VENV}" | awk 'NR == 2 { print $4 }')"
-  if [[ -n "${free_kb}" ]] && ((free_kb < 8 * 1024 * 1024)); then
+  if [[ -n "${free_kb}" ]] && ((free_kb < 7 * 1024 * 1024)); then
     malle_log "warning: only $((free_kb / 1024)) MiB free on the disk of ${MALLE_VENV};" \
       "torch and its CUDA wheels need about 6 GiB"
   fi
-  if ! "${MALLE_PY}" -m pip install --disable-pip-version-check --no-cache-dir "${requirements[@]}"; then
+  local pip=("${MALLE_PY}" -m pip install --disable-pip-version-check --no-cache-dir)
+  local report large=() pin
+  report="$(mktemp)"
+  if "${pip[@]}" --quiet --dry-run --report "${report}" "${requirements[@]}"; then
+    mapfile -t large < <("${MALLE_PY}" - "${report}" <<'PY'
+import json, re, sys
+with open(sys.argv[1]) as f:
+    report = json.load(f)
+for item in report.get("install", []):
+    meta = item["metadata"]
+    if re.fullmatch(r"torch|triton|nvidia-.*|cuda-.*", meta["name"], re.I):
+        print(f'{meta["name"]}=={meta["version"]}')
+PY
+    )
+  fi
+  rm -f "${report}"
+  for pin in "${large[@]}"; do
+    malle_log "Python packages: ${pin} (on its own)"
+    "${pip[@]}" --no-deps "${pin}" || break
+  done
+  if ! "${pip[@]}" "${requirements[@]}"; then
     echo "error: pip could not install the Python packages; free space on the disk of" \
       "${MALLE_VENV}: $(df -Ph "${MALLE_VENV}" | awk 'NR == 2 { print $4 }')" >&2
     return 1
