@@ -461,6 +461,25 @@ struct ColumnLp::Impl {
   bool bounds_changed = false;
   bool rows_added = false;
   int cold_retries = 0;
+  int repairs = 0;
+
+  // Whether an optimum Clp reported still has a column whose reduced cost
+  // improves it by more than `tolerance` (Clp minimises -objective: d < 0
+  // improves at the lower bound, d > 0 at the upper; a basic column has 0).
+  bool Improvable(double tolerance) const {
+    const int n = clp.getNumCols();
+    const double* x = clp.primalColumnSolution();
+    const double* d = clp.dualColumnSolution();
+    const double* lo = clp.getColLower();
+    const double* hi = clp.getColUpper();
+    for (int j = 0; j < n; ++j) {
+      const bool at_lower = x[j] <= lo[j] + 1e-9, at_upper = x[j] >= hi[j] - 1e-9;
+      if (at_lower && at_upper) continue;  // fixed
+      const double gain = at_lower ? -d[j] : at_upper ? d[j] : std::fabs(d[j]);
+      if (gain > tolerance) return true;
+    }
+    return false;
+  }
 
   // Moves the queued columns into `clp`.
   void Flush() {
@@ -491,6 +510,15 @@ ColumnLp::ColumnLp(std::vector<double> row_lb, std::vector<double> row_ub)
                        std::isinf(row_ub[r]) ? inf : row_ub[r]);
   }
   m.clp.setOptimizationDirection(1.0);  // minimise -objective
+  // No scaling. Clp's scale factors, kept across the warm solves while
+  // columns and rows joined, let solves end "optimal" with columns that
+  // still improved the objective by up to 1e-1 (in units where the largest
+  // value is 1e3): the master's LP stopped short, so branch-and-price's
+  // bound came out loose and a plunge could branch on the same job until
+  // its deadline (issue 27, docs/benchmarks.md, "twelfth look"). The
+  // master's entries are node counts, 1 and cut coefficients; values are
+  // scaled by the caller.
+  m.clp.scaling(0);
 }
 
 ColumnLp::~ColumnLp() = default;
@@ -541,6 +569,8 @@ int ColumnLp::AddRow(const std::vector<int>& columns, const std::vector<double>&
 }
 
 int ColumnLp::cold_retries() const { return impl_->cold_retries; }
+int ColumnLp::repaired_solves() const { return impl_->repairs; }
+void ColumnLp::SetScalingForTesting(int mode) { impl_->clp.scaling(mode); }
 
 int ColumnLp::num_columns() const {
   return impl_->solved_columns + static_cast<int>(impl_->obj.size());
@@ -582,6 +612,15 @@ absl::StatusOr<LpResult> ColumnLp::Solve() {
       m.rows_added = false;
     } else {
       m.clp.primal(0, 7);
+    }
+    if (m.clp.isProvenOptimal() && m.Improvable(1e-6)) {
+      // An optimum with a column that still improves it (what scaling did,
+      // above): without scaling, the primal simplex from this basis with
+      // fresh work areas; if that does not do either, the slack basis below.
+      ++m.repairs;
+      m.clp.scaling(0);
+      m.clp.primal(0, 1);
+      if (m.clp.isProvenOptimal() && m.Improvable(1e-6)) m.clp.setProblemStatus(10);
     }
     if (!m.clp.isProvenOptimal()) {
       // A warm solve can end wrongly infeasible (seen at branch nodes of a

@@ -126,6 +126,11 @@ class ColumnLp {
   // Warm solves that ended short of optimal and were solved again from the
   // slack basis (Solve).
   int cold_retries() const;
+  // Solves Clp reported optimal with a column that still improved the
+  // objective by more than 1e-6, and that were solved again (Solve).
+  int repaired_solves() const;
+  // Clp's scaling mode (ClpSimplex::scaling; 0, off, unless a test sets it).
+  void SetScalingForTesting(int mode);
 
   // Solves (warm after the first call). x over every column added so far,
   // duals in the maximisation's sense (r_k = obj_k - y . A_k). Internal for

@@ -1533,9 +1533,10 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   double bounds_at = std::nan("");  // banned_at when every bound was last set
   // A new master LP over `columns` (after the fixing dropped some, or with
   // new cut rows): a cold solve once.
-  int lp_retries = 0;  // ColumnLp::cold_retries of the masters rebuilt
+  int lp_retries = 0, lp_repairs = 0;  // ColumnLp's counts of the masters rebuilt
   auto rebuild_master = [&] {
     lp_retries += master_lp->cold_retries();
+    lp_repairs += master_lp->repaired_solves();
     const auto [lb, ub] = master_rows();
     master_lp = std::make_unique<ColumnLp>(lb, ub);
     for (auto& jc : job_columns) jc.clear();
@@ -1942,7 +1943,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves (%d again from the slack basis), %d columns (%d rebuilds, %d jobs out of "
+      "%d LP solves (%d again from the slack basis, %d repaired), %d columns (%d rebuilds, %d "
+      "jobs out of "
       "the master); "
       "%d cuts in %d rounds (%d dropped); "
       "%lld options fixed at nodes; %d groups of twins, %lld decisions implied for twins; "
@@ -1950,10 +1952,10 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       "mode search %d flows, +%.6g; "
       "%.1f ms (root %.1f, mode search %.1f); %s",
       root_bound, root_rounds, nodes_done, leaves, pruned, open.size() + (plunge ? 1 : 0),
-      lp_solves, lp_retries + master_lp->cold_retries(), columns.size(), compactions,
-      num_jobs - pool_row0, cuts.size(), cut_rounds_done, dropped_cuts, node_fixings,
-      static_cast<int>(twin_groups.size()), twin_decisions, rounded, rounded_better, ls_flows,
-      ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
+      lp_solves, lp_retries + master_lp->cold_retries(), lp_repairs + master_lp->repaired_solves(),
+      columns.size(), compactions, num_jobs - pool_row0, cuts.size(), cut_rounds_done, dropped_cuts,
+      node_fixings, static_cast<int>(twin_groups.size()), twin_decisions, rounded, rounded_better,
+      ls_flows, ls_gain, absl::ToDoubleMilliseconds(absl::Now() - t_start),
       absl::ToDoubleMilliseconds(root_time), absl::ToDoubleMilliseconds(ls_time),
       out.proven    ? "proven"
       : out_of_time ? "out of time"
