@@ -448,6 +448,10 @@ absl::StatusOr<LpResult> SolveLpWithClp(const MipModel& m) {
   }
 }
 
+// What a column must still improve a reported optimum by to have it solved
+// again (ColumnLp::Solve; the header's repaired_solves).
+constexpr double kImprovingTolerance = 1e-6;
+
 struct ColumnLp::Impl {
   ClpSimplex clp;
   int rows = 0;
@@ -613,14 +617,14 @@ absl::StatusOr<LpResult> ColumnLp::Solve() {
     } else {
       m.clp.primal(0, 7);
     }
-    if (m.clp.isProvenOptimal() && m.Improvable(1e-6)) {
+    if (m.clp.isProvenOptimal() && m.Improvable(kImprovingTolerance)) {
       // An optimum with a column that still improves it (what scaling did,
       // above): without scaling, the primal simplex from this basis with
       // fresh work areas; if that does not do either, the slack basis below.
       ++m.repairs;
       m.clp.scaling(0);
       m.clp.primal(0, 1);
-      if (m.clp.isProvenOptimal() && m.Improvable(1e-6)) m.clp.setProblemStatus(10);
+      if (m.clp.isProvenOptimal() && m.Improvable(kImprovingTolerance)) m.clp.setProblemStatus(10);
     }
     if (!m.clp.isProvenOptimal()) {
       // A warm solve can end wrongly infeasible (seen at branch nodes of a

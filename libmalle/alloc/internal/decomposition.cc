@@ -1943,9 +1943,8 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
   out.master_columns = static_cast<int>(columns.size());
   out.detail = absl::StrFormat(
       "decomposition: root bound %.9g after %d rounds; %d nodes (%d leaves, %d pruned, %d open), "
-      "%d LP solves (%d again from the slack basis, %d repaired), %d columns (%d rebuilds, %d "
-      "jobs out of "
-      "the master); "
+      "%d LP solves (%d again from the slack basis, %d repaired), "
+      "%d columns (%d rebuilds, %d jobs out of the master); "
       "%d cuts in %d rounds (%d dropped); "
       "%lld options fixed at nodes; %d groups of twins, %lld decisions implied for twins; "
       "%d roundings (%d improved); "
