@@ -54,8 +54,9 @@ double JobScale(const Problem& problem, const JobSpec& job) {
 
 // Per job, rank^exponent (Problem::rank_weight_exponent): rank = 1 + the
 // jobs with more work left in node-seconds at their per-node rate at
-// min_nodes; ties rank by problem order, the later job counting as the
-// larger. All ones when the exponent is 0. O(jobs log jobs).
+// min_nodes, divided by 1 + age / rank_aging when aging is on; ties rank by
+// problem order, the later job counting as the larger. All ones when the
+// exponent is 0. O(jobs log jobs).
 std::vector<double> RankWeights(const Problem& problem) {
   const size_t n = problem.jobs.size();
   std::vector<double> weights(n, 1.0);
@@ -64,6 +65,9 @@ std::vector<double> RankWeights(const Problem& problem) {
   for (size_t j = 0; j < n; ++j) {
     // > 0: ValidateProblem checks the rate and the remaining samples.
     left[j] = WorkLeftNodeSeconds(problem.jobs[j], problem.jobs[j].remaining_samples);
+    if (problem.rank_aging != absl::InfiniteDuration()) {  // > 0: ValidateProblem
+      left[j] /= 1.0 + absl::FDivDuration(problem.jobs[j].age, problem.rank_aging);
+    }
   }
   // Largest work first; of equal ones, the later job first. Then the k-th in
   // this order (k = 0, 1, ...) has k jobs ranked above it: rank k + 1.

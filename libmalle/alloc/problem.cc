@@ -166,6 +166,16 @@ absl::Status ValidateProblem(const Problem& problem) {
     return Invalid("rank_weight_exponent",
                    absl::StrCat("must be finite and >= 0, got ", problem.rank_weight_exponent));
   }
+  if (problem.rank_aging <= absl::ZeroDuration()) {
+    return Invalid("rank_aging", absl::StrCat("must be > 0 (infinite: off), got ",
+                                              absl::FormatDuration(problem.rank_aging)));
+  }
+  if (problem.rank_aging != absl::InfiniteDuration() && problem.rank_weight_exponent <= 0) {
+    return Invalid("rank_aging",
+                   absl::StrCat("is ", absl::FormatDuration(problem.rank_aging),
+                                ", but rank weights are off (rank_weight_exponent = 0): aging "
+                                "changes only their ranking"));
+  }
 
   absl::flat_hash_set<std::string> class_ids;
   for (size_t c = 0; c < problem.classes.size(); ++c) {
@@ -281,6 +291,7 @@ absl::Status ValidateProblem(const Problem& problem) {
                      "must be > 0 with rank_weight_exponent > 0 (jobs are ranked by the work "
                      "they have left)");
     }
+    MALLE_RETURN_IF_ERROR(ValidateDuration(name + ".age", job.age, /*allow_infinite=*/false));
     if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
       return Invalid(name + ".stop_penalty",
                      absl::StrCat("must be finite and >= 0, got ", job.stop_penalty));

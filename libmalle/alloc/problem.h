@@ -78,6 +78,9 @@ struct JobSpec {
   // gain elsewhere; stopping stays possible (and is then the least bad
   // choice) when the nodes left cannot hold every running job. Finite, >= 0.
   double stop_penalty = 0.0;
+  // How long the job has been in the system (since it was submitted), for
+  // Problem::rank_aging. Finite, >= 0.
+  absl::Duration age = absl::ZeroDuration();
   // Ids of the nodes the job holds now (each must be one of Problem::nodes).
   std::vector<std::string> current_nodes;
 };
@@ -164,6 +167,15 @@ struct Problem {
   // remaining_samples > 0 and a positive rate at min_nodes for every job.
   // Finite, >= 0.
   double rank_weight_exponent = 0.0;
+  // Aging for rank weights (infinite, the default: off). When finite, a
+  // job's work left counts as work / (1 + age / rank_aging) in the ranking
+  // (JobSpec::age), so a job that has been in the system for rank_aging
+  // ranks as if half its work were left, and of two jobs with nearly the
+  // same work the older ranks first. Shortest-remaining-first alone lets
+  // copies of one long job overtake each other as their progress changes
+  // and finish them all late (docs/benchmarks.md, "Aging"); aging bounds how
+  // long any job can be ranked last. Needs rank_weight_exponent > 0. > 0.
+  absl::Duration rank_aging = absl::InfiniteDuration();
 };
 
 // Checks every field; the error (InvalidArgument) names the offending field

@@ -217,10 +217,10 @@ absl::StatusOr<BatchOption> ReadBatchOption(const Json& value, const std::string
 }
 
 absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
-  MALLE_RETURN_IF_ERROR(CheckKeys(
-      value, path,
-      {"id", "min_nodes", "max_nodes", "throughput", "batch_options", "current_batch_option",
-       "resize_up_s", "resize_down_s", "weight", "stop_penalty", "remaining_samples", "nodes"}));
+  MALLE_RETURN_IF_ERROR(CheckKeys(value, path,
+                                  {"id", "min_nodes", "max_nodes", "throughput", "batch_options",
+                                   "current_batch_option", "resize_up_s", "resize_down_s", "weight",
+                                   "stop_penalty", "remaining_samples", "age_s", "nodes"}));
   JobSpec job;
   const Json* id = Find(value, "id");
   if (id == nullptr) return PathError(Member(path, "id"), "missing (required)");
@@ -267,6 +267,9 @@ absl::StatusOr<JobSpec> ReadJob(const Json& value, const std::string& path) {
     MALLE_ASSIGN_OR_RETURN(job.remaining_samples,
                            ReadNumber(*v, Member(path, "remaining_samples"), "a sample count"));
   }
+  if (const Json* v = Find(value, "age_s")) {
+    MALLE_ASSIGN_OR_RETURN(job.age, ReadSeconds(*v, Member(path, "age_s")));
+  }
   if (const Json* v = Find(value, "nodes")) {
     const std::string nodes_path = Member(path, "nodes");
     MALLE_RETURN_IF_ERROR(CheckArray(*v, nodes_path));
@@ -292,12 +295,14 @@ absl::Status ToJsonNames(const absl::Status& status) {
       {".expected_idle", ".idle_window_s"},
       {".resize_up_pause", ".resize_up_s"},
       {".resize_down_pause", ".resize_down_s"},
+      {".age", ".age_s"},
   };
   for (const auto& [from, to] : kRenames) {
     const size_t at = field.rfind(from);
     if (at != std::string::npos) field.replace(at, std::strlen(from), to);
   }
   if (field == "forward_window") field = "forward_window_s";
+  if (field == "rank_aging") field = "rank_aging_s";
   return absl::Status(status.code(), absl::StrCat(field, rest));
 }
 
@@ -305,8 +310,8 @@ absl::StatusOr<Problem> ReadProblem(const Json& document) {
   MALLE_RETURN_IF_ERROR(
       CheckKeys(document, "",
                 {"version", "forward_window_s", "objective", "resize_cost", "cross_locality_factor",
-                 "reclaim_rate", "resize_hysteresis", "rank_weight_exponent", "classes", "nodes",
-                 "node_count", "jobs"}));
+                 "reclaim_rate", "resize_hysteresis", "rank_weight_exponent", "rank_aging_s",
+                 "classes", "nodes", "node_count", "jobs"}));
   const Json* version = Find(document, "version");
   if (version == nullptr) {
     return PathError("version", absl::StrCat("missing (required); expected ", kProblemJsonVersion));
@@ -345,6 +350,9 @@ absl::StatusOr<Problem> ReadProblem(const Json& document) {
   if (const Json* f = Find(document, "rank_weight_exponent")) {
     MALLE_ASSIGN_OR_RETURN(problem.rank_weight_exponent,
                            ReadNumber(*f, "rank_weight_exponent", "an exponent (>= 0)"));
+  }
+  if (const Json* f = Find(document, "rank_aging_s"); f != nullptr && !f->is_null()) {
+    MALLE_ASSIGN_OR_RETURN(problem.rank_aging, ReadSeconds(*f, "rank_aging_s"));
   }
   if (const Json* f = Find(document, "classes")) {
     MALLE_RETURN_IF_ERROR(CheckArray(*f, "classes"));
@@ -469,6 +477,9 @@ std::string ProblemToJson(const Problem& problem, int indent) {
   if (problem.rank_weight_exponent != 0) {
     out["rank_weight_exponent"] = problem.rank_weight_exponent;
   }
+  if (problem.rank_aging != absl::InfiniteDuration()) {
+    out["rank_aging_s"] = SecondsToJson(problem.rank_aging);
+  }
   OrderedJson classes = OrderedJson::array();
   for (const NodeClass& c : problem.classes) {
     classes.push_back(OrderedJson{{"id", c.id}, {"locality", c.locality}, {"speed", c.speed}});
@@ -498,6 +509,7 @@ std::string ProblemToJson(const Problem& problem, int indent) {
     job["weight"] = j.weight;
     if (j.stop_penalty != 0) job["stop_penalty"] = j.stop_penalty;
     if (j.remaining_samples != 0) job["remaining_samples"] = j.remaining_samples;
+    if (j.age != absl::ZeroDuration()) job["age_s"] = SecondsToJson(j.age);
     job["nodes"] = j.current_nodes;
     jobs.push_back(std::move(job));
   }

@@ -133,6 +133,16 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank_weight_exponent: must be finite and >= 0, got ", o.rank_weight_exponent));
   }
+  if (o.rank_aging <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank_aging: must be > 0 (infinite: off), got ",
+                                                   absl::FormatDuration(o.rank_aging)));
+  }
+  if (o.rank_aging != absl::InfiniteDuration() && o.rank_weight_exponent <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank_aging: is ", absl::FormatDuration(o.rank_aging),
+                     ", but rank weights are off (rank_weight_exponent = 0): aging changes only "
+                     "their ranking"));
+  }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return ValidatePreemption(o.preemption);
 }
@@ -450,6 +460,7 @@ absl::Status Replay::Decide() {
   problem.resize_cost = options_.resize_cost;
   problem.resize_hysteresis = options_.resize_hysteresis;
   problem.rank_weight_exponent = options_.rank_weight_exponent;
+  problem.rank_aging = options_.rank_aging;
   if (options_.reclaim_hazard && reclaims_seen_ >= 32) {
     // Idle node-seconds so far: the history before the start and the replay.
     const double idle_s = history_idle_node_s_ + idle_node_s_;
@@ -474,6 +485,7 @@ absl::Status Replay::Decide() {
     if (options_.curves != CurveMode::kOracle) spec.throughput = CurveFor(s);
     // At least one sample: a job is finished (and not considered) once done.
     spec.remaining_samples = std::max(1.0, s.mix->work_samples - s.done);
+    spec.age = absl::Seconds(std::max(0.0, now_ - s.submit));
     spec.current_nodes.reserve(s.nodes.size());
     for (int node : s.nodes) spec.current_nodes.push_back(trace_.nodes[node]);
     problem.jobs.push_back(std::move(spec));

@@ -145,6 +145,10 @@ struct SimOptions {
   // alloc::Problem::rank_weight_exponent: jobs closer to done weigh more (the
   // engine gives every job its remaining samples). 0 = off.
   double rank_weight_exponent = 0.0;
+  // alloc::Problem::rank_aging: with rank weights, a job's work left ranks
+  // as work / (1 + age / rank_aging), age since its (aligned) submit time.
+  // Infinite = off. > 0; finite only with rank_weight_exponent > 0.
+  absl::Duration rank_aging = absl::InfiniteDuration();
   absl::Duration forward_window = absl::Minutes(2);
   absl::Duration debounce = absl::ZeroDuration();
   int max_waiting = 64;

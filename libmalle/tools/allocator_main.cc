@@ -50,6 +50,9 @@ ABSL_FLAG(bool, reclaim_hazard, false,
 ABSL_FLAG(double, rank_weight_exponent, 0.0,
           "each job's value times rank^P, rank 1 for the job with the most work left (jobs "
           "declare total_steps); 0 = off");
+ABSL_FLAG(absl::Duration, rank_aging, absl::InfiniteDuration(),
+          "with --rank_weight_exponent: a job's work left ranks as work / (1 + age / D), its age "
+          "counted from its submit, so that no job stays ranked last; inf = off");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(15), "silent agents are withdrawn after this");
 ABSL_FLAG(absl::Duration, debounce, absl::Milliseconds(200), "events closer than this are decided once");
 
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   o.state.objective = *objective;
   o.state.resize_hysteresis = absl::GetFlag(FLAGS_resize_hysteresis);
   o.state.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weight_exponent);
+  o.state.rank_aging = absl::GetFlag(FLAGS_rank_aging);
   o.state.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
   o.state.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.debounce = absl::GetFlag(FLAGS_debounce);

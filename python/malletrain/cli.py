@@ -261,6 +261,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 reclaim_hazard=args.reclaim_hazard and terms,
                 resize_hysteresis=args.hysteresis if terms else 1.0,
                 rank_weights=args.rank_weights if terms else 0.0,
+                rank_aging=(args.rank_aging * 3600.0
+                            if terms and args.rank_aging is not None else None),
                 forward_window=(args.terms_forward_window
                                 if terms and args.terms_forward_window is not None
                                 else args.forward_window),
@@ -442,9 +444,13 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
                    help="each job's value times rank^P, rank 1 for the job with the most work "
                    "left (0 = off; --objective speedup --rank-weights 1 is the setting that won "
                    "in docs/benchmarks.md)")
+    p.add_argument("--rank-aging", type=_positive_float, metavar="HOURS",
+                   help="with --rank-weights: a job's work left ranks as work / (1 + age / "
+                   "HOURS), its age counted from its submit, so that no job stays ranked last "
+                   "(default: off)")
     p.add_argument("--terms-for", default="all", metavar="POLICIES",
-                   help="the policies that get --objective, --reclaim-hazard, --hysteresis and "
-                   "--rank-weights (default all); the others run as published (throughput "
+                   help="the policies that get --objective, --reclaim-hazard, --hysteresis, "
+                   "--rank-weights and --rank-aging (default all); the others run as published (throughput "
                    "objective, no terms), e.g. --terms-for dp")
     p.add_argument("--terms-forward-window", type=_positive_seconds, metavar="SECONDS",
                    help="the forward window of the policies in --terms-for (default: "
@@ -657,7 +663,9 @@ def _cmd_allocator(args: argparse.Namespace) -> int:
             f"--forward_window={args.forward_window}s",
             f"--heartbeat_timeout={args.heartbeat_timeout}s",
             *allocator_objective_flags(args.objective, args.hysteresis, args.rank_weights,
-                                       args.reclaim_hazard)]
+                                       args.reclaim_hazard,
+                                       None if args.rank_aging is None
+                                       else args.rank_aging * 3600.0)]
     argv.append(f"--store={args.store}" if args.store else f"--listen={args.listen}")
     if args.journal:
         argv.append(f"--journal={args.journal}")
@@ -792,6 +800,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                    help="each job's value times rank^P, rank 1 for the job with the most work "
                    "left (jobs say their length with submit --total-steps); 0 = off. "
                    "--objective speedup --rank-weights 1 won in docs/benchmarks.md")
+    p.add_argument("--rank-aging", type=_positive_float, metavar="HOURS",
+                   help="with --rank-weights: a job's work left ranks as work / (1 + age / "
+                   "HOURS), its age counted from its submit (default: off)")
     p.add_argument("--reclaim-hazard", action="store_true",
                    help="price the expected cost of a reclaim within the window, at the rate of "
                    "reclaims this allocator has seen")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -61,12 +62,17 @@ def _free_port() -> int:
 
 
 def allocator_objective_flags(objective: str, resize_hysteresis: float,
-                              rank_weight_exponent: float, reclaim_hazard: bool) -> List[str]:
+                              rank_weight_exponent: float, reclaim_hazard: bool,
+                              rank_aging_s: Optional[float] = None) -> List[str]:
     """``malle-allocator``'s flags for its objective and terms (docs/allocator.md), as
-    ``malletrain allocator`` and a :class:`LocalCluster` with ``allocator="process"`` pass them."""
-    return [f"--objective={objective}", f"--resize_hysteresis={resize_hysteresis!r}",
-            f"--rank_weight_exponent={rank_weight_exponent!r}",
-            f"--reclaim_hazard={'true' if reclaim_hazard else 'false'}"]
+    ``malletrain allocator`` and a :class:`LocalCluster` with ``allocator="process"`` pass them.
+    ``rank_aging_s`` None or infinite: no aging."""
+    flags = [f"--objective={objective}", f"--resize_hysteresis={resize_hysteresis!r}",
+             f"--rank_weight_exponent={rank_weight_exponent!r}",
+             f"--reclaim_hazard={'true' if reclaim_hazard else 'false'}"]
+    if rank_aging_s is not None and not math.isinf(rank_aging_s):
+        flags.append(f"--rank_aging={rank_aging_s!r}s")
+    return flags
 
 
 def agent_binary(name: str = "malle-agent") -> str:
@@ -147,14 +153,16 @@ class LocalCluster:
             directory, removed at close if it was created here and ``keep_logs`` is False).
         grace: seconds a reclaimed node gives its rank to leave (SIGTERM to its agent).
         forward_window: the allocator's look-ahead (seconds).
-        objective, resize_hysteresis, rank_weights, reclaim_hazard: the allocator's objective
-            and its terms
+        objective, resize_hysteresis, rank_weights, rank_aging, reclaim_hazard: the
+            allocator's objective and its terms
             (``throughput``/``speedup``/``weighted``; every resize charged ``resize_hysteresis``
             times its pause; each job's value times rank^``rank_weights``, rank 1 for the job
             with the most work left, from the ``total_steps`` jobs declare at :meth:`submit`;
+            ``rank_aging``: seconds (None: off) over which a job's work left ranks as
+            work / (1 + age / rank_aging), its age counted from its submit;
             ``reclaim_hazard``: price the expected reclaims at the rate this allocator has seen).
-            ``objective="speedup", rank_weights=1`` is the setting that won on the figures users
-            feel in docs/benchmarks.md.
+            ``objective="speedup", rank_weights=1, rank_aging=36000`` is the setting that won on
+            the figures users feel in docs/benchmarks.md.
         heartbeat_timeout: seconds after which a silent agent's node is withdrawn.
         journal: keep the allocator's journal in the work directory.
         allocator: ``"thread"`` (embedded in this process, the default) or ``"process"`` (the
@@ -190,6 +198,7 @@ class LocalCluster:
                  debounce: float = 0.2, report_min_interval: float = 5.0, journal: bool = True,
                  objective: str = "throughput", resize_hysteresis: float = 1.0,
                  rank_weights: float = 0.0, reclaim_hazard: bool = False,
+                 rank_aging: Optional[float] = None,
                  keep_logs: bool = False,
                  allocator: str = "thread", store: str = "embedded",
                  metrics: bool = False, park_dir: Optional[str | os.PathLike] = None,
@@ -250,7 +259,8 @@ class LocalCluster:
             debounce_s=float(debounce), report_min_interval_s=float(report_min_interval),
             default_samples_per_s=1.0, max_rank_failures=3, objective=objective,
             resize_hysteresis=float(resize_hysteresis), rank_weight_exponent=float(rank_weights),
-            reclaim_hazard=bool(reclaim_hazard))
+            reclaim_hazard=bool(reclaim_hazard),
+            rank_aging_s=math.inf if rank_aging is None else float(rank_aging))
         self._service: Any = None
         self._allocator_mode = allocator
         self._metrics = bool(metrics)
@@ -288,7 +298,8 @@ class LocalCluster:
                 f"--heartbeat_timeout={a['heartbeat_timeout_s']}s",
                 f"--debounce={a['debounce_s']}s",
                 *allocator_objective_flags(a["objective"], a["resize_hysteresis"],
-                                           a["rank_weight_exponent"], a["reclaim_hazard"])]
+                                           a["rank_weight_exponent"], a["reclaim_hazard"],
+                                           a["rank_aging_s"])]
         if a["journal"]:
             args.append(f"--journal={a['journal']}")
         if self._metrics:

@@ -6,14 +6,15 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "libmalle/advisor/report_json.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/comm/control_store.h"
-#include "libmalle/advisor/report_json.h"
 #include "libmalle/control/service/agent.h"
 #include "libmalle/control/service/allocator_service.h"
 #include "libmalle/control/service/channel.h"
@@ -89,7 +90,8 @@ void BindControl(py::module_& m) {
                        double forward_window_s, double heartbeat_timeout_s, double debounce_s,
                        double report_min_interval_s, double default_samples_per_s,
                        int max_rank_failures, const std::string& objective,
-                       double resize_hysteresis, double rank_weight_exponent, bool reclaim_hazard) {
+                       double resize_hysteresis, double rank_weight_exponent, bool reclaim_hazard,
+                       double rank_aging_s) {
              control::AllocatorServiceOptions o;
              o.decide.policy = ValueOrThrow(alloc::ParsePolicyName(policy));
              o.journal_path = journal;
@@ -100,6 +102,10 @@ void BindControl(py::module_& m) {
              o.state.objective = ValueOrThrow(alloc::ParseObjectiveName(objective));
              o.state.resize_hysteresis = resize_hysteresis;
              o.state.rank_weight_exponent = rank_weight_exponent;
+             // Infinite: off; Validate() names any other value that is not > 0.
+             o.state.rank_aging = std::isinf(rank_aging_s) && rank_aging_s > 0
+                                      ? absl::InfiniteDuration()
+                                      : Secs(rank_aging_s, "rank_aging");
              o.state.reclaim_hazard = reclaim_hazard;
              o.debounce = Secs(debounce_s, "debounce");
              o.report_min_interval = Secs(report_min_interval_s, "report_min_interval");
@@ -110,7 +116,8 @@ void BindControl(py::module_& m) {
            py::arg("forward_window_s"), py::arg("heartbeat_timeout_s"), py::arg("debounce_s"),
            py::arg("report_min_interval_s"), py::arg("default_samples_per_s"),
            py::arg("max_rank_failures"), py::arg("objective"), py::arg("resize_hysteresis") = 1.0,
-           py::arg("rank_weight_exponent") = 0.0, py::arg("reclaim_hazard") = false)
+           py::arg("rank_weight_exponent") = 0.0, py::arg("reclaim_hazard") = false,
+           py::arg("rank_aging_s") = std::numeric_limits<double>::infinity())
       .def(
           "start", [](Service& s) { ThrowIfError(s.service->Start()); },
           "Starts the loop on a background thread.")

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -112,6 +114,7 @@ struct Options {
   bool reclaim_hazard = false;
   double resize_hysteresis = 1;
   double rank_weight_exponent = 0;
+  double rank_aging_s = std::numeric_limits<double>::infinity();  // infinite: off
   double forward_window_s = 120;
   double debounce_s = 0;
   int max_waiting = 64;
@@ -159,6 +162,10 @@ sim::SimOptions ToSimOptions(const Options& o) {
   s.reclaim_hazard = o.reclaim_hazard;
   s.resize_hysteresis = o.resize_hysteresis;
   s.rank_weight_exponent = o.rank_weight_exponent;
+  // SimOptions' validation names a value that is not > 0 (NaN reads as 0).
+  s.rank_aging = std::isinf(o.rank_aging_s) && o.rank_aging_s > 0
+                     ? absl::InfiniteDuration()
+                     : absl::Seconds(std::isnan(o.rank_aging_s) ? 0 : o.rank_aging_s);
   s.forward_window = absl::Seconds(o.forward_window_s);
   s.debounce = absl::Seconds(o.debounce_s);
   s.max_waiting = o.max_waiting;
@@ -390,6 +397,7 @@ void BindSim(py::module_& m) {
       .def_readwrite("reclaim_hazard", &Options::reclaim_hazard)
       .def_readwrite("resize_hysteresis", &Options::resize_hysteresis)
       .def_readwrite("rank_weight_exponent", &Options::rank_weight_exponent)
+      .def_readwrite("rank_aging_s", &Options::rank_aging_s)
       .def_readwrite("forward_window_s", &Options::forward_window_s)
       .def_readwrite("debounce_s", &Options::debounce_s)
       .def_readwrite("max_waiting", &Options::max_waiting)

@@ -68,13 +68,16 @@ ABSL_FLAG(std::string, forecast, "none", "none, oracle, estimated or reservation
 ABSL_FLAG(double, rank_weights, 0,
           "rank weights: each job's objective times rank^P, rank 1 for the job with the most "
           "work left (alloc::Problem::rank_weight_exponent); 0 = off");
+ABSL_FLAG(double, rank_aging_h, 0,
+          "with --rank_weights: a job's work left ranks as work / (1 + age / H) "
+          "(alloc::Problem::rank_aging); 0 = off");
 ABSL_FLAG(double, hysteresis, 1, "the policies charge each resize this many times its pause");
 ABSL_FLAG(double, terms_t_fwd_s, 0,
           "forward window of the policies in --terms_for, seconds (0: --t_fwd_s)");
 ABSL_FLAG(std::string, terms_for, "milp,dp",
-          "policies that get --reclaim_hazard, --hysteresis, --rank_weights and --objective; the "
-          "others run with "
-          "the plain throughput objective, BFTrainer's settings ('all' for every policy)");
+          "policies that get --reclaim_hazard, --hysteresis, --rank_weights, --rank_aging_h and "
+          "--objective; the others run with the plain throughput objective, BFTrainer's "
+          "settings ('all' for every policy)");
 ABSL_FLAG(bool, reclaim_hazard, false,
           "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
 ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
@@ -245,6 +248,9 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   o.reclaim_hazard = absl::GetFlag(FLAGS_reclaim_hazard);
   o.resize_hysteresis = absl::GetFlag(FLAGS_hysteresis);
   o.rank_weight_exponent = absl::GetFlag(FLAGS_rank_weights);
+  if (absl::GetFlag(FLAGS_rank_aging_h) != 0) {
+    o.rank_aging = absl::Hours(absl::GetFlag(FLAGS_rank_aging_h));
+  }
   o.record_events = false;
   absl::StatusOr<sim::PreemptionCost> preemption =
       sim::ParsePreemptionCost(absl::GetFlag(FLAGS_preemption_cost));
@@ -771,6 +777,9 @@ int main(int argc, char** argv) {
                        : "",
                    absl::GetFlag(FLAGS_rank_weights) > 0
                        ? absl::StrFormat(", rank weights ^%.3g", absl::GetFlag(FLAGS_rank_weights))
+                       : "",
+                   absl::GetFlag(FLAGS_rank_aging_h) != 0
+                       ? absl::StrFormat(" aged over %.3g h", absl::GetFlag(FLAGS_rank_aging_h))
                        : ""),
       absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_preemption_cost),
       absl::GetFlag(FLAGS_objective), absl::GetFlag(FLAGS_resize_cost),
@@ -845,6 +854,7 @@ int main(int argc, char** argv) {
               o.reclaim_hazard = false;
               o.resize_hysteresis = 1;
               o.rank_weight_exponent = 0;
+              o.rank_aging = absl::InfiniteDuration();
               o.objective = alloc::Objective::kThroughput;
             } else if (absl::GetFlag(FLAGS_terms_t_fwd_s) > 0) {
               o.forward_window = absl::Seconds(absl::GetFlag(FLAGS_terms_t_fwd_s));

@@ -607,14 +607,14 @@ def scrape(url: str) -> dict:
 
 
 def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path):
-    """The objective terms that won in docs/benchmarks.md (speedup, rank weights, hysteresis)
-    are the allocator's options in both modes (the daemon's flags in process mode), and a job's
+    """The objective terms that won in docs/benchmarks.md (speedup, rank weights and their
+    aging, hysteresis) are the allocator's options in both modes (the daemon's flags in process mode), and a job's
     declared length reaches its status (the work left follows from its reports: the C++
     ObjectiveTermsTest). No node is up: nothing runs."""
     for mode in ("thread", "process"):
         with LocalCluster(["n0"], policy="dp", allocator=mode, objective="speedup",
-                          rank_weights=1, resize_hysteresis=2, reclaim_hazard=True,
-                          workdir=tmp_path / f"cluster-{mode}") as c:
+                          rank_weights=1, rank_aging=3600, resize_hysteresis=2,
+                          reclaim_hazard=True, workdir=tmp_path / f"cluster-{mode}") as c:
             c.submit("long", ["true"], total_steps=1000)
             c.submit("unsaid", ["true"])
             jobs = wait_for("both jobs known", lambda: (lambda j: j if len(j) == 2 else None)(
@@ -628,6 +628,12 @@ def test_allocator_objective_terms_and_total_steps_reach_the_allocator(tmp_path)
         with pytest.raises(MalleValueError, match="rank_weight_exponent"):
             LocalCluster(["n0"], allocator="thread", rank_weights=-1,
                          workdir=tmp_path / f"bad-{mode}").close()
+    with pytest.raises(MalleValueError, match="rank_aging is 1h, but rank weights are off"):
+        LocalCluster(["n0"], allocator="thread", rank_aging=3600,
+                     workdir=tmp_path / "bad-aging").close()
+    with pytest.raises(MalleValueError, match="rank_aging: expected a finite number of seconds"):
+        LocalCluster(["n0"], allocator="thread", rank_weights=1, rank_aging=-5,
+                     workdir=tmp_path / "bad-aging-2").close()
     with LocalCluster(["n0"], allocator="thread", workdir=tmp_path / "steps") as c:
         with pytest.raises(ValueError, match="total_steps"):
             c.submit("zero", ["true"], total_steps=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import gzip
 import math
 import os
@@ -306,7 +307,7 @@ def test_summary_table_has_units_and_warnings(tiny):
     table = sim.summary_table([r])
     header = table.splitlines()[0]
     for column in ("samples/node-h", "idle node-h", "util %", "eff %", "dec p99 ms",
-                   "JCT mean h", "JCT p95 h", "makespan h", "wall s"):
+                   "JCT mean h", "JCT p95 h", "JCT max h", "makespan h", "wall s"):
         assert column in header, column
     # The job could use 2 nodes; only n0 was idle until t = 100 (of 1,000 s).
     assert r.summary["contended_fraction"] == pytest.approx(0.1)
@@ -389,6 +390,47 @@ def test_rank_weights_and_terms_for(tmp_path, capsys):
         main(args + ["--policy", "dp", "--rank-weights", "-1"])
     assert exit_info.value.code == 2
     assert "--rank-weights: must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_rank_aging(tmp_path, capsys):
+    # One node idle from 0 to 1,000 s; L (3,000 samples) and S1 (1,000) at 0, S2 (1,000) at
+    # 90 s, 10 samples/s each on its one node; speedup objective, rank weights, 5-s window.
+    # Without aging S2 runs before L (L done at 500 s); aged over 20 s, L ranks as 300 / 6 = 50
+    # node-s at 100 s against S2's 100 / 1.5 = 66.7 and runs first, done at 400 s, S2 at 500
+    # (EngineTest's AgingLetsTheLongJobThatWaitedGoFirst, from Python and the CLI).
+    trace = tmp_path / "one.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n1000,n0,1\n")
+    mix = tmp_path / "three.csv"
+    mix.write_text(MIX_HEADER + "".join(f"{name},{submit},1,1,{samples},10,5,0;1,0;10\n"
+                                        for name, submit, samples in
+                                        (("L", 0, 3000), ("S1", 0, 1000), ("S2", 90, 1000))))
+    terms = dict(policy="dp", objective="speedup", forward_window=5, rank_weights=1)
+    finish = lambda r: {j["name"]: j["finish"] - r.jobs[0]["submit"] for j in r.jobs}  # noqa
+    plain = sim.simulate(trace, mix, **terms)
+    aged = sim.simulate(trace, mix, rank_aging=20, **terms)
+    assert finish(plain) == pytest.approx({"L": 500, "S1": 100, "S2": 200})
+    assert finish(aged) == pytest.approx({"L": 400, "S1": 100, "S2": 500})
+    assert aged.summary["jct_max_s"] == pytest.approx(410)
+    assert finish(sim.simulate(trace, mix, rank_aging=datetime.timedelta(seconds=20), **terms)) \
+        == finish(aged)
+    with pytest.raises(ValueError, match="rank_aging: must be > 0"):
+        sim.simulate(trace, mix, rank_aging=0, **terms)
+    with pytest.raises(ValueError, match="rank_aging: is 20s, but rank weights are off"):
+        sim.simulate(trace, mix, policy="dp", rank_aging=20)
+    with pytest.raises(TypeError, match="rank_aging"):
+        sim.simulate(trace, mix, rank_aging="20", **terms)
+
+    out = tmp_path / "out"
+    args = ["simulate", "--trace", str(trace), "--jobs", str(mix), "--quiet", "--policy", "dp",
+            "--forward-window", "5", "--objective", "speedup", "--rank-weights", "1",
+            "--out", str(out)]
+    assert main(args + ["--rank-aging", str(20 / 3600)]) == 0
+    with open(out / "dp" / "summary.csv") as f:
+        assert float(next(csv.DictReader(f))["jct_max_s"]) == pytest.approx(410)
+    with pytest.raises(SystemExit) as exit_info:  # argparse: a usage error
+        main(args + ["--rank-aging", "0"])
+    assert exit_info.value.code == 2
+    assert "--rank-aging: must be a finite number > 0" in capsys.readouterr().err
 
 
 def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):

@@ -105,6 +105,17 @@ absl::Status AllocatorStateOptions::Validate() const {
         absl::StrCat("AllocatorStateOptions.rank_weight_exponent must be finite and >= 0, got ",
                      rank_weight_exponent));
   }
+  if (rank_aging <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllocatorStateOptions.rank_aging must be > 0 (infinite: off), got ",
+                     absl::FormatDuration(rank_aging)));
+  }
+  if (rank_aging != absl::InfiniteDuration() && rank_weight_exponent <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllocatorStateOptions.rank_aging is ", absl::FormatDuration(rank_aging),
+                     ", but rank weights are off (rank_weight_exponent = 0): aging changes only "
+                     "their ranking"));
+  }
   if (objective == alloc::Objective::kCompletion) {
     return absl::InvalidArgumentError(
         "AllocatorStateOptions.objective: completion needs every job's work left, which jobs "
@@ -762,6 +773,7 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
   p.objective = options_.objective;
   p.resize_hysteresis = options_.resize_hysteresis;
   p.rank_weight_exponent = options_.rank_weight_exponent;
+  p.rank_aging = options_.rank_aging;
   if (options_.reclaim_hazard) p.reclaim_rate = ReclaimRate(now);
   std::set<std::string> class_ids;
   std::set<std::string> offered;
@@ -827,6 +839,7 @@ alloc::Problem AllocatorState::BuildProblem(absl::Time now) const {
         j->shrink_pause_s ? absl::Seconds(*j->shrink_pause_s) : options_.default_shrink_pause;
     spec.weight = j->spec.weight;
     spec.remaining_samples = RemainingSamples(*j);
+    spec.age = std::max(absl::ZeroDuration(), now - j->submitted_at);
     for (const std::string& node : j->nodes) {
       if (offered.count(node)) spec.current_nodes.push_back(node);
     }

@@ -89,6 +89,11 @@ struct AllocatorStateOptions {
   // kCompletion needs every job's work left and is refused.
   double resize_hysteresis = 1.0;
   double rank_weight_exponent = 0.0;
+  // alloc::Problem::rank_aging: with rank weights, a job's work left ranks as
+  // work / (1 + age / rank_aging), its age counted from its JobSubmit, so
+  // that no job stays ranked last for ever. Infinite (the default) = off; >
+  // 0, and finite only with rank_weight_exponent > 0.
+  absl::Duration rank_aging = absl::InfiniteDuration();
   // alloc::Problem::reclaim_rate from this allocator's own history: the
   // main scheduler's reclaims (node_reclaim messages) per node-second of
   // nodes offered, since the allocator's journal began. Each running option

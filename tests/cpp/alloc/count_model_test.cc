@@ -235,6 +235,88 @@ TEST(CompileCountModelTest, RankWeightsFavourTheJobClosestToDone) {
                                  "ranked")));
 }
 
+// Aging (Problem::rank_aging) on the same instance: a has 1,000 node-s of
+// work left, b 200. A job's work ranks as work / (1 + age / rank_aging).
+// a aged 3 x rank_aging: 1,000 / 4 = 250 > 200, b still ranks shorter
+// (weight 2) and takes both nodes (320, as without aging). a aged 4 x:
+// 1,000 / 5 = 200, a tie, which the earlier job (a) wins: weight 2 for a,
+// options a (1) 200, (2) 380, and a takes both nodes (380 > 100 + 200). b
+// aged too, as long: both divided by 5, b shorter again.
+TEST(CompileCountModelTest, AgingRanksALongJobThatWaitedAsShorter) {
+  Problem p = SingleClass(2);
+  p.objective = Objective::kSpeedup;
+  p.rank_weight_exponent = 1;
+  p.rank_aging = absl::Hours(10);
+  JobSpec a = Job("a", 1, 2, {{0, 0}, {1, 10}, {2, 19}});
+  a.remaining_samples = 10000;
+  JobSpec b = Job("b", 1, 2, {{0, 0}, {1, 10}, {2, 16}});
+  b.remaining_samples = 2000;
+  p.jobs = {a, b};
+  auto nodes_of_a = [](const Problem& problem) {  // the DP's and the MILP's, which agree
+    std::vector<size_t> counts;
+    for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
+      DecideOptions o;
+      o.policy = policy;
+      o.milp.isolation = SolveIsolation::kInProcess;
+      absl::StatusOr<Decision> d = Decide(problem, o);
+      EXPECT_THAT(d.status(), IsOk());
+      counts.push_back(d.ok() ? d->allocation.jobs[0].nodes.size() : 99);
+    }
+    EXPECT_EQ(counts[0], counts[1]);
+    return counts[0];
+  };
+
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));  // both aged 0
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
+
+  p.jobs[0].age = absl::Hours(30);
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
+  EXPECT_EQ(nodes_of_a(p), 0u);
+
+  p.jobs[0].age = absl::Hours(40);
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 200);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 380);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 100);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 160);
+  EXPECT_EQ(nodes_of_a(p), 2u);
+
+  p.jobs[1].age = absl::Hours(40);
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
+
+  // Off (infinite), the ages do not count.
+  p.rank_aging = absl::InfiniteDuration();
+  p.jobs[1].age = absl::ZeroDuration();
+  ASSERT_OK_AND_ASSIGN(m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
+
+  // Bad input.
+  p.rank_aging = absl::ZeroDuration();
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_aging: must be > 0 (infinite: off), got 0")));
+  p.rank_aging = absl::Hours(10);
+  p.rank_weight_exponent = 0;
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_aging: is 10h, but rank weights are off "
+                                 "(rank_weight_exponent = 0)")));
+  p.rank_weight_exponent = 1;
+  p.jobs[1].age = absl::Seconds(-1);
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("jobs[1] (\"b\").age: must be >= 0, got -1s")));
+  p.jobs[1].age = absl::InfiniteDuration();
+  EXPECT_THAT(CompileCountModel(p).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("jobs[1] (\"b\").age: must be finite")));
+}
+
 // Reclaim hazard and hysteresis on a hand-checked instance: 2 nodes, a
 // linear job (10 samples/s per node, 10 s up, 5 s down), window 100 s, lost
 // work. Without either, starting on n nodes is worth 10 n (100 - 10).

@@ -360,9 +360,11 @@ TEST(MilpTest, CutsKeepTheDpOptimum) {
 // Rank weights (Problem::rank_weight_exponent) only change option values,
 // so the MILP must still equal the DP, on one pool and on several. Work left
 // is random with ties (copies keep the copied amount) and amounts small
-// enough for the finishing cap to bind.
+// enough for the finishing cap to bind; every other instance ages the
+// ranking (Problem::rank_aging, random ages from a generator of its own).
 TEST(MilpTest, RankWeightsMatchDpOnRandomProblems) {
   std::mt19937 rng(2727);
+  std::mt19937 aging_rng(27);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   MilpOptions options;
   options.isolation = SolveIsolation::kInProcess;
@@ -387,6 +389,10 @@ TEST(MilpTest, RankWeightsMatchDpOnRandomProblems) {
           c.back().samples_per_s * absl::ToDoubleSeconds(problem.forward_window);
       job.remaining_samples = std::max(1.0, window_work * (0.1 + 1.9 * u(rng)));
       capped += job.remaining_samples < window_work ? 1 : 0;
+    }
+    if (i % 2 == 1) {
+      problem.rank_aging = absl::Seconds(10 + 990 * u(aging_rng));
+      for (JobSpec& job : problem.jobs) job.age = absl::Seconds(std::floor(3000 * u(aging_rng)));
     }
     ExpectAgrees(problem, options, absl::StrCat("rank-weighted instance ", i));
     if (::testing::Test::HasFailure()) break;

@@ -33,6 +33,7 @@ constexpr char kFullProblem[] = R"({
   "reclaim_rate": 2.5e-6,
   "resize_hysteresis": 2,
   "rank_weight_exponent": 1.5,
+  "rank_aging_s": 36000,
   "classes": [
     {"id": "fast", "locality": "rack0", "speed": 1.0},
     {"id": "slow", "locality": "rack1", "speed": 0.5}
@@ -47,7 +48,7 @@ constexpr char kFullProblem[] = R"({
     {"id": "resnet", "min_nodes": 1, "max_nodes": 4,
      "throughput": [[0, 0], [1, 5218.8], [2, 10582.5], [4, 20436]],
      "resize_up_s": 18.722, "resize_down_s": 11.031, "weight": 2.0, "remaining_samples": 1.3e8,
-     "nodes": ["a0", "b0"]},
+     "age_s": 7200.5, "nodes": ["a0", "b0"]},
     {"id": "vgg", "min_nodes": 2, "max_nodes": 4,
      "batch_options": [{"name": "bs256", "throughput": [[2, 2389.2], [4, 4691.7]]},
                        {"name": "bs1024", "throughput": [[2, 2500], [4, 5100.5]]}],
@@ -79,6 +80,7 @@ void ExpectProblemsEqual(const Problem& a, const Problem& b) {
   EXPECT_EQ(a.reclaim_rate, b.reclaim_rate);
   EXPECT_EQ(a.resize_hysteresis, b.resize_hysteresis);
   EXPECT_EQ(a.rank_weight_exponent, b.rank_weight_exponent);
+  EXPECT_EQ(a.rank_aging, b.rank_aging);
   ASSERT_EQ(a.classes.size(), b.classes.size());
   for (size_t i = 0; i < a.classes.size(); ++i) {
     EXPECT_EQ(a.classes[i].id, b.classes[i].id);
@@ -109,6 +111,7 @@ void ExpectProblemsEqual(const Problem& a, const Problem& b) {
     EXPECT_EQ(x.resize_down_pause, y.resize_down_pause);
     EXPECT_EQ(x.weight, y.weight);
     EXPECT_EQ(x.remaining_samples, y.remaining_samples);
+    EXPECT_EQ(x.age, y.age);
     EXPECT_EQ(x.current_nodes, y.current_nodes);
   }
 }
@@ -122,6 +125,7 @@ TEST(ParseProblemJsonTest, ReadsEveryField) {
   EXPECT_EQ(p.reclaim_rate, 2.5e-6);
   EXPECT_EQ(p.resize_hysteresis, 2);
   EXPECT_EQ(p.rank_weight_exponent, 1.5);
+  EXPECT_EQ(p.rank_aging, absl::Hours(10));
   ASSERT_EQ(p.classes.size(), 2u);
   EXPECT_EQ(p.classes[1].id, "slow");
   EXPECT_EQ(p.classes[1].locality, "rack1");
@@ -143,6 +147,7 @@ TEST(ParseProblemJsonTest, ReadsEveryField) {
   EXPECT_EQ(resnet.resize_down_pause, absl::Seconds(11.031));
   EXPECT_EQ(resnet.weight, 2.0);
   EXPECT_EQ(resnet.remaining_samples, 1.3e8);
+  EXPECT_EQ(resnet.age, absl::Milliseconds(7200500));
   EXPECT_THAT(resnet.current_nodes, ElementsAre("a0", "b0"));
   const JobSpec& vgg = p.jobs[1];
   EXPECT_TRUE(vgg.throughput.empty());
@@ -164,6 +169,7 @@ TEST(ParseProblemJsonTest, OmittedFieldsTakeTheStructDefaults) {
   EXPECT_EQ(p.reclaim_rate, defaults.reclaim_rate);
   EXPECT_EQ(p.resize_hysteresis, defaults.resize_hysteresis);
   EXPECT_EQ(p.rank_weight_exponent, defaults.rank_weight_exponent);
+  EXPECT_EQ(p.rank_aging, defaults.rank_aging);
   EXPECT_TRUE(p.classes.empty());
   EXPECT_EQ(p.nodes[0].class_id, "");
   EXPECT_EQ(p.nodes[0].expected_idle, absl::InfiniteDuration());
@@ -174,6 +180,7 @@ TEST(ParseProblemJsonTest, OmittedFieldsTakeTheStructDefaults) {
   EXPECT_EQ(job.resize_down_pause, job_defaults.resize_down_pause);
   EXPECT_EQ(job.weight, job_defaults.weight);
   EXPECT_EQ(job.remaining_samples, job_defaults.remaining_samples);
+  EXPECT_EQ(job.age, job_defaults.age);
   EXPECT_EQ(job.current_batch_option, 0);
   EXPECT_TRUE(job.current_nodes.empty());
 }
@@ -246,13 +253,17 @@ TEST(ProblemToJsonTest, WritesTheDocumentedKeys) {
   EXPECT_EQ(out["resize_hysteresis"], 2.0);
   EXPECT_EQ(out["rank_weight_exponent"], 1.5);
   EXPECT_EQ(out["jobs"][0]["remaining_samples"], 1.3e8);
+  EXPECT_EQ(out["rank_aging_s"], 36000.0);
+  EXPECT_EQ(out["jobs"][0]["age_s"], 7200.5);
   // The terms at their defaults (none) are left out, as before they existed.
   ASSERT_OK_AND_ASSIGN(Problem small, ParseProblemJson(kSmallProblem));
   const Json plain = Json::parse(ProblemToJson(small));
-  for (const char* key : {"reclaim_rate", "resize_hysteresis", "rank_weight_exponent"}) {
+  for (const char* key :
+       {"reclaim_rate", "resize_hysteresis", "rank_weight_exponent", "rank_aging_s"}) {
     EXPECT_FALSE(plain.contains(key)) << key;
   }
   EXPECT_FALSE(plain["jobs"][0].contains("remaining_samples"));
+  EXPECT_FALSE(plain["jobs"][0].contains("age_s"));
 }
 
 // The objective terms a JSON problem can carry (docs/allocator.md) change the
@@ -373,6 +384,13 @@ std::vector<BadCase> BadCases() {
       {"negative_rank_exponent",
        Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_weight_exponent\": -1"),
        "rank_weight_exponent: must be finite and >= 0, got -1"},
+      {"rank_aging_zero", Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_aging_s\": 0"),
+       "rank_aging_s: must be > 0 (infinite: off), got 0"},
+      {"rank_aging_without_weights",
+       Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_aging_s\": 3600"),
+       "rank_aging_s: is 1h, but rank weights are off (rank_weight_exponent = 0)"},
+      {"negative_age", Patch("\"max_nodes\": 4,", "\"max_nodes\": 4, \"age_s\": -5,"),
+       "jobs[0].age_s: a duration must be >= 0 seconds, got -5"},
       {"rank_weights_without_work",
        Patch("\"node_count\": 4", "\"node_count\": 4, \"rank_weight_exponent\": 1"),
        "jobs[0] (\"a\").remaining_samples: must be > 0 with rank_weight_exponent > 0"},

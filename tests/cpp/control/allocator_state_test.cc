@@ -1047,6 +1047,68 @@ TEST(ObjectiveTermsTest, WorkLeftComesFromTotalStepsAndTheReports) {
   }
 }
 
+// Aging reaches the problem: each job's age counts from the JobSubmit the
+// allocator applied, and with it the job that waited longer ranks first.
+// "old" (submitted at kT0, 900 steps x 32 left = 288 node-s at 100/s) and
+// "new" (kT0 + 1 h, 700 x 32 = 224 node-s), decided at kT0 + 2 h: without
+// aging "new" is shorter and takes the one node; aged over 1 h, "old" ranks
+// as 288 / 3 = 96 and "new" as 224 / 2 = 112, and "old" takes it.
+TEST(ObjectiveTermsTest, AgingCountsFromTheJobSubmit) {
+  AllocatorStateOptions o;
+  o.objective = alloc::Objective::kSpeedup;
+  o.rank_weight_exponent = 1;
+  uint64_t seq = 0;
+  auto holder = [&](const AllocatorStateOptions& options) {
+    AllocatorState state(options);
+    auto apply = [&](const std::string& sender, Message m, absl::Time at) {
+      Envelope e;
+      e.sender = sender;
+      e.seq = ++seq;
+      e.ts = at;
+      e.message = std::move(m);
+      return state.Apply(e, at).status();
+    };
+    const absl::Time submitted[] = {kT0, kT0 + absl::Hours(1)};
+    const char* ids[] = {"old", "new"};
+    for (int k = 0; k < 2; ++k) {
+      JobSubmit s;
+      s.job = ids[k];
+      s.command = {"python", "train.py"};
+      s.min_nodes = 1;
+      s.max_nodes = 1;
+      s.total_steps = 1000;
+      EXPECT_OK(apply("client", s, submitted[k]));
+    }
+    const absl::Time now = kT0 + absl::Hours(2);
+    NodeRegister r;  // now: an agent silent since kT0 would be withdrawn
+    r.node = "n0";
+    r.agent = "agent.n0";
+    EXPECT_OK(apply(r.agent, r, now));
+    EXPECT_OK(apply("old.m0", ReportAt("old", 100, 32), now));
+    EXPECT_OK(apply("new.m0", ReportAt("new", 300, 32), now));
+    alloc::Problem p = state.BuildProblem(now);
+    EXPECT_OK(alloc::ValidateProblem(p));
+    std::map<std::string, absl::Duration> age;
+    for (const alloc::JobSpec& j : p.jobs) age[j.id] = j.age;
+    EXPECT_EQ(age["old"], absl::Hours(2));
+    EXPECT_EQ(age["new"], absl::Hours(1));
+    EXPECT_EQ(p.rank_aging, options.rank_aging);
+    alloc::DecideOptions d;
+    d.policy = alloc::PolicyKind::kDp;
+    absl::StatusOr<alloc::Decision> decision = alloc::Decide(p, d);
+    EXPECT_OK(decision.status());
+    std::string holds;
+    for (const alloc::JobAllocation& j : decision->allocation.jobs) {
+      if (!j.nodes.empty()) holds = j.job_id;
+    }
+    return holds;
+  };
+  EXPECT_EQ(holder(o), "new");
+  o.rank_aging = absl::Hours(1);
+  ASSERT_OK(o.Validate());
+  EXPECT_EQ(holder(o), "old");
+}
+
 TEST(OptionsTest, BadOptionsNameTheField) {
   AllocatorStateOptions o;
   o.heartbeat_timeout = absl::ZeroDuration();
@@ -1071,6 +1133,15 @@ TEST(OptionsTest, BadOptionsNameTheField) {
   o.rank_weight_exponent = -1;
   EXPECT_THAT(o.Validate(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank_weight_exponent")));
+  o = {};
+  o.rank_weight_exponent = 1;
+  o.rank_aging = absl::ZeroDuration();
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("rank_aging must be > 0 (infinite: off), got 0")));
+  o = {};
+  o.rank_aging = absl::Hours(1);
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("rank_aging is 1h, but rank weights are off")));
   o = {};
   o.objective = alloc::Objective::kCompletion;
   EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("completion")));

@@ -823,6 +823,50 @@ TEST(EngineTest, RankWeightsFinishTheShortJobFirst) {
                        HasSubstr("rank_weight_exponent: must be finite and >= 0, got -0.5")));
 }
 
+// Aging (SimOptions::rank_aging) end to end, by hand: one node idle from 0
+// to 1000 s; jobs of 10 samples/s on their one node: L (3,000 samples, 300
+// node-s) and S1 (1,000) at 0, S2 (1,000) at 90; speedup objective, rank
+// weights, a 5-s window (so no job's credit is capped by its work left).
+// Without aging the shorter job always goes first: S1 0-100, S2 100-200, L
+// 200-500 (JCTs 100, 110, 500). Aged over 20 s, at 100 s L ranks as 300 /
+// (1 + 100 / 20) = 50 and S2 as 100 / (1 + 10 / 20) = 66.7, so L runs
+// 100-400 and S2 400-500: the longest JCT falls from 500 to 410 s, the mean
+// rises from 236.7 to 303.3 s (the trade aging makes). Aged over 100 s, L
+// ranks as 150 at 100 s, S2 as 90.9: the order without aging.
+TEST(EngineTest, AgingLetsTheLongJobThatWaitedGoFirst) {
+  std::vector<MixJob> jobs = {Job("L", 1, 1, 3000), Job("S1", 1, 1, 1000), Job("S2", 1, 1, 1000)};
+  jobs[2].submit_time = absl::FromUnixSeconds(90);
+  SimOptions o = Dp();
+  o.objective = alloc::Objective::kSpeedup;
+  o.forward_window = absl::Seconds(5);
+  o.rank_weight_exponent = 1;
+  constexpr char kOneNode[] = "0,n0,1\n1000,n0,1\n";
+  ASSERT_OK_AND_ASSIGN(SimResult plain, Simulate(Trace(kOneNode), jobs, o));
+  EXPECT_THAT(EventsOf(plain, "finish"), ElementsAre("100 S1 1->0", "200 S2 1->0", "500 L 1->0"));
+  EXPECT_NEAR(plain.summary.jct_max_s, 500, 1e-6);
+
+  o.rank_aging = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(SimResult aged, Simulate(Trace(kOneNode), jobs, o));
+  EXPECT_THAT(EventsOf(aged, "finish"), ElementsAre("100 S1 1->0", "400 L 1->0", "500 S2 1->0"));
+  EXPECT_NEAR(aged.summary.jct_max_s, 410, 1e-6);
+  EXPECT_NEAR(aged.summary.jct_mean_s, (100 + 400 + 410) / 3.0, 1e-6);
+  EXPECT_NEAR(plain.summary.jct_mean_s, (100 + 110 + 500) / 3.0, 1e-6);
+
+  o.rank_aging = absl::Seconds(100);
+  ASSERT_OK_AND_ASSIGN(SimResult mild, Simulate(Trace(kOneNode), jobs, o));
+  EXPECT_THAT(EventsOf(mild, "finish"), ElementsAre("100 S1 1->0", "200 S2 1->0", "500 L 1->0"));
+
+  o.rank_aging = absl::ZeroDuration();
+  EXPECT_THAT(Simulate(Trace(kOneNode), jobs, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_aging: must be > 0 (infinite: off), got 0")));
+  o.rank_aging = absl::Seconds(20);
+  o.rank_weight_exponent = 0;
+  EXPECT_THAT(Simulate(Trace(kOneNode), jobs, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank_aging: is 20s, but rank weights are off")));
+}
+
 // The target "at least as good as every baseline on samples per node-hour,
 // mean and p95 JCT and efficiency" cannot be met by any schedule, in
 // general. Two identical jobs on two nodes, r(1) = 10/s, r(2) = 18/s, 1,000
