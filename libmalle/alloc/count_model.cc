@@ -336,7 +336,12 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
           const bool unchanged = n == cur && static_cast<int>(b) == spec.current_batch_option;
           double value;
           if (unchanged) {
-            value = std::min(eff * pat.horizon_s, work_cap);
+            // Not capped: a job that keeps its nodes and finishes within the
+            // window frees them then, and the decision its finish triggers
+            // gives them on; capped, a job with a second left would be worth
+            // a second and lose its nodes to any other (stopped, it pays a
+            // park and waits).
+            value = eff * pat.horizon_s;
           } else {
             const bool grows = n > cur || (n == cur && static_cast<int>(b) != spec.current_batch_option);
             const double pause = grows ? up : down;

@@ -108,7 +108,8 @@ enum class Objective {
   kSpeedup,     // each job's throughput over its per-node throughput at min size, times weight
   kWeighted,    // weight * samples/s
   // The value of finishing: each job's work over the window as a share of the
-  // work it has left (capped at all of it), times weight. A node goes where it
+  // work it has left (capped at all of it, but not for staying as it is: see
+  // rank_weight_exponent), times weight. A node goes where it
   // brings jobs closest to done, shortest remaining work first when curves
   // are alike (SRPT for malleable jobs): what lowers mean completion time,
   // where kThroughput only counts samples. Needs remaining_samples > 0.
@@ -163,7 +164,10 @@ struct Problem {
   // (the trade-off heSRPT solves: Berg, Vesilo, Harchol-Balter, "heSRPT:
   // Optimal Parallel Scheduling of Jobs With Known Sizes", arXiv:1903.09346).
   // The work a job is credited with over the window is capped at its
-  // remaining samples (finishing it is all it can be worth). Needs
+  // remaining samples (finishing it is all it can be worth), except when it
+  // stays as it is: then it frees its nodes as it finishes, and the decision
+  // its finish triggers gives them on, so staying is credited the whole
+  // window (capped, a job with a second left would lose its nodes). Needs
   // remaining_samples > 0 and a positive rate at min_nodes for every job.
   // Finite, >= 0.
   double rank_weight_exponent = 0.0;

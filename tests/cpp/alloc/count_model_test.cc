@@ -235,6 +235,38 @@ TEST(CompileCountModelTest, RankWeightsFavourTheJobClosestToDone) {
                                  "ranked")));
 }
 
+// A job's staying as it is is credited the whole window, not capped at the
+// work it has left: it frees its nodes when it finishes and the decision
+// its finish triggers gives them on. Same instance, b on n0 with 200
+// samples left (20 node-s, still the shorter: weight 2): staying on 1 node
+// 10 x 100 s / 10 x 2 = 200 (capped, it would be 200 samples / 10 x 2 =
+// 40); growing to 2 is capped: 200 / 10 x 2 = 40. a on n1: 100. a taking
+// both nodes (190) no longer beats b keeping its node (200 + 100).
+TEST(CompileCountModelTest, StayingIsNotCappedByTheWorkLeft) {
+  Problem p = SingleClass(2);
+  p.objective = Objective::kSpeedup;
+  p.rank_weight_exponent = 1;
+  JobSpec a = Job("a", 1, 2, {{0, 0}, {1, 10}, {2, 19}});
+  a.remaining_samples = 10000;
+  JobSpec b = Job("b", 1, 2, {{0, 0}, {1, 10}, {2, 16}});
+  b.remaining_samples = 200;
+  b.current_nodes = {"n0"};
+  p.jobs = {a, b};
+  ASSERT_OK_AND_ASSIGN(CountModel m, CompileCountModel(p));
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[m.jobs[1].current_option].value, 200);
+  EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 40);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 100);
+  EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
+  for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
+    DecideOptions o;
+    o.policy = policy;
+    o.milp.isolation = SolveIsolation::kInProcess;
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    EXPECT_NEAR(d.objective, 300, 1e-9) << PolicyName(policy);
+    EXPECT_THAT(d.allocation.jobs[1].nodes, ElementsAre("n0")) << PolicyName(policy);
+  }
+}
+
 // Aging (Problem::rank_aging) on the same instance: a has 1,000 node-s of
 // work left, b 200. A job's work ranks as work / (1 + age / rank_aging).
 // a aged 3 x rank_aging: 1,000 / 4 = 250 > 200, b still ranks shorter

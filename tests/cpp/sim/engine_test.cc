@@ -823,6 +823,26 @@ TEST(EngineTest, RankWeightsFinishTheShortJobFirst) {
                        HasSubstr("rank_weight_exponent: must be finite and >= 0, got -0.5")));
 }
 
+// A job about to finish keeps its node. One node idle from 0 to 1000 s; S1
+// (1,000 samples at 10/s) at 0, S2 (the same) at 99 s, when S1 has a second
+// left; speedup objective, rank weights, 120-s window. S1 ranks first (10
+// node-s left against 100). Were its staying capped at what it has left, it
+// would be worth 1 s x weight 2 against S2's 120 s x 1, and be stopped at 99
+// s (parked, resumed after S2: done at 209 s). Staying is credited the whole
+// window (its finish frees the node for the next decision): S1 is done at
+// 100 s and S2 at 200 s, no preemption.
+TEST(EngineTest, AJobAboutToFinishKeepsItsNode) {
+  std::vector<MixJob> jobs = {Job("S1", 1, 1, 1000), Job("S2", 1, 1, 1000)};
+  jobs[1].submit_time = absl::FromUnixSeconds(99);
+  SimOptions o = Dp();
+  o.objective = alloc::Objective::kSpeedup;
+  o.rank_weight_exponent = 1;
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace("0,n0,1\n1000,n0,1\n"), jobs, o));
+  EXPECT_THAT(EventsOf(r, "finish"), ElementsAre("100 S1 1->0", "200 S2 1->0"));
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 S1 0->1", "100 S2 0->1"));
+  EXPECT_EQ(r.summary.stops, 0);
+}
+
 // Aging (SimOptions::rank_aging) end to end, by hand: one node idle from 0
 // to 1000 s; jobs of 10 samples/s on their one node: L (3,000 samples, 300
 // node-s) and S1 (1,000) at 0, S2 (1,000) at 90; speedup objective, rank
