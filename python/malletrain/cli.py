@@ -450,8 +450,8 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
                    "(default: off)")
     p.add_argument("--terms-for", default="all", metavar="POLICIES",
                    help="the policies that get --objective, --reclaim-hazard, --hysteresis, "
-                   "--rank-weights and --rank-aging (default all); the others run as published (throughput "
-                   "objective, no terms), e.g. --terms-for dp")
+                   "--rank-weights and --rank-aging (default all); the others run as published "
+                   "(throughput objective, no terms), e.g. --terms-for dp")
     p.add_argument("--terms-forward-window", type=_positive_seconds, metavar="SECONDS",
                    help="the forward window of the policies in --terms-for (default: "
                    "--forward-window)")
