@@ -142,6 +142,18 @@ absl::string_view ResizeCostModelName(ResizeCostModel model) {
   return "unknown";
 }
 
+std::string RankAgingProblem(absl::Duration rank_aging, double rank_weight_exponent) {
+  if (rank_aging <= absl::ZeroDuration()) {
+    return absl::StrCat("must be > 0 (infinite: off), got ", absl::FormatDuration(rank_aging));
+  }
+  if (rank_aging != absl::InfiniteDuration() && rank_weight_exponent <= 0) {
+    return absl::StrCat("is ", absl::FormatDuration(rank_aging),
+                        ", but rank weights are off (rank_weight_exponent = 0): aging changes "
+                        "only their ranking");
+  }
+  return "";
+}
+
 absl::Status ValidateProblem(const Problem& problem) {
   if (problem.forward_window <= absl::ZeroDuration() ||
       problem.forward_window == absl::InfiniteDuration()) {
@@ -166,15 +178,9 @@ absl::Status ValidateProblem(const Problem& problem) {
     return Invalid("rank_weight_exponent",
                    absl::StrCat("must be finite and >= 0, got ", problem.rank_weight_exponent));
   }
-  if (problem.rank_aging <= absl::ZeroDuration()) {
-    return Invalid("rank_aging", absl::StrCat("must be > 0 (infinite: off), got ",
-                                              absl::FormatDuration(problem.rank_aging)));
-  }
-  if (problem.rank_aging != absl::InfiniteDuration() && problem.rank_weight_exponent <= 0) {
-    return Invalid("rank_aging",
-                   absl::StrCat("is ", absl::FormatDuration(problem.rank_aging),
-                                ", but rank weights are off (rank_weight_exponent = 0): aging "
-                                "changes only their ranking"));
+  if (std::string why = RankAgingProblem(problem.rank_aging, problem.rank_weight_exponent);
+      !why.empty()) {
+    return Invalid("rank_aging", why);
   }
 
   absl::flat_hash_set<std::string> class_ids;

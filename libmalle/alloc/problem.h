@@ -182,6 +182,12 @@ struct Problem {
   absl::Duration rank_aging = absl::InfiniteDuration();
 };
 
+// Why `rank_aging` cannot go with `rank_weight_exponent` ("must be > 0
+// (infinite: off), got 0s", "is 1h, but rank weights are off ..."), or empty
+// when it can: the check ValidateProblem, sim::SimOptions and the allocator
+// service's options share, each naming the field its own way.
+std::string RankAgingProblem(absl::Duration rank_aging, double rank_weight_exponent);
+
 // Checks every field; the error (InvalidArgument) names the offending field
 // with its index and id, e.g. `jobs[2] ("vgg").min_nodes = 5 > max_nodes = 3`.
 absl::Status ValidateProblem(const Problem& problem);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "libmalle/alloc/problem.h"
 #include "libmalle/base/check.h"
 #include "libmalle/base/status_macros.h"
 
@@ -133,15 +134,9 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank_weight_exponent: must be finite and >= 0, got ", o.rank_weight_exponent));
   }
-  if (o.rank_aging <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank_aging: must be > 0 (infinite: off), got ",
-                                                   absl::FormatDuration(o.rank_aging)));
-  }
-  if (o.rank_aging != absl::InfiniteDuration() && o.rank_weight_exponent <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank_aging: is ", absl::FormatDuration(o.rank_aging),
-                     ", but rank weights are off (rank_weight_exponent = 0): aging changes only "
-                     "their ranking"));
+  if (std::string why = alloc::RankAgingProblem(o.rank_aging, o.rank_weight_exponent);
+      !why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank_aging: ", why));
   }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
   return ValidatePreemption(o.preemption);

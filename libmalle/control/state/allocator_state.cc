@@ -105,16 +105,8 @@ absl::Status AllocatorStateOptions::Validate() const {
         absl::StrCat("AllocatorStateOptions.rank_weight_exponent must be finite and >= 0, got ",
                      rank_weight_exponent));
   }
-  if (rank_aging <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllocatorStateOptions.rank_aging must be > 0 (infinite: off), got ",
-                     absl::FormatDuration(rank_aging)));
-  }
-  if (rank_aging != absl::InfiniteDuration() && rank_weight_exponent <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllocatorStateOptions.rank_aging is ", absl::FormatDuration(rank_aging),
-                     ", but rank weights are off (rank_weight_exponent = 0): aging changes only "
-                     "their ranking"));
+  if (std::string why = alloc::RankAgingProblem(rank_aging, rank_weight_exponent); !why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("AllocatorStateOptions.rank_aging ", why));
   }
   if (objective == alloc::Objective::kCompletion) {
     return absl::InvalidArgumentError(

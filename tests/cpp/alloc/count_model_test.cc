@@ -40,6 +40,14 @@ Problem SingleClass(int nodes) {
   return p;
 }
 
+// The policy's options, the MILP solved in this process.
+DecideOptions InProcess(PolicyKind policy) {
+  DecideOptions o;
+  o.policy = policy;
+  o.milp.isolation = SolveIsolation::kInProcess;
+  return o;
+}
+
 TEST(CompileCountModelTest, SingleClassHandCheckedValues) {
   Problem p = SingleClass(4);
   JobSpec a = Job("a", 1, 3, {{0, 0}, {1, 10}, {2, 18}, {4, 30}});
@@ -112,10 +120,7 @@ TEST(CompileCountModelTest, CompletionObjectiveValuesShareOfRemainingWork) {
   EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 0.30);
   EXPECT_DOUBLE_EQ(m.jobs[1].options[3].value, 0.45);
   for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
-    DecideOptions o;
-    o.policy = policy;
-    o.milp.isolation = SolveIsolation::kInProcess;
-    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, InProcess(policy)));
     EXPECT_NEAR(d.objective, 1.2, 1e-12) << PolicyName(policy);
     EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 1u) << PolicyName(policy);
     EXPECT_EQ(d.allocation.jobs[1].nodes.size(), 2u) << PolicyName(policy);
@@ -173,10 +178,7 @@ TEST(CompileCountModelTest, RankWeightsFavourTheJobClosestToDone) {
   EXPECT_DOUBLE_EQ(m.jobs[1].options[1].value, 200);
   EXPECT_DOUBLE_EQ(m.jobs[1].options[2].value, 320);
   for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
-    DecideOptions o;
-    o.policy = policy;
-    o.milp.isolation = SolveIsolation::kInProcess;
-    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, InProcess(policy)));
     EXPECT_NEAR(d.objective, 320, 1e-9) << PolicyName(policy);
     EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 0u) << PolicyName(policy);
     EXPECT_EQ(d.allocation.jobs[1].nodes.size(), 2u) << PolicyName(policy);
@@ -258,10 +260,7 @@ TEST(CompileCountModelTest, StayingIsNotCappedByTheWorkLeft) {
   EXPECT_DOUBLE_EQ(m.jobs[0].options[1].value, 100);
   EXPECT_DOUBLE_EQ(m.jobs[0].options[2].value, 190);
   for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
-    DecideOptions o;
-    o.policy = policy;
-    o.milp.isolation = SolveIsolation::kInProcess;
-    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+    ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, InProcess(policy)));
     EXPECT_NEAR(d.objective, 300, 1e-9) << PolicyName(policy);
     EXPECT_THAT(d.allocation.jobs[1].nodes, ElementsAre("n0")) << PolicyName(policy);
   }
@@ -287,10 +286,7 @@ TEST(CompileCountModelTest, AgingRanksALongJobThatWaitedAsShorter) {
   auto nodes_of_a = [](const Problem& problem) {  // the DP's and the MILP's, which agree
     std::vector<size_t> counts;
     for (PolicyKind policy : {PolicyKind::kDp, PolicyKind::kMilp}) {
-      DecideOptions o;
-      o.policy = policy;
-      o.milp.isolation = SolveIsolation::kInProcess;
-      absl::StatusOr<Decision> d = Decide(problem, o);
+      absl::StatusOr<Decision> d = Decide(problem, InProcess(policy));
       EXPECT_THAT(d.status(), IsOk());
       counts.push_back(d.ok() ? d->allocation.jobs[0].nodes.size() : 99);
     }

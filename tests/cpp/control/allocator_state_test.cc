@@ -1053,21 +1053,12 @@ TEST(ObjectiveTermsTest, WorkLeftComesFromTotalStepsAndTheReports) {
 // "new" (kT0 + 1 h, 700 x 32 = 224 node-s), decided at kT0 + 2 h: without
 // aging "new" is shorter and takes the one node; aged over 1 h, "old" ranks
 // as 288 / 3 = 96 and "new" as 224 / 2 = 112, and "old" takes it.
-TEST(ObjectiveTermsTest, AgingCountsFromTheJobSubmit) {
+TEST_F(AllocatorStateTest, AgingCountsFromTheJobSubmit) {
   AllocatorStateOptions o;
   o.objective = alloc::Objective::kSpeedup;
   o.rank_weight_exponent = 1;
-  uint64_t seq = 0;
   auto holder = [&](const AllocatorStateOptions& options) {
-    AllocatorState state(options);
-    auto apply = [&](const std::string& sender, Message m, absl::Time at) {
-      Envelope e;
-      e.sender = sender;
-      e.seq = ++seq;
-      e.ts = at;
-      e.message = std::move(m);
-      return state.Apply(e, at).status();
-    };
+    state_ = AllocatorState(options);
     const absl::Time submitted[] = {kT0, kT0 + absl::Hours(1)};
     const char* ids[] = {"old", "new"};
     for (int k = 0; k < 2; ++k) {
@@ -1077,31 +1068,21 @@ TEST(ObjectiveTermsTest, AgingCountsFromTheJobSubmit) {
       s.min_nodes = 1;
       s.max_nodes = 1;
       s.total_steps = 1000;
-      EXPECT_OK(apply("client", s, submitted[k]));
+      EXPECT_OK(state_.Apply(From("client", s, submitted[k]), submitted[k]).status());
     }
     const absl::Time now = kT0 + absl::Hours(2);
-    NodeRegister r;  // now: an agent silent since kT0 would be withdrawn
-    r.node = "n0";
-    r.agent = "agent.n0";
-    EXPECT_OK(apply(r.agent, r, now));
-    EXPECT_OK(apply("old.m0", ReportAt("old", 100, 32), now));
-    EXPECT_OK(apply("new.m0", ReportAt("new", 300, 32), now));
-    alloc::Problem p = state.BuildProblem(now);
+    EXPECT_OK(Register("n0", now).status());  // now: an agent silent since kT0 is withdrawn
+    EXPECT_OK(state_.Apply(From("old.m0", ReportAt("old", 100, 32), now), now).status());
+    EXPECT_OK(state_.Apply(From("new.m0", ReportAt("new", 300, 32), now), now).status());
+    alloc::Problem p = state_.BuildProblem(now);
     EXPECT_OK(alloc::ValidateProblem(p));
     std::map<std::string, absl::Duration> age;
     for (const alloc::JobSpec& j : p.jobs) age[j.id] = j.age;
     EXPECT_EQ(age["old"], absl::Hours(2));
     EXPECT_EQ(age["new"], absl::Hours(1));
     EXPECT_EQ(p.rank_aging, options.rank_aging);
-    alloc::DecideOptions d;
-    d.policy = alloc::PolicyKind::kDp;
-    absl::StatusOr<alloc::Decision> decision = alloc::Decide(p, d);
-    EXPECT_OK(decision.status());
-    std::string holds;
-    for (const alloc::JobAllocation& j : decision->allocation.jobs) {
-      if (!j.nodes.empty()) holds = j.job_id;
-    }
-    return holds;
+    DecideAndAdopt(now);
+    return Job("old").nodes.empty() ? (Job("new").nodes.empty() ? "" : "new") : "old";
   };
   EXPECT_EQ(holder(o), "new");
   o.rank_aging = absl::Hours(1);
