@@ -16,31 +16,123 @@ constexpr double kUnreachable = -std::numeric_limits<double>::infinity();
 
 // Options of `job` in the order the DP tries them: the current allocation
 // first, so that among equally good answers the DP keeps the job where it is.
-std::vector<int> OptionOrder(const JobModel& job) {
+// An option is left out where one tried before it takes no more nodes and is
+// worth at least as much. That one is never picked: best[] never decreases
+// with the count (it is the best of at most c nodes), so the earlier option
+// offers at least as much at every count, and only a strictly better value
+// replaces an earlier one. The answers stay the same to the bit. (With rank
+// weights a job's work left caps what it can gain, and the reclaim hazard
+// grows with the count, so the larger counts of a job about to finish are
+// worth less than a smaller one: 13 % of the DP's work on a year of Theta.)
+std::vector<int> RelaxOrder(const JobModel& job) {
+  const int num_options = static_cast<int>(job.options.size());
   std::vector<int> order;
+  order.reserve(num_options);
+  const Option& current = job.options[job.current_option];
   order.push_back(job.current_option);
-  for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
-    if (o != job.current_option) order.push_back(o);
+  // The options after the current one come by index. While their counts
+  // ascend, the best of those kept so far is the best with at most this
+  // count; otherwise every kept one is compared.
+  bool ascending = true;
+  int last_nodes = -1;
+  double best_before = kUnreachable;
+  for (int o = 0; o < num_options; ++o) {
+    if (o == job.current_option) continue;
+    const Option& option = job.options[o];
+    ascending = ascending && option.nodes >= last_nodes;
+    last_nodes = option.nodes;
+    bool dominated = current.nodes <= option.nodes && current.value >= option.value;
+    if (!dominated && ascending) {
+      dominated = best_before >= option.value;
+    } else if (!dominated) {
+      for (const int k : order) {
+        const Option& kept = job.options[k];
+        if (kept.nodes <= option.nodes && kept.value >= option.value) {
+          dominated = true;
+          break;
+        }
+      }
+    }
+    if (dominated) continue;
+    order.push_back(o);
+    best_before = std::max(best_before, option.value);
   }
   return order;
 }
 
-// to[k] = max(to[k], from[k] + value) for k < count, pick[k] = o where the
-// new value is strictly better: the DP's inner loop (the replay of a year
-// at 36,036 jobs spent 78 % of its time here). Contiguous memory without a
-// branch, which the compiler vectorises; on x86-64 it is also built for
-// AVX2 and the loader picks that where the CPU has it (4 doubles a step
-// instead of SSE2's 2). The same adds and compares either way, so the same
-// answers to the bit.
+// to[k] = max(to[k], from[k] + value) for k < count, where the new value is
+// strictly better: the DP's inner loop (a year of Theta with rank weights
+// spends half its time here). Contiguous memory without a branch, which the
+// compiler vectorises; on x86-64 it is also built for AVX2 and the loader
+// picks that where the CPU has it (4 doubles a step instead of SSE2's 2).
+// The same adds and compares either way, so the same answers to the bit.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-void Relax(const double* from, double value, int o, int count, double* to, int32_t* pick) {
+void Relax(const double* from, double value, int count, double* to) {
   for (int k = 0; k < count; ++k) {
     const double candidate = from[k] + value;
-    const bool better = candidate > to[k];
-    to[k] = better ? candidate : to[k];
-    pick[k] = better ? o : pick[k];
+    to[k] = candidate > to[k] ? candidate : to[k];
+  }
+}
+
+// Relax for kGroup options at once, in their order at each k: to[k] is
+// loaded and stored once per group instead of once per option. The same
+// compares in the same order as kGroup calls of Relax, so the same values
+// to the bit.
+constexpr int kGroup = 4;
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void RelaxGroup(const double* const* from, const double* value, int count, double* to) {
+  const double* f[kGroup];
+  double v[kGroup];
+  for (int g = 0; g < kGroup; ++g) {
+    f[g] = from[g];
+    v[g] = value[g];
+  }
+  for (int k = 0; k < count; ++k) {
+    double t = to[k];
+#pragma GCC unroll 16
+    for (int g = 0; g < kGroup; ++g) {
+      const double candidate = f[g][k] + v[g];
+      t = candidate > t ? candidate : t;
+    }
+    to[k] = t;
+  }
+}
+
+// to[c - first] = max over `order`'s options o of best[c - n_o] + value_o,
+// for c in [first, last] (options relax only the counts they fit in).
+void RelaxJob(const JobModel& job, const std::vector<int>& order, const double* best, int first,
+              int last, double* to) {
+  size_t i = 0;
+  for (; i + kGroup <= order.size(); i += kGroup) {
+    // Each option's head alone (in order), then the band all of the group
+    // reach, in one pass.
+    int start = first;
+    for (int g = 0; g < kGroup; ++g) start = std::max(start, job.options[order[i + g]].nodes);
+    start = std::min(start, last + 1);
+    const double* from[kGroup];
+    double value[kGroup];
+    for (int g = 0; g < kGroup; ++g) {
+      const Option& option = job.options[order[i + g]];
+      const int n = option.nodes;
+      value[g] = option.value;
+      const int from_c = std::max(first, n);
+      if (from_c < start) {
+        Relax(best + from_c - n, value[g], start - from_c, to + (from_c - first));
+      }
+      from[g] = start <= last ? best + start - n : nullptr;
+    }
+    if (start <= last) RelaxGroup(from, value, last - start + 1, to + (start - first));
+  }
+  for (; i < order.size(); ++i) {
+    const Option& option = job.options[order[i]];
+    const int from_c = std::max(first, option.nodes);
+    if (from_c > last) continue;
+    Relax(best + from_c - option.nodes, option.value, last - from_c + 1, to + (from_c - first));
   }
 }
 
@@ -76,31 +168,25 @@ PolicyResult SolveSinglePool(const CountModel& model) {
       lo[j] = static_cast<int>(std::max<long long>(0, capacity - after));
     }
   }
-  std::vector<double> best(capacity + 1, 0.0), next(capacity + 1);
-  // choice: per job, the option of each c in its band [lo, hi].
+  // table: per job, best[c] after it for each c in its band [lo, hi]. Only
+  // values are kept; the walk back finds each job's option again from them
+  // (a pick per c cost the inner loop a blend and the shuffles narrowing
+  // its mask, for each option at each c).
   std::vector<size_t> row_start(num_jobs + 1, 0);
   for (int j = 0; j < num_jobs; ++j) row_start[j + 1] = row_start[j] + (hi[j] - lo[j] + 1);
-  std::vector<int32_t> choice(row_start[num_jobs]);
+  std::vector<double> table(row_start[num_jobs]);
+  std::vector<double> best(capacity + 1, 0.0);
+  std::vector<std::vector<int>> orders(num_jobs);
   int prev_hi = 0;  // best is valid on [.., prev_hi] and constant above it
   for (int j = 0; j < num_jobs; ++j) {
-    const JobModel& job = model.jobs[j];
     const int first = lo[j], last = hi[j];
     // best above the previous band's top, as far as this job reads it.
     std::fill(best.begin() + prev_hi + 1, best.begin() + last + 1, best[prev_hi]);
-    int32_t* row = choice.data() + row_start[j];  // row[c - first], c in [first, last]
-    std::fill(next.begin() + first, next.begin() + last + 1, kUnreachable);
-    std::fill(row, row + (last - first + 1), 0);
-    // Option by option (in OptionOrder, so that the first of equally good
-    // options wins, as before), each over every capacity of the band it fits.
-    for (const int o : OptionOrder(job)) {
-      const int n = job.options[o].nodes;
-      const double value = job.options[o].value;
-      const int from_c = std::max(first, n);
-      const double* from = best.data() + from_c - n;
-      double* to = next.data() + from_c;
-      Relax(from, value, o, last - from_c + 1, to, row + (from_c - first));
-    }
-    best.swap(next);
+    double* row = table.data() + row_start[j];  // row[c - first], c in [first, last]
+    std::fill(row, row + (last - first + 1), kUnreachable);
+    orders[j] = RelaxOrder(model.jobs[j]);
+    RelaxJob(model.jobs[j], orders[j], best.data(), first, last, row);
+    std::copy(row, row + (last - first + 1), best.begin() + first);
     prev_hi = last;
   }
   CountSolution solution;
@@ -109,7 +195,25 @@ PolicyResult SolveSinglePool(const CountModel& model) {
   int c = capacity;
   for (int j = num_jobs - 1; j >= 0; --j) {
     c = std::min(c, hi[j]);  // above the band, the band's top decides
-    const int o = choice[row_start[j] + (c - lo[j])];
+    // The option the forward pass took at c: the first in its order whose
+    // value from the row before equals the best, computed with the same add,
+    // as only a strictly better value replaced an earlier one. Option 0
+    // where no option reaches c.
+    const double reached = table[row_start[j] + (c - lo[j])];
+    int o = 0;
+    if (reached != kUnreachable) {
+      for (const int candidate : orders[j]) {
+        const Option& option = model.jobs[j].options[candidate];
+        if (option.nodes > c) continue;
+        const int at = c - option.nodes;
+        const double before =
+            j == 0 ? 0.0 : table[row_start[j - 1] + (std::min(at, hi[j - 1]) - lo[j - 1])];
+        if (before + option.value == reached) {
+          o = candidate;
+          break;
+        }
+      }
+    }
     solution.option[j] = o;
     const int n = model.jobs[j].options[o].nodes;
     if (num_pools > 0) solution.per_pool[j][0] = n;

@@ -1,5 +1,7 @@
 #include "libmalle/alloc/dp.h"
 
+#include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -185,6 +187,93 @@ TEST(DpTest, SinglePoolEqualsExhaustiveSearchAtEveryCapacity) {
   // Both sides of the band were exercised.
   EXPECT_GT(below_demand, 50);
   EXPECT_GT(above_demand, 20);
+}
+
+// The textbook single-pool DP the fast one must equal to the bit: every
+// count from 0 to the capacity, each option in turn (the current one first,
+// then by index), a pick per count replaced only by a strictly better value.
+// `ties`: jobs on the way back where another option was worth as much.
+std::vector<int> PlainKnapsack(const CountModel& m, int* ties) {
+  const int capacity = m.pools[0].capacity;
+  std::vector<std::vector<double>> best(m.jobs.size() + 1, std::vector<double>(capacity + 1));
+  std::vector<std::vector<int>> pick(m.jobs.size(), std::vector<int>(capacity + 1, 0));
+  for (size_t j = 0; j < m.jobs.size(); ++j) {
+    const JobModel& job = m.jobs[j];
+    std::vector<int> order = {job.current_option};
+    for (int o = 0; o < static_cast<int>(job.options.size()); ++o) {
+      if (o != job.current_option) order.push_back(o);
+    }
+    std::vector<double>& next = best[j + 1];
+    std::fill(next.begin(), next.end(), -std::numeric_limits<double>::infinity());
+    for (int o : order) {
+      for (int c = job.options[o].nodes; c <= capacity; ++c) {
+        const double candidate = best[j][c - job.options[o].nodes] + job.options[o].value;
+        if (candidate > next[c]) {
+          next[c] = candidate;
+          pick[j][c] = o;
+        }
+      }
+    }
+  }
+  std::vector<int> option(m.jobs.size());
+  int c = capacity;
+  for (int j = static_cast<int>(m.jobs.size()) - 1; j >= 0; --j) {
+    option[j] = pick[j][c];
+    int as_good = 0;
+    for (const Option& o : m.jobs[j].options) {
+      as_good += o.nodes <= c && best[j][c - o.nodes] + o.value == best[j + 1][c];
+    }
+    *ties += as_good > 1;
+    c -= m.jobs[j].options[option[j]].nodes;
+  }
+  return option;
+}
+
+// The fast DP keeps no pick per count (it finds each job's option again
+// from the values on the way back), relaxes several options in one pass,
+// skips options a cheaper earlier one is worth at least as much as, and
+// reads only a band of counts. None of that may change which option it
+// picks, ties included: models with a handful of values (many ties and
+// dominated options), sums that round, the current option anywhere, and
+// options out of count order.
+TEST(DpTest, SinglePoolPicksWhatThePlainKnapsackPicks) {
+  std::mt19937 rng(20261129);
+  int ties = 0;
+  for (int rep = 0; rep < 400; ++rep) {
+    CountModel m;
+    const int num_jobs = 1 + static_cast<int>(rng() % 7);
+    int demand = 0;
+    for (int j = 0; j < num_jobs; ++j) {
+      JobModel job;
+      job.options.push_back(Option{});  // stop
+      if (rng() % 3 == 0) job.options[0].value = -0.5 * (rng() % 3);
+      const int min = 1 + static_cast<int>(rng() % 3);
+      const int max = min + static_cast<int>(rng() % 12);
+      for (int n = min; n <= max; ++n) {
+        if (rng() % 5 == 0) continue;  // not every count is an option
+        Option o;
+        o.nodes = n;
+        o.pattern = 0;
+        // Few distinct values (ties, dominated options); every other model
+        // in tenths, whose sums round.
+        o.value = rep % 2 == 0 ? 0.5 * (rng() % 6) : 0.1 * (rng() % 40) + 0.7;
+        job.options.push_back(o);
+      }
+      if (rep % 5 == 0) std::shuffle(job.options.begin() + 1, job.options.end(), rng);
+      job.current_option = static_cast<int>(rng() % job.options.size());
+      demand += max;
+      m.jobs.push_back(std::move(job));
+    }
+    Pool pool;
+    pool.capacity = 1 + static_cast<int>(rng() % (demand + 3));
+    m.pools.push_back(pool);
+    m.total_nodes = pool.capacity;
+    ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveDp(m));
+    const std::vector<int> plain = PlainKnapsack(m, &ties);
+    EXPECT_EQ(r.solution.option, plain) << "rep " << rep;
+    EXPECT_EQ(r.solution.objective, SolutionObjective(m, plain)) << "rep " << rep;
+  }
+  EXPECT_GT(ties, 100);
 }
 
 TEST(DpTest, MultiPoolRefusesHugeStateSpaces) {
