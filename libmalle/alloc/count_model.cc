@@ -312,6 +312,8 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
       stop.value = -scale * job.current_samples_per_s * down;
     }
     if (cur > 0) stop.value -= spec.stop_penalty;
+    job.options.reserve(
+        1 + patterns.size() * static_cast<size_t>(std::max(0, job.max_nodes - job.min_nodes + 1)));
     job.options.push_back(stop);
 
     for (const Pattern& pat : patterns) {

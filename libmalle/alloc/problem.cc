@@ -60,28 +60,28 @@ absl::Status ValidateDuration(const std::string& where, absl::Duration d, bool a
   return CheckDuration([&where] { return where; }, d, allow_infinite);
 }
 
-absl::Status ValidateCurve(const std::string& where, const Curve& curve, int min_nodes,
-                           int max_nodes) {
-  if (curve.empty()) return Invalid(where, "has no breakpoints");
+template <typename Where>
+absl::Status CheckCurve(const Where& where, const Curve& curve, int min_nodes, int max_nodes) {
+  if (curve.empty()) return Invalid(where(), "has no breakpoints");
   for (size_t k = 0; k < curve.size(); ++k) {
     const Breakpoint& b = curve[k];
-    const std::string at = absl::StrFormat("%s[%d]", where, k);
-    if (b.nodes < 0) return Invalid(at, absl::StrCat("nodes must be >= 0, got ", b.nodes));
+    auto at = [&where, k] { return absl::StrFormat("%s[%d]", where(), k); };
+    if (b.nodes < 0) return Invalid(at(), absl::StrCat("nodes must be >= 0, got ", b.nodes));
     if (!std::isfinite(b.samples_per_s) || b.samples_per_s < 0) {
-      return Invalid(at, absl::StrCat("samples_per_s must be finite and >= 0, got ",
-                                      b.samples_per_s));
+      return Invalid(at(),
+                     absl::StrCat("samples_per_s must be finite and >= 0, got ", b.samples_per_s));
     }
     if (k > 0 && b.nodes <= curve[k - 1].nodes) {
-      return Invalid(at, absl::StrFormat(
-                             "breakpoints must have strictly increasing nodes; %d follows %d",
-                             b.nodes, curve[k - 1].nodes));
+      return Invalid(
+          at(), absl::StrFormat("breakpoints must have strictly increasing nodes; %d follows %d",
+                                b.nodes, curve[k - 1].nodes));
     }
   }
   if (curve.front().nodes > min_nodes || curve.back().nodes < max_nodes) {
-    return Invalid(where, absl::StrFormat("breakpoints cover nodes [%d, %d] but the job needs "
-                                          "[min_nodes, max_nodes] = [%d, %d]",
-                                          curve.front().nodes, curve.back().nodes, min_nodes,
-                                          max_nodes));
+    return Invalid(where(),
+                   absl::StrFormat("breakpoints cover nodes [%d, %d] but the job needs "
+                                   "[min_nodes, max_nodes] = [%d, %d]",
+                                   curve.front().nodes, curve.back().nodes, min_nodes, max_nodes));
   }
   return absl::OkStatus();
 }
@@ -227,89 +227,94 @@ absl::Status ValidateProblem(const Problem& problem) {
                                         node.expected_idle, /*allow_infinite=*/true));
   }
 
-  absl::flat_hash_set<std::string> job_ids;
+  absl::flat_hash_set<absl::string_view> job_ids;
+  job_ids.reserve(problem.jobs.size());
   absl::flat_hash_map<absl::string_view, absl::string_view> holder;  // node id -> job naming it
   for (size_t j = 0; j < problem.jobs.size(); ++j) {
     const JobSpec& job = problem.jobs[j];
-    const std::string name = JobName(j, job);
-    MALLE_RETURN_IF_ERROR(ValidateIdString(absl::StrFormat("jobs[%d].id", j), job.id));
+    // Named only for an error, as the nodes above: a replay decides
+    // hundreds of thousands of times over a hundred jobs each.
+    auto name = [j, &job] { return JobName(j, job); };
+    MALLE_RETURN_IF_ERROR(CheckIdString([j] { return absl::StrFormat("jobs[%d].id", j); }, job.id));
     if (!job_ids.insert(job.id).second) {
       return Invalid(absl::StrFormat("jobs[%d].id", j),
                      absl::StrFormat("duplicate job id \"%s\"", job.id));
     }
     if (job.min_nodes < 1) {
-      return Invalid(name + ".min_nodes", absl::StrCat("must be >= 1, got ", job.min_nodes));
+      return Invalid(name() + ".min_nodes", absl::StrCat("must be >= 1, got ", job.min_nodes));
     }
     if (job.min_nodes > job.max_nodes) {
-      return Invalid(name, absl::StrFormat("min_nodes = %d > max_nodes = %d", job.min_nodes,
-                                           job.max_nodes));
+      return Invalid(
+          name(), absl::StrFormat("min_nodes = %d > max_nodes = %d", job.min_nodes, job.max_nodes));
     }
     if (job.batch_options.empty()) {
-      MALLE_RETURN_IF_ERROR(
-          ValidateCurve(name + ".throughput", job.throughput, job.min_nodes, job.max_nodes));
+      MALLE_RETURN_IF_ERROR(CheckCurve([&name] { return name() + ".throughput"; }, job.throughput,
+                                       job.min_nodes, job.max_nodes));
       if (job.current_batch_option != 0) {
-        return Invalid(name + ".current_batch_option",
+        return Invalid(name() + ".current_batch_option",
                        absl::StrCat("must be 0 when the job has no batch_options, got ",
                                     job.current_batch_option));
       }
     } else {
       if (!job.throughput.empty()) {
-        return Invalid(name + ".throughput",
+        return Invalid(name() + ".throughput",
                        "must be empty when batch_options are given (each option has its curve)");
       }
       absl::flat_hash_set<std::string> option_names;
       for (size_t b = 0; b < job.batch_options.size(); ++b) {
-        const std::string where = absl::StrFormat("%s.batch_options[%d]", name, b);
+        auto where = [&name, b] { return absl::StrFormat("%s.batch_options[%d]", name(), b); };
         MALLE_RETURN_IF_ERROR(
-            ValidateIdString(where + ".name", job.batch_options[b].name));
+            CheckIdString([&where] { return where() + ".name"; }, job.batch_options[b].name));
         if (!option_names.insert(job.batch_options[b].name).second) {
-          return Invalid(where + ".name", absl::StrFormat("duplicate batch option \"%s\"",
-                                                          job.batch_options[b].name));
+          return Invalid(where() + ".name", absl::StrFormat("duplicate batch option \"%s\"",
+                                                            job.batch_options[b].name));
         }
-        MALLE_RETURN_IF_ERROR(ValidateCurve(
-            where + ".throughput", job.batch_options[b].throughput, job.min_nodes, job.max_nodes));
+        MALLE_RETURN_IF_ERROR(CheckCurve([&where] { return where() + ".throughput"; },
+                                         job.batch_options[b].throughput, job.min_nodes,
+                                         job.max_nodes));
       }
       if (job.current_batch_option < 0 ||
           job.current_batch_option >= static_cast<int>(job.batch_options.size())) {
-        return Invalid(name + ".current_batch_option",
+        return Invalid(name() + ".current_batch_option",
                        absl::StrFormat("must be in [0, %d], got %d", job.batch_options.size() - 1,
                                        job.current_batch_option));
       }
     }
-    MALLE_RETURN_IF_ERROR(ValidateDuration(name + ".resize_up_pause",
-                                                     job.resize_up_pause, /*allow_infinite=*/false));
-    MALLE_RETURN_IF_ERROR(ValidateDuration(
-        name + ".resize_down_pause", job.resize_down_pause, /*allow_infinite=*/false));
+    MALLE_RETURN_IF_ERROR(CheckDuration([&name] { return name() + ".resize_up_pause"; },
+                                        job.resize_up_pause, /*allow_infinite=*/false));
+    MALLE_RETURN_IF_ERROR(CheckDuration([&name] { return name() + ".resize_down_pause"; },
+                                        job.resize_down_pause, /*allow_infinite=*/false));
     if (!std::isfinite(job.weight) || job.weight < 0) {
-      return Invalid(name + ".weight", absl::StrCat("must be finite and >= 0, got ", job.weight));
+      return Invalid(name() + ".weight", absl::StrCat("must be finite and >= 0, got ", job.weight));
     }
     if (!std::isfinite(job.remaining_samples) || job.remaining_samples < 0) {
-      return Invalid(name + ".remaining_samples",
+      return Invalid(name() + ".remaining_samples",
                      absl::StrCat("must be finite and >= 0, got ", job.remaining_samples));
     }
     if (problem.objective == Objective::kCompletion && job.remaining_samples <= 0) {
-      return Invalid(name + ".remaining_samples",
+      return Invalid(name() + ".remaining_samples",
                      "must be > 0 for the completion objective (it values work as a share of "
                      "what is left)");
     }
     if (problem.rank_weight_exponent > 0 && job.remaining_samples <= 0) {
-      return Invalid(name + ".remaining_samples",
+      return Invalid(name() + ".remaining_samples",
                      "must be > 0 with rank_weight_exponent > 0 (jobs are ranked by the work "
                      "they have left)");
     }
-    MALLE_RETURN_IF_ERROR(ValidateDuration(name + ".age", job.age, /*allow_infinite=*/false));
+    MALLE_RETURN_IF_ERROR(
+        CheckDuration([&name] { return name() + ".age"; }, job.age, /*allow_infinite=*/false));
     if (!std::isfinite(job.stop_penalty) || job.stop_penalty < 0) {
-      return Invalid(name + ".stop_penalty",
+      return Invalid(name() + ".stop_penalty",
                      absl::StrCat("must be finite and >= 0, got ", job.stop_penalty));
     }
     if (static_cast<int>(job.current_nodes.size()) > job.max_nodes) {
-      return Invalid(name + ".current_nodes",
+      return Invalid(name() + ".current_nodes",
                      absl::StrFormat("holds %d nodes, more than max_nodes = %d",
                                      job.current_nodes.size(), job.max_nodes));
     }
     for (size_t k = 0; k < job.current_nodes.size(); ++k) {
       const std::string& node = job.current_nodes[k];
-      auto where = [&name, k] { return absl::StrFormat("%s.current_nodes[%d]", name, k); };
+      auto where = [&name, k] { return absl::StrFormat("%s.current_nodes[%d]", name(), k); };
       if (!node_ids.contains(node)) {
         return Invalid(where(), absl::StrFormat("unknown node \"%s\" (not in nodes)", node));
       }
