@@ -23,7 +23,8 @@ constexpr double kUnreachable = -std::numeric_limits<double>::infinity();
 // replaces an earlier one. The answers stay the same to the bit. (With rank
 // weights a job's work left caps what it can gain, and the reclaim hazard
 // grows with the count, so the larger counts of a job about to finish are
-// worth less than a smaller one: 13 % of the DP's work on a year of Theta.)
+// worth less than a smaller one: 13 % of the DP's work over the first 300
+// hours of a year of Theta.)
 std::vector<int> RelaxOrder(const JobModel& job) {
   const int num_options = static_cast<int>(job.options.size());
   std::vector<int> order;
@@ -61,8 +62,8 @@ std::vector<int> RelaxOrder(const JobModel& job) {
 }
 
 // to[k] = max(to[k], from[k] + value) for k < count, where the new value is
-// strictly better: the DP's inner loop (a year of Theta with rank weights
-// spends half its time here). Contiguous memory without a branch, which the
+// strictly better: the DP's inner loop (with the group below, a third of a
+// year of Theta's replay with rank weights). Contiguous memory without a branch, which the
 // compiler vectorises; on x86-64 it is also built for AVX2 and the loader
 // picks that where the CPU has it (4 doubles a step instead of SSE2's 2).
 // The same adds and compares either way, so the same answers to the bit.
