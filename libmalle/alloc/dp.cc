@@ -63,10 +63,11 @@ std::vector<int> RelaxOrder(const JobModel& job) {
 
 // to[k] = max(to[k], from[k] + value) for k < count, where the new value is
 // strictly better: the DP's inner loop (with the group below, a third of a
-// year of Theta's replay with rank weights). Contiguous memory without a branch, which the
-// compiler vectorises; on x86-64 it is also built for AVX2 and the loader
-// picks that where the CPU has it (4 doubles a step instead of SSE2's 2).
-// The same adds and compares either way, so the same answers to the bit.
+// year of Theta's replay with rank weights). Contiguous memory without a
+// branch, which the compiler vectorises; on x86-64 it is also built for AVX2
+// and the loader picks that where the CPU has it (4 doubles a step instead
+// of SSE2's 2). The same adds and compares either way, so the same answers
+// to the bit.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 __attribute__((target_clones("avx2", "default")))
 #endif

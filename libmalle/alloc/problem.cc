@@ -26,8 +26,8 @@ absl::Status Invalid(const std::string& where, const std::string& what) {
 }
 
 // Check*: `where` is a callable giving the entry's name, called only for an
-// error (the per-node checks of a ~50,000-node problem run on every
-// decision); Validate*: the same with the name given.
+// error (the per-node and per-job checks run on every decision);
+// ValidateIdString: the same with the name given.
 template <typename Where>
 absl::Status CheckIdString(const Where& where, const std::string& id) {
   if (id.empty()) return Invalid(where(), "must not be empty");
@@ -54,10 +54,6 @@ absl::Status CheckDuration(const Where& where, absl::Duration d, bool allow_infi
   }
   if (!allow_infinite && d == absl::InfiniteDuration()) return Invalid(where(), "must be finite");
   return absl::OkStatus();
-}
-
-absl::Status ValidateDuration(const std::string& where, absl::Duration d, bool allow_infinite) {
-  return CheckDuration([&where] { return where; }, d, allow_infinite);
 }
 
 template <typename Where>
