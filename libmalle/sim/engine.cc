@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libmalle/alloc/problem.h"
 #include "libmalle/base/check.h"
@@ -37,6 +40,9 @@ struct JobState {
   bool submitted = false, finished = false;
   double done = 0;
   std::vector<int> nodes;  // held, in holding order
+  // The factor on the curve's rate the held nodes give (Replay::SpeedOf): 1
+  // without node classes.
+  double speed = 1.0;
   double paused_until = -kInf;
   double size_since = 0;           // when the current size started
   std::map<int, double> observed;  // learned mode: size -> measured rate
@@ -139,6 +145,37 @@ absl::Status ValidateOptions(const SimOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("rank_aging: ", why));
   }
   if (o.start >= o.end) return absl::InvalidArgumentError("start: must be before end");
+  if (!(o.cross_locality_factor > 0 && o.cross_locality_factor <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_locality_factor: must be in (0, 1], got ", o.cross_locality_factor));
+  }
+  double shares = 0;
+  absl::flat_hash_set<std::string> class_ids;
+  for (size_t k = 0; k < o.node_classes.size(); ++k) {
+    const NodeClassShare& c = o.node_classes[k];
+    const std::string field = absl::StrCat("node_classes[", k, "]");
+    if (c.node_class.id.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".id: must not be empty"));
+    }
+    if (!class_ids.insert(c.node_class.id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".id: \"", c.node_class.id, "\" names two classes"));
+    }
+    if (!(std::isfinite(c.node_class.speed) && c.node_class.speed > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " (", c.node_class.id,
+                                                     ").speed: must be finite and > 0, got ",
+                                                     c.node_class.speed));
+    }
+    if (!(std::isfinite(c.share) && c.share > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " (", c.node_class.id, ").share: must be finite and > 0, got ", c.share));
+    }
+    shares += c.share;
+  }
+  if (!o.node_classes.empty() && std::abs(shares - 1) > 1e-9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_classes: the shares must sum to 1, they sum to ", shares));
+  }
   return ValidatePreemption(o.preemption);
 }
 
@@ -157,13 +194,26 @@ class Replay {
   absl::StatusOr<SimResult> Run();
 
  private:
-  double Rate(const JobState& j, int n) const { return alloc::Interpolate(j.mix->throughput, n); }
+  // Samples/s of job j on n nodes whose class factor is `speed` (SpeedOf).
+  static double Rate(const JobState& j, int n, double speed) {
+    return alloc::Interpolate(j.mix->throughput, n) * speed;
+  }
+  // At the nodes the job holds now.
+  static double RateNow(const JobState& j) {
+    return Rate(j, static_cast<int>(j.nodes.size()), j.speed);
+  }
+  // The smallest speed among `nodes`, times the cross-locality factor when
+  // they span several groups (SimOptions::node_classes); 1 without classes.
+  double SpeedOf(const std::vector<int>& nodes) const;
   void Advance(double to);
   void Record(const char* kind, int job, int node, int before, int after, double ms = 0);
   // `forced`: a reclaim, not the policy's decision (for the loss split).
-  void ChargeResize(JobState& j, int before, int after, bool forced);
-  // What a stop costs (SimOptions::preemption), `before` = nodes held before.
-  void ChargeStop(JobState& j, int before);
+  // `speed_before`: the factor of the nodes held before (j.speed is the
+  // new one's).
+  void ChargeResize(JobState& j, int before, double speed_before, int after, bool forced);
+  // What a stop costs (SimOptions::preemption), `before` = nodes held before,
+  // at factor `speed_before`.
+  void ChargeStop(JobState& j, int before, double speed_before);
   // What a restart costs (reading the stored state), `after` = nodes now.
   void ChargeRestart(JobState& j, int after);
   void TakeSnapshots(JobState& j, double r, double to);
@@ -191,6 +241,9 @@ class Replay {
   double now_ = 0, end_ = 0;
   std::vector<char> idle_;
   std::vector<int> holder_;      // job index holding each node, -1 if none
+  // Per node: its class in SimOptions::node_classes (empty without classes)
+  // and that class's locality group, numbered.
+  std::vector<int> node_class_, node_group_;
   absl::flat_hash_map<std::string, int> node_index_;
   std::vector<double> idle_since_;
   std::vector<double> next_busy_;  // oracle forecast, per node (replay seconds)
@@ -245,29 +298,42 @@ void Replay::Advance(double to) {
   for (int rank : running_) {
     JobState& j = jobs_[by_rank_[rank]];
     const int n = static_cast<int>(j.nodes.size());
-    const double r = Rate(j, n);
+    const double r = RateNow(j);
     const double training = to - std::max(now_, std::min(to, j.paused_until));
     if (j.next_snap <= to) TakeSnapshots(j, r, to);
     j.done += r * std::max(0.0, training);
     j.out.ideal_samples += r * dt;
     j.out.node_seconds += n * dt;
     if (options_.curves == CurveMode::kLearned && to - j.size_since >= warmup) {
-      j.observed[n] = r;  // what the job's own step timer would report
+      // What the job's own step timer would report, per unit of speed (the
+      // allocator applies the nodes' classes to the curve).
+      j.observed[n] = r / j.speed;
     }
   }
   now_ = to;
 }
 
-void Replay::ChargeResize(JobState& j, int before, int after, bool forced) {
+double Replay::SpeedOf(const std::vector<int>& nodes) const {
+  if (node_class_.empty() || nodes.empty()) return 1.0;
+  double speed = kInf;
+  bool one_group = true;
+  for (int node : nodes) {
+    speed = std::min(speed, options_.node_classes[node_class_[node]].node_class.speed);
+    one_group = one_group && node_group_[node] == node_group_[nodes[0]];
+  }
+  return one_group ? speed : speed * options_.cross_locality_factor;
+}
+
+void Replay::ChargeResize(JobState& j, int before, double speed_before, int after, bool forced) {
   const double pause = Sec(after > before ? j.mix->rescale_up : j.mix->rescale_down);
   double lost = 0;
   if (options_.accounting == Accounting::kBftrainer) {
-    lost = Rate(j, before) * pause;  // r(0) = 0: a start is free
+    lost = Rate(j, before, speed_before) * pause;  // r(0) = 0: a start is free
     j.done -= lost;
   } else {
     // Training stops for the pause (at the new size; a pause still running
     // is cut short by the new one).
-    lost = Rate(j, after) * pause;
+    lost = Rate(j, after, j.speed) * pause;
     j.paused_until = now_ + pause;
   }
   (forced ? summary_.lost_to_reclaims : summary_.lost_to_resizes) += lost;
@@ -291,7 +357,7 @@ void Replay::TakeSnapshots(JobState& j, double r, double to) {
   j.stored = true;
 }
 
-void Replay::ChargeStop(JobState& j, int before) {
+void Replay::ChargeStop(JobState& j, int before, double speed_before) {
   const PreemptionCostOptions& p = options_.preemption;
   double lost = 0;
   switch (p.mode) {
@@ -299,7 +365,7 @@ void Replay::ChargeStop(JobState& j, int before) {
       break;
     case PreemptionCost::kPark:
       // The last member writes the state while it still trains nothing more.
-      lost = Rate(j, before) * Sec(p.ParkTime());
+      lost = Rate(j, before, speed_before) * Sec(p.ParkTime());
       j.stored = true;
       break;
     case PreemptionCost::kSnapshot:
@@ -327,7 +393,7 @@ void Replay::ChargeRestart(JobState& j, int after) {
     return;
   }
   const double unpark = Sec(p.UnparkTime());
-  const double lost = Rate(j, after) * unpark;
+  const double lost = Rate(j, after, j.speed) * unpark;
   if (options_.accounting == Accounting::kBftrainer) {
     j.done -= lost;
     if (p.mode == PreemptionCost::kSnapshot) j.snap_done = j.done;
@@ -344,6 +410,7 @@ void Replay::ReleaseAll(int job) {
     --used_count_;
   }
   jobs_[job].nodes.clear();
+  jobs_[job].speed = 1.0;
 }
 
 void Replay::StartRunning(int job) {
@@ -358,7 +425,7 @@ void Replay::StopRunning(int job, bool wait_again) {
 
 // When the job reaches its work at its current size (kInf if never).
 double Replay::FinishTime(const JobState& j) const {
-  const double r = Rate(j, static_cast<int>(j.nodes.size()));
+  const double r = RateNow(j);
   if (r <= 0) return kInf;
   return std::max(now_, j.paused_until) + std::max(0.0, j.mix->work_samples - j.done) / r;
 }
@@ -393,7 +460,7 @@ alloc::Curve Replay::CurveFor(const JobState& j) const {
   const int lo = j.mix->min_nodes, hi = j.mix->max_nodes;
   std::map<int, double> points;
   if (options_.curves == CurveMode::kLearned) points = j.observed;
-  if (points.empty()) points[lo] = Rate(j, lo);  // a never-run job: one number, linear
+  if (points.empty()) points[lo] = Rate(j, lo, 1.0);  // a never-run job: one number, linear
   // Beyond the observed sizes: the nearest observation's per-node rate.
   const auto first = *points.begin();
   const auto last = *points.rbegin();
@@ -461,11 +528,16 @@ absl::Status Replay::Decide() {
     const double idle_s = history_idle_node_s_ + idle_node_s_;
     if (idle_s > 0) problem.reclaim_rate = reclaims_seen_ / idle_s;
   }
+  problem.cross_locality_factor = options_.cross_locality_factor;
+  for (const NodeClassShare& c : options_.node_classes) problem.classes.push_back(c.node_class);
   problem.nodes.reserve(idle_count_);
   for (size_t n = 0; n < idle_.size(); ++n) {
     if (!idle_[n]) continue;
     alloc::Node node;
     node.id = trace_.nodes[n];
+    if (!node_class_.empty()) {
+      node.class_id = options_.node_classes[node_class_[n]].node_class.id;
+    }
     node.expected_idle = ForecastIdle(static_cast<int>(n));
     problem.nodes.push_back(std::move(node));
   }
@@ -505,9 +577,11 @@ absl::Status Replay::Decide() {
   // Two passes: a node one job releases may be taken by a job listed before
   // it, so every release happens before any take.
   std::vector<int> before(considered.size());
+  std::vector<double> speed_before(considered.size());
   for (size_t k = 0; k < considered.size(); ++k) {
     const int j = considered[k];
     before[k] = static_cast<int>(jobs_[j].nodes.size());
+    speed_before[k] = jobs_[j].speed;
     if (decision->allocation.jobs[k].nodes.size() != jobs_[j].nodes.size()) ReleaseAll(j);
   }
   for (size_t k = 0; k < considered.size(); ++k) {
@@ -524,7 +598,8 @@ absl::Status Replay::Decide() {
       ++used_count_;
       s.nodes.push_back(node);
     }
-    ChargeResize(s, before[k], after, /*forced=*/false);
+    s.speed = SpeedOf(s.nodes);
+    ChargeResize(s, before[k], speed_before[k], after, /*forced=*/false);
     ++s.out.resizes;
     ++summary_.resizes;
     if (before[k] == 0) {
@@ -534,7 +609,7 @@ absl::Status Replay::Decide() {
         s.out.first_start = origin_ + absl::Seconds(now_);
       }
     } else if (after == 0) {
-      ChargeStop(s, before[k]);
+      ChargeStop(s, before[k], speed_before[k]);
       StopRunning(j, /*wait_again=*/true);
       ++s.out.stops;
       ++summary_.stops;
@@ -548,7 +623,11 @@ absl::Status Replay::Decide() {
 // time are one forced shrink: the job sees one membership change and pays
 // one down pause, whatever the number of nodes it lost.
 void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_node) {
-  std::vector<std::pair<int, int>> shrunk;  // (job, nodes before this time)
+  struct Shrunk {
+    int job, before;  // nodes before this time
+    double speed_before;
+  };
+  std::vector<Shrunk> shrunk;
   for (; ev < trace_.events.size() && Sec(trace_.events[ev].time - origin_) <= now_; ++ev) {
     const IdleEvent& e = trace_.events[ev];
     const int node = e.node;
@@ -569,8 +648,8 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     if (j >= 0) {
       JobState& s = jobs_[j];
       const int n = static_cast<int>(s.nodes.size());
-      if (std::none_of(shrunk.begin(), shrunk.end(), [j](const auto& p) { return p.first == j; })) {
-        shrunk.emplace_back(j, n);
+      if (std::none_of(shrunk.begin(), shrunk.end(), [j](const Shrunk& p) { return p.job == j; })) {
+        shrunk.push_back({j, n, s.speed});
       }
       s.nodes.erase(std::find(s.nodes.begin(), s.nodes.end(), node));
       holder_[node] = -1;
@@ -581,15 +660,16 @@ void Replay::ApplyTraceEvents(size_t& ev, const std::vector<size_t>& next_of_nod
     }
     Record("busy", -1, node, 0, 0);
   }
-  for (const auto& [j, before] : shrunk) {
+  for (const auto& [j, before, speed_before] : shrunk) {
     JobState& s = jobs_[j];
     const int after = static_cast<int>(s.nodes.size());
-    ChargeResize(s, before, after, /*forced=*/true);
+    s.speed = SpeedOf(s.nodes);
+    ChargeResize(s, before, speed_before, after, /*forced=*/true);
     // A preemption: the job pays what SimOptions::preemption says (at the
     // size it had before the reclaim: its last member parks while it still
     // holds the nodes' grace period) and waits.
     if (after < s.mix->min_nodes) {
-      ChargeStop(s, before);
+      ChargeStop(s, before, speed_before);
       ReleaseAll(j);
       StopRunning(j, /*wait_again=*/true);
       ++s.out.preemptions;
@@ -759,6 +839,32 @@ absl::StatusOr<SimResult> Replay::Run() {
   holder_.assign(num_nodes, -1);
   node_index_.reserve(num_nodes);
   for (int n = 0; n < num_nodes; ++n) node_index_[trace_.nodes[n]] = n;
+  if (!options_.node_classes.empty()) {
+    // Contiguous blocks in node order, boundaries at the rounded cumulative
+    // shares (the last one at num_nodes).
+    node_class_.assign(num_nodes, 0);
+    node_group_.assign(num_nodes, 0);
+    absl::flat_hash_map<std::string, int> groups;
+    double cumulative = 0;
+    int first = 0;
+    const int num_classes = static_cast<int>(options_.node_classes.size());
+    for (int k = 0; k < num_classes; ++k) {
+      cumulative += options_.node_classes[k].share;
+      const int last =
+          k + 1 == num_classes
+              ? num_nodes
+              : std::min(num_nodes, static_cast<int>(std::lround(cumulative * num_nodes)));
+      const int group = groups
+                            .try_emplace(options_.node_classes[k].node_class.locality,
+                                         static_cast<int>(groups.size()))
+                            .first->second;
+      for (int n = first; n < last; ++n) {
+        node_class_[n] = k;
+        node_group_[n] = group;
+      }
+      first = std::max(first, last);
+    }
+  }
   idle_since_.assign(num_nodes, 0);
   next_busy_.assign(num_nodes, kInf);
   next_busy_announced_.assign(num_nodes, kInf);
@@ -945,6 +1051,33 @@ absl::StatusOr<PreemptionCost> ParsePreemptionCost(absl::string_view name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("preemption cost: '", name, "' is not one of free, park, snapshot, restart"));
+}
+
+absl::StatusOr<std::vector<NodeClassShare>> ParseNodeClassShares(absl::string_view spec) {
+  std::vector<NodeClassShare> out;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    const std::string where = absl::StrCat("node classes: item ", out.size() + 1, " '", item, "'");
+    const std::vector<absl::string_view> f = absl::StrSplit(item, ':');
+    if (f.size() != 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected id:locality:speed:share, got ", f.size(), " fields"));
+    }
+    NodeClassShare c;
+    c.node_class.id = std::string(f[0]);
+    c.node_class.locality = std::string(f[1]);
+    if (c.node_class.id.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty id"));
+    if (!absl::SimpleAtod(f[2], &c.node_class.speed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": speed '", f[2], "' is not a number"));
+    }
+    if (!absl::SimpleAtod(f[3], &c.share)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": share '", f[3], "' is not a number"));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 absl::Duration PreemptionCostOptions::ParkTime() const {

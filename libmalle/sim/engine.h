@@ -137,6 +137,18 @@ enum class ForecastMode {
   kReservation,
 };
 
+// A class of the machine's nodes (speed and locality group, alloc::NodeClass)
+// and the share of the trace's nodes it holds (SimOptions::node_classes).
+struct NodeClassShare {
+  alloc::NodeClass node_class;
+  double share = 0.0;  // > 0; the shares of all classes sum to 1
+};
+
+// Parses "id:locality:speed:share[,...]" (e.g. "fast:r0:1:0.5,slow:r1:0.85:0.5")
+// into node classes for SimOptions::node_classes; an error names the item
+// and the field. The shares are checked by Simulate (they must sum to 1).
+absl::StatusOr<std::vector<NodeClassShare>> ParseNodeClassShares(absl::string_view spec);
+
 struct SimOptions {
   alloc::DecideOptions decide;  // policy and its options
   alloc::Objective objective = alloc::Objective::kThroughput;
@@ -169,6 +181,15 @@ struct SimOptions {
   // until 32 reclaims were seen), so that it prices the forced shrinks that
   // holding more nodes risks.
   bool reclaim_hazard = false;
+  // Node classes: the trace's nodes, in their order, fall into contiguous
+  // blocks (racks, partitions), class k taking its `share` of them (block
+  // boundaries rounded to whole nodes). A job trains at its curve's rate
+  // times the smallest speed among the nodes it holds, times
+  // `cross_locality_factor` when they span several locality groups: the
+  // rule the allocator's count model prices (alloc::Problem). Empty: one
+  // class of speed 1 (as before).
+  std::vector<NodeClassShare> node_classes;
+  double cross_locality_factor = 1.0;  // in (0, 1]; alloc::Problem's
   // Replay window; InfinitePast/InfiniteFuture = the trace's own bounds.
   // BFTrainer's replayer starts at the trace's 1,000th snapshot
   // (skip_snapshots = 999).

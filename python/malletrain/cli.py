@@ -250,6 +250,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         try:
             result = sim.simulate(
                 trace, mix, policy=policy, curves=args.curves, forecast=args.forecast,
+                node_classes=args.node_classes,
+                cross_locality_factor=args.cross_locality_factor,
                 accounting=args.accounting,
                 objective=args.objective if terms else "throughput",
                 preemption_cost=args.preemption_cost, state_bytes=args.state_mb * 1e6,
@@ -409,6 +411,13 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--forecast", default="none",
                    help="none, oracle, estimated or reservation (reclaims known from the submit "
                    "of the job that makes them; SWF logs)")
+    p.add_argument("--node-classes", default="", metavar="SPEC",
+                   help="node classes over the trace's nodes in order, "
+                   "id:locality:speed:share[,...] (e.g. fast:r0:1:0.5,slow:r1:0.85:0.5); "
+                   "default: one class")
+    p.add_argument("--cross-locality-factor", type=float, default=1.0, metavar="X",
+                   help="with --node-classes: a job spanning locality groups trains at X "
+                   "(0 < X <= 1) times its rate")
     p.add_argument("--reclaim-hazard", action="store_true",
                    help="tell the policy the machine's reclaim rate so far (it prices the "
                    "forced shrinks that holding more nodes risks)")

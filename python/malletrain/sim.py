@@ -233,6 +233,8 @@ def simulate(
     snapshot_budget: float | None = None,
     curves: str = "oracle",
     forecast: str = "none",
+    node_classes: str = "",
+    cross_locality_factor: float = 1.0,
     reclaim_hazard: bool = False,
     resize_hysteresis: float = 1.0,
     rank_weights: float = 0.0,
@@ -257,7 +259,11 @@ def simulate(
     the job measured at the sizes it ran at), ``curves="linear"`` shows it no scalability
     information (every job linear from its rate at ``min_nodes``); ``forecast`` is ``none``,
     ``oracle``, ``estimated`` or ``reservation`` (a reclaim is known from the submit of the job
-    that makes it, as SWF logs give it). ``reclaim_hazard=True`` tells the policy the machine's
+    that makes it, as SWF logs give it). ``node_classes`` (``"id:locality:speed:share,..."``,
+    e.g. ``"fast:r0:1:0.5,slow:r1:0.85:0.5"``; empty: one class) splits the trace's nodes, in
+    their order, into contiguous blocks of those classes: a job trains at its curve's rate times
+    the smallest speed among its nodes, times ``cross_locality_factor`` when they span locality
+    groups, and the policies see the classes as pools. ``reclaim_hazard=True`` tells the policy the machine's
     reclaim rate so far, so that it prices the forced shrinks more nodes risk;
     ``resize_hysteresis`` (>= 1) makes it charge every resize that many times its pause.
     ``rank_weights`` (>= 0; 0 = off) multiplies each job's value by rank^rank_weights, rank 1
@@ -303,6 +309,14 @@ def simulate(
     o.snapshot_interval_s = _seconds(snapshot_interval, "snapshot_interval")
     o.curves = curves
     o.forecast = forecast
+    if not isinstance(node_classes, str):
+        raise TypeError(f"node_classes: expected a string, got {node_classes!r}")
+    o.node_classes = node_classes
+    if (isinstance(cross_locality_factor, bool)
+            or not isinstance(cross_locality_factor, (int, float))):
+        raise TypeError(
+            f"cross_locality_factor: expected a number, got {cross_locality_factor!r}")
+    o.cross_locality_factor = float(cross_locality_factor)
     if not isinstance(reclaim_hazard, bool):
         raise TypeError(f"reclaim_hazard: expected a bool, got {reclaim_hazard!r}")
     o.reclaim_hazard = reclaim_hazard

@@ -111,6 +111,10 @@ struct Options {
   double snapshot_budget = sim::PreemptionCostOptions{}.snapshot_budget;
   std::string curves = "oracle";
   std::string forecast = "none";
+  // sim::ParseNodeClassShares's spec ("id:locality:speed:share,..."); empty:
+  // one class.
+  std::string node_classes;
+  double cross_locality_factor = 1.0;
   bool reclaim_hazard = false;
   double resize_hysteresis = 1;
   double rank_weight_exponent = 0;
@@ -159,6 +163,9 @@ sim::SimOptions ToSimOptions(const Options& o) {
                                              {"oracle", sim::ForecastMode::kOracle},
                                              {"estimated", sim::ForecastMode::kEstimated},
                                              {"reservation", sim::ForecastMode::kReservation}});
+  if (!o.node_classes.empty())
+    s.node_classes = ValueOrThrow(sim::ParseNodeClassShares(o.node_classes));
+  s.cross_locality_factor = o.cross_locality_factor;
   s.reclaim_hazard = o.reclaim_hazard;
   s.resize_hysteresis = o.resize_hysteresis;
   s.rank_weight_exponent = o.rank_weight_exponent;
@@ -394,6 +401,8 @@ void BindSim(py::module_& m) {
       .def_readwrite("snapshot_budget", &Options::snapshot_budget)
       .def_readwrite("curves", &Options::curves)
       .def_readwrite("forecast", &Options::forecast)
+      .def_readwrite("node_classes", &Options::node_classes)
+      .def_readwrite("cross_locality_factor", &Options::cross_locality_factor)
       .def_readwrite("reclaim_hazard", &Options::reclaim_hazard)
       .def_readwrite("resize_hysteresis", &Options::resize_hysteresis)
       .def_readwrite("rank_weight_exponent", &Options::rank_weight_exponent)

@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "libmalle/alloc/count_model.h"
 #include "libmalle/alloc/decide.h"
 #include "libmalle/sim/engine.h"
 #include "libmalle/sim/idle_trace.h"
@@ -78,6 +79,11 @@ ABSL_FLAG(std::string, terms_for, "milp,dp",
           "policies that get --reclaim_hazard, --hysteresis, --rank_weights, --rank_aging_h and "
           "--objective; the others run with the plain throughput objective, BFTrainer's "
           "settings ('all' for every policy)");
+ABSL_FLAG(std::string, node_classes, "",
+          "node classes over the trace's nodes in order, id:locality:speed:share[,...] (e.g. "
+          "fast:r0:1:0.25,slow:r0:0.85:0.25,fast1:r1:1:0.25,slow1:r1:0.85:0.25); empty: one class");
+ABSL_FLAG(double, cross_locality_factor, 1.0,
+          "with --node_classes: a job spanning several locality groups trains at this factor");
 ABSL_FLAG(bool, reclaim_hazard, false,
           "tell the policies the machine's reclaim rate so far (they price forced shrinks)");
 ABSL_FLAG(std::string, accounting, "bftrainer", "bftrainer or pause");
@@ -152,7 +158,20 @@ struct MilpAudit {
   // all of them, the slow ones, and the time they took.
   std::map<int, int> all_by_jobs, slow_by_jobs;
   std::map<int, double> ms_by_jobs;
+  // By the number of pools in the problem (PoolBucket): decisions, those
+  // proven, and their times (ms).
+  std::map<int, int> all_by_pools, proven_by_pools;
+  std::map<int, std::vector<double>> ms_by_pools;
 };
+
+// Upper bound of the bucket of a problem with `pools` pools (1, 2-7, 8-15,
+// 16+: the multi-pool target starts at 8).
+int PoolBucket(int pools) {
+  for (int b : {1, 7, 15}) {
+    if (pools <= b) return b;
+  }
+  return 1 << 30;
+}
 
 // Upper bound of the bucket of a problem with `jobs` jobs.
 int JobBucket(int jobs) {
@@ -252,6 +271,15 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
     o.rank_aging = absl::Hours(absl::GetFlag(FLAGS_rank_aging_h));
   }
   o.record_events = false;
+  if (!absl::GetFlag(FLAGS_node_classes).empty()) {
+    absl::StatusOr<std::vector<sim::NodeClassShare>> classes =
+        sim::ParseNodeClassShares(absl::GetFlag(FLAGS_node_classes));
+    if (!classes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", classes.status().message()));
+    }
+    o.node_classes = *std::move(classes);
+  }
+  o.cross_locality_factor = absl::GetFlag(FLAGS_cross_locality_factor);
   absl::StatusOr<sim::PreemptionCost> preemption =
       sim::ParsePreemptionCost(absl::GetFlag(FLAGS_preemption_cost));
   if (!preemption.ok()) {
@@ -287,12 +315,24 @@ absl::Time ReplayStart(const sim::IdleTrace& trace, int skip) {
 // efficient size (highest samples/s per node within [min, max]): the
 // strictest reading of "the same training tasks on dedicated nodes".
 // A job's best per-node rate over its sizes (samples/s per node).
+// With --node_classes, at the fastest class's speed (on one node, so no
+// cross-locality factor): still a ceiling for any placement.
 double BestPerNodeRate(const sim::MixJob& job) {
   double per_node = 0;
   for (int n = job.min_nodes; n <= job.max_nodes; ++n) {
     per_node = std::max(per_node, alloc::Interpolate(job.throughput, n) / n);
   }
-  return per_node;
+  static const double fastest = [] {
+    double speed = 1.0;
+    absl::StatusOr<std::vector<sim::NodeClassShare>> classes =
+        sim::ParseNodeClassShares(absl::GetFlag(FLAGS_node_classes));
+    if (classes.ok() && !classes->empty()) {
+      speed = 0;
+      for (const sim::NodeClassShare& c : *classes) speed = std::max(speed, c.node_class.speed);
+    }
+    return speed;
+  }();
+  return per_node * fastest;
 }
 
 double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
@@ -455,6 +495,28 @@ void PrintAudit(const std::vector<Row>& rows) {
                "  >100ms: decisions slower than that; then, per range of jobs in the problem: "
                "decisions, those\n"
                "  slower than 100 ms, and their total time.\n";
+  for (const Row& r : rows) {
+    if (!r.milp) continue;
+    const MilpAudit& a = r.audit;
+    std::vector<std::string> parts;
+    for (const auto& [hi, count] : a.all_by_pools) {
+      std::vector<double> ms = a.ms_by_pools.at(hi);
+      std::sort(ms.begin(), ms.end());
+      const auto nearest_rank = [&ms](double q) {
+        return ms[std::max<size_t>(1, static_cast<size_t>(std::ceil(q * ms.size()))) - 1];
+      };
+      const int lo = hi == 1 ? 1 : hi == 7 ? 2 : hi == 15 ? 8 : 16;  // PoolBucket's
+      parts.push_back(absl::StrFormat("%s: %d, %d proven, p50/p99 %s/%s ms",
+                                      hi == (1 << 30) ? absl::StrCat(lo, "+")
+                                      : lo == hi      ? absl::StrCat(lo)
+                                                      : absl::StrCat(lo, "-", hi),
+                                      count,
+                                      a.proven_by_pools.count(hi) ? a.proven_by_pools.at(hi) : 0,
+                                      Ms(nearest_rank(0.5)), Ms(nearest_rank(0.99))));
+    }
+    std::cout << absl::StrFormat("  %s, by pools in the problem: %s\n", r.mix,
+                                 absl::StrJoin(parts, "; "));
+  }
 }
 
 std::string Num(double v, const char* fmt) {
@@ -780,7 +842,12 @@ int main(int argc, char** argv) {
                        : "",
                    absl::GetFlag(FLAGS_rank_aging_h) != 0
                        ? absl::StrFormat(" aged over %.3g h", absl::GetFlag(FLAGS_rank_aging_h))
-                       : ""),
+                       : "",
+                   absl::GetFlag(FLAGS_node_classes).empty()
+                       ? ""
+                       : absl::StrFormat(", node classes %s (cross-locality factor %.3g)",
+                                         absl::GetFlag(FLAGS_node_classes),
+                                         absl::GetFlag(FLAGS_cross_locality_factor))),
       absl::GetFlag(FLAGS_accounting), absl::GetFlag(FLAGS_preemption_cost),
       absl::GetFlag(FLAGS_objective), absl::GetFlag(FLAGS_resize_cost),
       absl::GetFlag(FLAGS_terms_t_fwd_s) > 0
@@ -868,8 +935,9 @@ int main(int argc, char** argv) {
             MilpAudit& audit = row.audit;
             if (row.milp) {
               const bool audit_all = absl::GetFlag(FLAGS_audit_all);
-              o.on_decision = [&audit, audit_all](const alloc::Problem& problem,
-                                                  const alloc::Decision& d, absl::Duration took) {
+              o.on_decision = [&audit, audit_all, model_options = o.decide.model](
+                                  const alloc::Problem& problem, const alloc::Decision& d,
+                                  absl::Duration took) {
                 const absl::Time t0 = absl::Now();
                 ++audit.decisions;
                 const double ms = absl::ToDoubleMilliseconds(took);
@@ -882,6 +950,15 @@ int main(int argc, char** argv) {
                   ++audit.slow_by_jobs[bucket];
                 }
                 const alloc::PolicyResult& pr = d.result;
+                // The pools the MILP saw (the count model Decide compiled).
+                if (absl::StatusOr<alloc::CountModel> model =
+                        alloc::CompileCountModel(problem, model_options);
+                    model.ok()) {
+                  const int pb = PoolBucket(static_cast<int>(model->pools.size()));
+                  ++audit.all_by_pools[pb];
+                  audit.proven_by_pools[pb] += pr.optimal && !pr.fell_back;
+                  audit.ms_by_pools[pb].push_back(ms);
+                }
                 if (pr.fell_back) {
                   ++audit.fell_back;
                 } else if (pr.optimal) {

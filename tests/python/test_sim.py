@@ -433,6 +433,39 @@ def test_rank_aging(tmp_path, capsys):
     assert "--rank-aging: must be a finite number > 0" in capsys.readouterr().err
 
 
+def test_node_classes(tmp_path, capsys):
+    # Two nodes idle from 0 to 1,000 s, n0 at speed 1 and n1 at 0.75: on both the job trains
+    # 20 x 0.75 = 15 samples/s, more than 10/s on n0 alone, so the DP runs it on both
+    # (EngineTest.NodeClassesSetTheRate, from Python and the CLI).
+    trace = tmp_path / "two.csv"
+    trace.write_text("time,node,idle\n0,n0,1\n0,n1,1\n1000,n0,1\n")
+    mix = tmp_path / "mix.csv"
+    mix.write_text(MIX_HEADER + "job,0,1,2,1000000000,10,5,0;1;2,0;10;20\n")
+    s = sim.simulate(trace, mix, policy="dp", node_classes="a:g:1:0.5,b:g:0.75:0.5").summary
+    assert s["samples_trained"] == pytest.approx(15000)
+    # Two locality groups: spanning them costs the factor, 20 x 0.8 = 16/s.
+    s = sim.simulate(trace, mix, policy="dp", node_classes="a:g0:1:0.5,b:g1:1:0.5",
+                     cross_locality_factor=0.8).summary
+    assert s["samples_trained"] == pytest.approx(16000)
+    with pytest.raises(ValueError, match="shares must sum to 1, they sum to 0.9"):
+        sim.simulate(trace, mix, node_classes="a:g:1:0.5,b:g:0.75:0.4")
+    with pytest.raises(ValueError, match="speed 'x' is not a number"):
+        sim.simulate(trace, mix, node_classes="a:g:x:1")
+    with pytest.raises(ValueError, match=r"cross_locality_factor: must be in \(0, 1\]"):
+        sim.simulate(trace, mix, node_classes="a:g:1:1", cross_locality_factor=2)
+    with pytest.raises(TypeError, match="cross_locality_factor"):
+        sim.simulate(trace, mix, cross_locality_factor="0.9")
+
+    out = tmp_path / "out"
+    args = ["simulate", "--trace", str(trace), "--jobs", str(mix), "--quiet", "--policy", "dp",
+            "--out", str(out)]
+    assert main(args + ["--node-classes", "a:g:1:0.5,b:g:0.75:0.5"]) == 0
+    with open(out / "dp" / "summary.csv") as f:
+        assert float(next(csv.DictReader(f))["samples_trained"]) == pytest.approx(15000)
+    assert main(args + ["--node-classes", "a:g:1"]) == 2
+    assert "item 1 'a:g:1': expected id:locality:speed:share" in capsys.readouterr().err
+
+
 def test_forecasts_objectives_and_a_saturated_mix(tiny, tmp_path):
     trace, mix = tiny
     for options in ({"forecast": "reservation"}, {"reclaim_hazard": True},

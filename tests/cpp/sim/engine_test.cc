@@ -971,6 +971,107 @@ TEST(EngineTest, HandBuiltTraceWithoutEnd) {
   EXPECT_DOUBLE_EQ(r.summary.samples_trained, 20 * 100);
 }
 
+// Two classes over the trace's nodes in order: n0 in the first, n1 in the
+// second.
+SimOptions TwoClasses(double speed0, const std::string& group0, double speed1,
+                      const std::string& group1, double cross_locality_factor = 1.0) {
+  SimOptions o = Dp();
+  o.node_classes = {{{"a", group0, speed0}, 0.5}, {{"b", group1, speed1}, 0.5}};
+  o.cross_locality_factor = cross_locality_factor;
+  return o;
+}
+
+TEST(EngineTest, NodeClassesSetTheRate) {
+  // n0 at speed 1, n1 at 0.75: on both, 20/s x 0.75 = 15/s beats 10/s on
+  // n0 alone, so the DP runs the job on both for 1,000 s (the start is free).
+  ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 1e9)},
+                                             TwoClasses(1.0, "g", 0.75, "g")));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 15000);
+  EXPECT_DOUBLE_EQ(r.jobs[0].ideal_samples, 15000);
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 j 0->2"));
+
+  // At 0.4 the slow node would bring the job down to 8/s: it runs on n0
+  // alone (the allocator sees the classes too).
+  ASSERT_OK_AND_ASSIGN(
+      r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 1e9)}, TwoClasses(1.0, "g", 0.4, "g")));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 10000);
+  EXPECT_THAT(EventsOf(r, "resize"), ElementsAre("0 j 0->1"));
+
+  // Two locality groups: spanning them costs the factor, 20 x 0.8 = 16/s.
+  ASSERT_OK_AND_ASSIGN(
+      r, Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 1e9)}, TwoClasses(1.0, "g0", 1.0, "g1", 0.8)));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 16000);
+  EXPECT_DOUBLE_EQ(r.jobs[0].node_seconds, 2000);
+}
+
+TEST(EngineTest, NodeClassesChargeAShrinkAtTheRateBeforeIt) {
+  // 15/s on n0 (speed 1) and n1 (0.75) until n1 is reclaimed at 500, then
+  // 10/s; the forced shrink costs the rate before it (15/s) x the 5 s down
+  // pause (BFTrainer's accounting).
+  ASSERT_OK_AND_ASSIGN(
+      SimResult r, Simulate(Trace("0,n0,1\n0,n1,1\n500,n1,0\n1000,n0,1\n"), {Job("j", 1, 2, 1e9)},
+                            TwoClasses(1.0, "g", 0.75, "g")));
+  EXPECT_DOUBLE_EQ(r.summary.samples_trained, 15 * 500 + 10 * 500 - 15 * 5);
+  EXPECT_DOUBLE_EQ(r.summary.lost_to_reclaims, 75);
+
+  // Reclaimed below min_nodes: the park is charged at the rate before too
+  // (the default park cost's time x 15/s, not x 20/s).
+  SimOptions o = TwoClasses(1.0, "g", 0.75, "g");
+  o.preemption.mode = PreemptionCost::kPark;
+  ASSERT_OK_AND_ASSIGN(
+      r, Simulate(Trace("0,n0,1\n0,n1,1\n500,n1,0\n1000,n0,1\n"), {Job("j", 2, 2, 1e9)}, o));
+  EXPECT_EQ(r.summary.preemptions, 1);
+  EXPECT_DOUBLE_EQ(r.jobs[0].lost_to_preemptions,
+                   15 * absl::ToDoubleSeconds(o.preemption.ParkTime()));
+}
+
+TEST(EngineTest, BadNodeClassesNameTheProblem) {
+  auto fails_on = [](const SimOptions& o, const std::string& what) {
+    EXPECT_THAT(Simulate(Trace(kTwoNodes), {Job("j", 1, 2, 1e9)}, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)));
+  };
+  SimOptions o = TwoClasses(1.0, "g", 0.5, "g");
+  o.node_classes[1].share = 0.4;
+  fails_on(o, "node_classes: the shares must sum to 1, they sum to 0.9");
+  o = TwoClasses(1.0, "g", 0.5, "g");
+  o.node_classes[1].share = 0;
+  fails_on(o, "node_classes[1] (b).share: must be finite and > 0");
+  o = TwoClasses(1.0, "g", 0.0, "g");
+  fails_on(o, "node_classes[1] (b).speed: must be finite and > 0");
+  o = TwoClasses(1.0, "g", 0.5, "g");
+  o.node_classes[1].node_class.id = "a";
+  fails_on(o, "node_classes[1].id: \"a\" names two classes");
+  o.node_classes[1].node_class.id = "";
+  fails_on(o, "node_classes[1].id: must not be empty");
+  fails_on(TwoClasses(1.0, "g0", 1.0, "g1", 1.5), "cross_locality_factor: must be in (0, 1]");
+  fails_on(TwoClasses(1.0, "g0", 1.0, "g1", 0.0), "cross_locality_factor");
+}
+
+TEST(EngineTest, ParseNodeClassShares) {
+  ASSERT_OK_AND_ASSIGN(std::vector<NodeClassShare> c,
+                       ParseNodeClassShares("fast:r0:1:0.25,slow:r1:0.85:0.75"));
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].node_class.id, "fast");
+  EXPECT_EQ(c[0].node_class.locality, "r0");
+  EXPECT_DOUBLE_EQ(c[0].node_class.speed, 1.0);
+  EXPECT_DOUBLE_EQ(c[0].share, 0.25);
+  EXPECT_EQ(c[1].node_class.id, "slow");
+  EXPECT_EQ(c[1].node_class.locality, "r1");
+  EXPECT_DOUBLE_EQ(c[1].node_class.speed, 0.85);
+  EXPECT_DOUBLE_EQ(c[1].share, 0.75);
+  EXPECT_THAT(
+      ParseNodeClassShares("fast:r0:1:1,slow:r1:0.85").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("item 2 'slow:r1:0.85': expected id:locality:speed:share, got 3")));
+  EXPECT_THAT(
+      ParseNodeClassShares("fast:r0:quick:1").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("speed 'quick' is not a number")));
+  EXPECT_THAT(ParseNodeClassShares("fast:r0:1:").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("share '' is not a number")));
+  EXPECT_THAT(ParseNodeClassShares(":r0:1:1").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty id")));
+}
+
 TEST(EngineTest, BadOptionsNameTheField) {
   auto fails_on = [](const SimOptions& o, const std::string& field) {
     EXPECT_THAT(Simulate(Trace(kGrow), {Job("j", 1, 2, 1e9)}, o).status(),
