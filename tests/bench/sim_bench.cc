@@ -158,10 +158,14 @@ struct MilpAudit {
   // all of them, the slow ones, and the time they took.
   std::map<int, int> all_by_jobs, slow_by_jobs;
   std::map<int, double> ms_by_jobs;
-  // By the number of pools in the problem (PoolBucket): decisions, those
-  // proven, and their times (ms).
-  std::map<int, int> all_by_pools, proven_by_pools;
-  std::map<int, std::vector<double>> ms_by_pools;
+  // By the number of pools in the problem (PoolBucket): each decision's
+  // jobs, time and whether it was proven.
+  struct PoolDecision {
+    int jobs;
+    double ms;
+    bool proven;
+  };
+  std::map<int, std::vector<PoolDecision>> by_pools;
 };
 
 // Upper bound of the bucket of a problem with `pools` pools (1, 2-7, 8-15,
@@ -499,22 +503,31 @@ void PrintAudit(const std::vector<Row>& rows) {
     if (!r.milp) continue;
     const MilpAudit& a = r.audit;
     std::vector<std::string> parts;
-    for (const auto& [hi, count] : a.all_by_pools) {
-      std::vector<double> ms = a.ms_by_pools.at(hi);
-      std::sort(ms.begin(), ms.end());
-      const auto nearest_rank = [&ms](double q) {
-        return ms[std::max<size_t>(1, static_cast<size_t>(std::ceil(q * ms.size()))) - 1];
+    for (const auto& [hi, decisions] : a.by_pools) {
+      // Count, proven, p50 / p99 ms of the decisions with at most `max_jobs`.
+      const auto stats = [&decisions = decisions](int max_jobs) {
+        std::vector<double> ms;
+        int proven = 0;
+        for (const MilpAudit::PoolDecision& d : decisions) {
+          if (d.jobs > max_jobs) continue;
+          ms.push_back(d.ms);
+          proven += d.proven;
+        }
+        if (ms.empty()) return std::string("0");
+        std::sort(ms.begin(), ms.end());
+        const auto nearest_rank = [&ms](double q) {
+          return ms[std::max<size_t>(1, static_cast<size_t>(std::ceil(q * ms.size()))) - 1];
+        };
+        return absl::StrFormat("%d, %d proven, p50/p99 %s/%s ms", ms.size(), proven,
+                               Ms(nearest_rank(0.5)), Ms(nearest_rank(0.99)));
       };
       const int lo = hi == 1 ? 1 : hi == 7 ? 2 : hi == 15 ? 8 : 16;  // PoolBucket's
-      parts.push_back(absl::StrFormat("%s: %d, %d proven, p50/p99 %s/%s ms",
-                                      hi == (1 << 30) ? absl::StrCat(lo, "+")
-                                      : lo == hi      ? absl::StrCat(lo)
-                                                      : absl::StrCat(lo, "-", hi),
-                                      count,
-                                      a.proven_by_pools.count(hi) ? a.proven_by_pools.at(hi) : 0,
-                                      Ms(nearest_rank(0.5)), Ms(nearest_rank(0.99))));
+      parts.push_back(absl::StrCat(hi == (1 << 30) ? absl::StrCat(lo, "+")
+                                   : lo == hi      ? absl::StrCat(lo)
+                                                   : absl::StrCat(lo, "-", hi),
+                                   ": ", stats(1 << 30), " (<= 100 jobs: ", stats(100), ")"));
     }
-    std::cout << absl::StrFormat("  %s, by pools in the problem: %s\n", r.mix,
+    std::cout << absl::StrFormat("  %s, decisions by pools in the problem: %s\n", r.mix,
                                  absl::StrJoin(parts, "; "));
   }
 }
@@ -954,10 +967,8 @@ int main(int argc, char** argv) {
                 if (absl::StatusOr<alloc::CountModel> model =
                         alloc::CompileCountModel(problem, model_options);
                     model.ok()) {
-                  const int pb = PoolBucket(static_cast<int>(model->pools.size()));
-                  ++audit.all_by_pools[pb];
-                  audit.proven_by_pools[pb] += pr.optimal && !pr.fell_back;
-                  audit.ms_by_pools[pb].push_back(ms);
+                  audit.by_pools[PoolBucket(static_cast<int>(model->pools.size()))].push_back(
+                      {static_cast<int>(problem.jobs.size()), ms, pr.optimal && !pr.fell_back});
                 }
                 if (pr.fell_back) {
                   ++audit.fell_back;
