@@ -1264,6 +1264,51 @@ TEST(EngineRealData, ImageNetMixKeepsNodeOwnershipConsistent) {
   EXPECT_LE(r.summary.used_node_hours, r.summary.idle_node_hours + 1e-9);
 }
 
+// Summit's first half hour at BFTrainer's start with 4 node classes (2 racks x
+// speeds 1 and 0.85) and the oracle forecast: every decision has several
+// pools, and every policy must answer each one with nodes it may use.
+TEST(EngineRealData, NodeClassesAndForecastPoolsUnderEveryPolicy) {
+  const std::string dir = MALLE_SHARED_DATA_DIR;
+  if (access((dir + "/summit-idle-2021-02.csv.gz").c_str(), R_OK) != 0) {
+    GTEST_SKIP() << dir << " is absent";
+  }
+  ASSERT_OK_AND_ASSIGN(IdleTrace trace, LoadIdleTrace(dir + "/summit-idle-2021-02.csv.gz"));
+  ASSERT_OK_AND_ASSIGN(JobMix mix, LoadJobMix(dir + "/jobs-imagenet-1001.csv"));
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<NodeClassShare> classes,
+      ParseNodeClassShares("f0:r0:1:0.25,s0:r0:0.85:0.25,f1:r1:1:0.25,s1:r1:0.85:0.25"));
+  for (alloc::PolicyKind k :
+       {alloc::PolicyKind::kMilp, alloc::PolicyKind::kDp, alloc::PolicyKind::kGreedy,
+        alloc::PolicyKind::kEqualShare, alloc::PolicyKind::kStatic}) {
+    SimOptions o;
+    o.decide.policy = k;
+    o.decide.milp.isolation = alloc::SolveIsolation::kInProcess;
+    o.forecast = ForecastMode::kOracle;
+    o.node_classes = classes;
+    o.cross_locality_factor = 0.9;
+    o.skip_snapshots = 999;
+    o.end = ReplayStart(trace, 999) + absl::Minutes(30);
+    o.record_events = false;
+    ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(trace, mix.jobs, o));
+    SCOPED_TRACE(alloc::PolicyName(k));
+    EXPECT_GT(r.summary.decisions, 10);
+    EXPECT_GT(r.summary.samples_trained, 0);
+    EXPECT_LE(r.summary.used_node_hours, r.summary.idle_node_hours + 1e-9);
+    EXPECT_LE(r.summary.efficiency, 1.0 + 1e-12);
+    if (k == alloc::PolicyKind::kMilp) {
+      EXPECT_EQ(r.summary.decisions_fell_back, 0) << r.summary.first_fallback_reason;
+    }
+    if (k == alloc::PolicyKind::kGreedy) {
+      // The same replay with every node at speed 1 trains more: half the
+      // nodes run at 0.85, and jobs across the racks at 0.9.
+      SimOptions plain = o;
+      plain.node_classes.clear();
+      ASSERT_OK_AND_ASSIGN(SimResult p, Simulate(trace, mix.jobs, plain));
+      EXPECT_GT(p.summary.samples_trained, r.summary.samples_trained);
+    }
+  }
+}
+
 // The full 15-day replay (tens of seconds): run with
 //   engine_test --gtest_also_run_disabled_tests --gtest_filter='*FullImageNet*'
 TEST(EngineRealData, DISABLED_FullImageNetReplay) {
