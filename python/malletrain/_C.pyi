@@ -140,6 +140,8 @@ class SimOptions:
     snapshot_budget: float
     curves: str
     forecast: str
+    node_classes: str
+    cross_locality_factor: float
     reclaim_hazard: bool
     resize_hysteresis: float
     rank_weight_exponent: float
