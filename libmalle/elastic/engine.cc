@@ -744,6 +744,12 @@ absl::Status Engine::OnChange(const Transition& t) {
   // The protocol's resume step is the truth, except at a bootstrap, where no
   // member has committed yet and a resumed state says where it stopped.
   step_ = t.kind == Transition::Kind::kBootstrap ? std::max(step_, t.resume_step) : t.resume_step;
+  // Every member now holds the state after step step_ - 1: say so to the
+  // group, so that the next generation's resume point counts it. A joiner
+  // (or a resumed bootstrap) has committed no step of its own yet; without
+  // this, a joiner left alone before its first commit resumed at step 0, on
+  // top of the state it had received.
+  if (step_ > 0) group_->Commit(step_ - 1);
   // The state a job starts (or resumes) with needs no snapshot: the first is
   // an interval later.
   if (t.kind == Transition::Kind::kBootstrap) last_snapshot_try_ = step_;

@@ -314,6 +314,42 @@ TEST_F(ElasticTrainerProcessTest, KillsDuringStepsDeterministicIsBitwise) {
       << "max relative difference " << MaxRelativeDifference(fixed, killed);
 }
 
+// A joiner left alone before it committed a step (seen in test_cluster.py: an
+// agent killed right after its job grew). w0 trains alone to step 10, w1 joins
+// and receives the state, and w0 is killed after its backward of the first
+// step they share. w1 recovers alone: it holds the state it received and must
+// resume at the step it joined at, not at 0 (which would train the steps
+// before it again on top of that state and serve their samples twice).
+TEST_F(ElasticTrainerProcessTest, JoinerLeftAloneBeforeItsFirstCommitResumesWhereItJoined) {
+  std::vector<float> fixed = RunFixed("fixed", /*deterministic=*/true);
+  const std::string job = "alone";
+  SetGate(job, 10);
+  Start(job, "w0", 1, /*deterministic=*/true, {kSameStart, "--die_after_join"});
+  WaitProgress(job, 10);
+  Start(job, "w1", 0, /*deterministic=*/true);
+  WaitRequests(job, 1);
+  SetGate(job, kSteps);
+  EXPECT_EQ(WaitExit(Key(job, "w0")), 128 + SIGKILL);
+  std::vector<float> params = CheckFinished(job, {"w1"}, 1);
+  std::vector<std::string> kinds;
+  std::vector<int64_t> resumes;
+  for (const json& e : Events(Key(job, "w1"))) {
+    if (e["ev"] == "transition") {
+      kinds.push_back(e["kind"].get<std::string>());
+      resumes.push_back(e["resume"].get<int64_t>());
+    }
+  }
+  EXPECT_THAT(kinds, ::testing::ElementsAre("joined", "recovered"));
+  ASSERT_EQ(resumes.size(), 2u);
+  EXPECT_GE(resumes[0], 10);
+  EXPECT_EQ(resumes[1], resumes[0]) << "recovered at another step than it joined at";
+  EXPECT_EQ(Done(Key(job, "w1")).value("redone", int64_t{-1}), 1) << "the shared step redone";
+  ASSERT_EQ(fixed.size(), params.size());
+  ASSERT_FALSE(fixed.empty());
+  EXPECT_EQ(std::memcmp(fixed.data(), params.data(), fixed.size() * sizeof(float)), 0)
+      << "max relative difference " << MaxRelativeDifference(fixed, params);
+}
+
 TEST_F(ElasticTrainerProcessTest, JoinerWithAnotherModelGetsModelMismatch) {
   SetGate("job", 5);
   for (int i = 0; i < 2; ++i) Start("job", absl::StrCat("w", i), 2, false);

@@ -12,7 +12,9 @@
 // step this rank may not start before it is raised, so the test can order
 // resizes by step; --hidden gives a rank a different model; --die_at=S:PHASE
 // makes the rank SIGKILL itself during step S, after the forward of its first
-// micro-batch (PHASE "forward") or after its last backward ("backward").
+// micro-batch (PHASE "forward") or after its last backward ("backward");
+// --die_after_join does the latter in the first step after another member
+// joined (before the joiner has committed anything).
 // Output: JSON lines on --events, and the final parameters then buffers as
 // raw float32 in --params.
 //
@@ -57,6 +59,8 @@ ABSL_FLAG(int64_t, init_seed, -1, "seed of the initial weights (-1: the pid, a d
 ABSL_FLAG(std::string, events, "", "JSON lines output");
 ABSL_FLAG(std::string, params, "", "final parameters and buffers output (raw float32)");
 ABSL_FLAG(std::string, die_at, "", "STEP:PHASE (forward|backward): SIGKILL this rank during that step");
+ABSL_FLAG(bool, die_after_join, false,
+          "SIGKILL this rank after its last backward of the first step another member joined for");
 
 namespace {
 
@@ -169,6 +173,11 @@ int Run(Events& events) {
     auto plan = trainer.NextStep();
     while (seen_events < trainer.history().size()) {
       const auto& ev = trainer.history()[seen_events++];
+      if (absl::GetFlag(FLAGS_die_after_join) && die_step < 0 &&
+          ev.kind != malle::comm::Transition::Kind::kJoined && !ev.joined.empty()) {
+        die_step = ev.resume_step;
+        die_phase = "backward";
+      }
       events.Emit({{"ev", "transition"},
                    {"kind", std::string(malle::comm::TransitionKindName(ev.kind))},
                    {"gen", ev.generation},
