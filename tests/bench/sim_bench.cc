@@ -168,13 +168,24 @@ struct MilpAudit {
   std::map<int, std::vector<PoolDecision>> by_pools;
 };
 
-// Upper bound of the bucket of a problem with `pools` pools (1, 2-7, 8-15,
-// 16+: the multi-pool target starts at 8).
+// Buckets of problems by their pools (1, 2-7, 8-15, 16+: the issue's
+// multi-pool target starts at 8), by upper bound.
+constexpr int kPoolBuckets[] = {1, 7, 15};
 int PoolBucket(int pools) {
-  for (int b : {1, 7, 15}) {
+  for (int b : kPoolBuckets) {
     if (pools <= b) return b;
   }
   return 1 << 30;
+}
+// "1", "2-7", "8-15", "16+" for PoolBucket's upper bound `hi`.
+std::string PoolBucketLabel(int hi) {
+  int lo = 1;
+  for (int b : kPoolBuckets) {
+    if (b >= hi) break;
+    lo = b + 1;
+  }
+  if (hi == (1 << 30)) return absl::StrCat(lo, "+");
+  return lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi);
 }
 
 // Upper bound of the bucket of a problem with `jobs` jobs.
@@ -318,39 +329,41 @@ absl::Time ReplayStart(const sim::IdleTrace& trace, int skip) {
 // Samples trained over what the same node-hours give each job at its most
 // efficient size (highest samples/s per node within [min, max]): the
 // strictest reading of "the same training tasks on dedicated nodes".
-// A job's best per-node rate over its sizes (samples/s per node).
-// With --node_classes, at the fastest class's speed (on one node, so no
-// cross-locality factor): still a ceiling for any placement.
-double BestPerNodeRate(const sim::MixJob& job) {
+// The fastest node's speed in a replay with `o` (1 without node classes).
+double FastestSpeed(const sim::SimOptions& o) {
+  if (o.node_classes.empty()) return 1.0;
+  double speed = 0;
+  for (const sim::NodeClassShare& c : o.node_classes) speed = std::max(speed, c.node_class.speed);
+  return speed;
+}
+
+// A job's best per-node rate over its sizes (samples/s per node), on nodes of
+// `speed` (FastestSpeed: on one node there is no cross-locality factor, so
+// this is a ceiling for any placement).
+double BestPerNodeRate(const sim::MixJob& job, double speed) {
   double per_node = 0;
   for (int n = job.min_nodes; n <= job.max_nodes; ++n) {
     per_node = std::max(per_node, alloc::Interpolate(job.throughput, n) / n);
   }
-  static const double fastest = [] {
-    double speed = 1.0;
-    absl::StatusOr<std::vector<sim::NodeClassShare>> classes =
-        sim::ParseNodeClassShares(absl::GetFlag(FLAGS_node_classes));
-    if (classes.ok() && !classes->empty()) {
-      speed = 0;
-      for (const sim::NodeClassShare& c : *classes) speed = std::max(speed, c.node_class.speed);
-    }
-    return speed;
-  }();
-  return per_node * fastest;
+  return per_node * speed;
 }
 
-double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
+double BestSizeEfficiency(const std::vector<sim::MixJob>& mix, const sim::SimResult& r,
+                          double speed) {
   double best = 0;
-  for (size_t k = 0; k < mix.size(); ++k) best += r.jobs[k].node_seconds * BestPerNodeRate(mix[k]);
+  for (size_t k = 0; k < mix.size(); ++k) {
+    best += r.jobs[k].node_seconds * BestPerNodeRate(mix[k], speed);
+  }
   return best > 0 ? r.summary.samples_trained / best : kNaN;
 }
 
 // The most samples per node-hour the samples this replay trained could have
 // had: every job on its most efficient size all along, without a pause.
-double SamplesPerNodeHourCeiling(const std::vector<sim::MixJob>& mix, const sim::SimResult& r) {
+double SamplesPerNodeHourCeiling(const std::vector<sim::MixJob>& mix, const sim::SimResult& r,
+                                 double speed) {
   double samples = 0, node_hours = 0;
   for (size_t k = 0; k < mix.size(); ++k) {
-    const double per_node = BestPerNodeRate(mix[k]);
+    const double per_node = BestPerNodeRate(mix[k], speed);
     if (per_node <= 0 || r.jobs[k].samples_done <= 0) continue;
     samples += r.jobs[k].samples_done;
     node_hours += r.jobs[k].samples_done / per_node / 3600;
@@ -521,11 +534,8 @@ void PrintAudit(const std::vector<Row>& rows) {
         return absl::StrFormat("%d, %d proven, p50/p99 %s/%s ms", ms.size(), proven,
                                Ms(nearest_rank(0.5)), Ms(nearest_rank(0.99)));
       };
-      const int lo = hi == 1 ? 1 : hi == 7 ? 2 : hi == 15 ? 8 : 16;  // PoolBucket's
-      parts.push_back(absl::StrCat(hi == (1 << 30) ? absl::StrCat(lo, "+")
-                                   : lo == hi      ? absl::StrCat(lo)
-                                                   : absl::StrCat(lo, "-", hi),
-                                   ": ", stats(1 << 30), " (<= 100 jobs: ", stats(100), ")"));
+      parts.push_back(absl::StrCat(PoolBucketLabel(hi), ": ", stats(1 << 30),
+                                   " (<= 100 jobs: ", stats(100), ")"));
     }
     std::cout << absl::StrFormat("  %s, decisions by pools in the problem: %s\n", r.mix,
                                  absl::StrJoin(parts, "; "));
@@ -1016,8 +1026,8 @@ int main(int argc, char** argv) {
             }
             row.s = r->summary;
             row.wall_s = r->summary.wall_s - audit.audit_s;
-            row.eff_best = BestSizeEfficiency(jobs, *r);
-            row.samples_nh_ceiling = SamplesPerNodeHourCeiling(jobs, *r);
+            row.eff_best = BestSizeEfficiency(jobs, *r, FastestSpeed(o));
+            row.samples_nh_ceiling = SamplesPerNodeHourCeiling(jobs, *r, FastestSpeed(o));
             row.replay_s = absl::ToDoubleSeconds(end - start);
             std::cerr << absl::StrFormat(" %.1f s, eff %.1f%%, %d/%d jobs\n", row.wall_s,
                                          100 * row.s.efficiency, row.s.jobs_finished,
