@@ -29,6 +29,12 @@ absl::string_view PolicyName(PolicyKind kind) {
   return "unknown";
 }
 
+DpOptions DpPolicyOptions() {
+  DpOptions options;
+  options.max_work = 10'000'000;
+  return options;
+}
+
 absl::StatusOr<PolicyKind> ParsePolicyName(absl::string_view name) {
   for (PolicyKind kind : {PolicyKind::kMilp, PolicyKind::kDp, PolicyKind::kGreedy,
                           PolicyKind::kEqualShare, PolicyKind::kStatic}) {

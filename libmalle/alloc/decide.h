@@ -32,11 +32,20 @@ absl::string_view PolicyName(PolicyKind kind);  // "milp", "dp", "greedy", "equa
 // InvalidArgument listing the valid names for anything else.
 absl::StatusOr<PolicyKind> ParsePolicyName(absl::string_view name);
 
+// The DP policy's limits: DpOptions' own, but with several pools it takes on
+// at most 1e7 steps (states x per-pool vectors, about 30 ms) and hands larger
+// problems to the MILP, which answers them in milliseconds. DpOptions' 3e8
+// (about a second) stays for the DP as the MILP's fallback, the last exact
+// answer there. Summit with idle-window pools (one class): the DP policy's
+// replay 17.5 s against 100.3 s, decision p99 18 ms against 349 ms, the same
+// figures (docs/benchmarks.md, "The DP policy's work limit").
+DpOptions DpPolicyOptions();
+
 struct DecideOptions {
   PolicyKind policy = PolicyKind::kMilp;
   CountModelOptions model;
   MilpOptions milp;
-  DpOptions dp;
+  DpOptions dp = DpPolicyOptions();
 };
 
 struct Decision {

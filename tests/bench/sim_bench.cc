@@ -38,6 +38,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -111,6 +112,9 @@ ABSL_FLAG(bool, milp_dp_start, false,
 ABSL_FLAG(int, milp_cut_rounds, -1,
           "rounds of MIR cuts at the root of the MILP's branch-and-price "
           "(MilpOptions::decomposition_cut_rounds; -1: its default, 0: none)");
+ABSL_FLAG(int64_t, dp_max_work, 0,
+          "the DP's largest multi-pool work, states x per-pool vectors (DpOptions::max_work; "
+          "0: its default); beyond it the DP policy's decision goes to the MILP");
 ABSL_FLAG(bool, audit_all, false,
           "audit every MILP decision against the DP, not only those not proven optimal");
 ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
@@ -166,34 +170,39 @@ struct MilpAudit {
     bool proven;
   };
   std::map<int, std::vector<PoolDecision>> by_pools;
+  // The DP policy's rows: decisions the DP handed to the MILP (beyond its
+  // multi-pool limits), those the MILP proved, and their time.
+  int dp_by_milp = 0, dp_by_milp_proven = 0, dp_by_greedy = 0;
+  double dp_by_milp_ms = 0, dp_own_ms = 0;
 };
 
 // Buckets of problems by their pools (1, 2-7, 8-15, 16+: the issue's
-// multi-pool target starts at 8), by upper bound.
+// multi-pool target starts at 8) and by their jobs, by upper bound.
 constexpr int kPoolBuckets[] = {1, 7, 15};
-int PoolBucket(int pools) {
-  for (int b : kPoolBuckets) {
-    if (pools <= b) return b;
+constexpr int kJobBuckets[] = {10, 30, 60, 90};
+constexpr int kOpenBucket = 1 << 30;  // the last bucket's bound: no bound
+
+template <size_t N>
+int Bucket(const int (&bounds)[N], int count) {
+  for (int b : bounds) {
+    if (count <= b) return b;
   }
-  return 1 << 30;
+  return kOpenBucket;
 }
-// "1", "2-7", "8-15", "16+" for PoolBucket's upper bound `hi`.
-std::string PoolBucketLabel(int hi) {
+int PoolBucket(int pools) { return Bucket(kPoolBuckets, pools); }
+int JobBucket(int jobs) { return Bucket(kJobBuckets, jobs); }
+
+// "1", "2-7", "16+", "31-60" for the bucket with upper bound `hi`: it starts
+// after the bound before it, whether or not that bucket has any problems.
+template <size_t N>
+std::string BucketLabel(const int (&bounds)[N], int hi) {
   int lo = 1;
-  for (int b : kPoolBuckets) {
+  for (int b : bounds) {
     if (b >= hi) break;
     lo = b + 1;
   }
-  if (hi == (1 << 30)) return absl::StrCat(lo, "+");
+  if (hi == kOpenBucket) return absl::StrCat(lo, "+");
   return lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi);
-}
-
-// Upper bound of the bucket of a problem with `jobs` jobs.
-int JobBucket(int jobs) {
-  for (int b : {10, 30, 60, 90}) {
-    if (jobs <= b) return b;
-  }
-  return 1 << 30;
 }
 
 struct Row {
@@ -310,6 +319,10 @@ absl::StatusOr<sim::SimOptions> BaseOptions() {
   if (absl::GetFlag(FLAGS_milp_cut_rounds) >= 0) {
     o.decide.milp.decomposition_cut_rounds = absl::GetFlag(FLAGS_milp_cut_rounds);
   }
+  if (absl::GetFlag(FLAGS_dp_max_work) < 0) {
+    return absl::InvalidArgumentError("--dp_max_work must be >= 0 (0: the DP's default)");
+  }
+  if (absl::GetFlag(FLAGS_dp_max_work) > 0) o.decide.dp.max_work = absl::GetFlag(FLAGS_dp_max_work);
   return o;
 }
 
@@ -469,6 +482,28 @@ void PrintReferences(const std::vector<Row>& rows, const std::vector<std::string
       100 * kBftrainerEfficiency, 100 * kMalletrainGain);
 }
 
+// The DP policy's decisions, by the method that answered them.
+void PrintDpAudit(const std::vector<Row>& rows) {
+  bool any = false;
+  for (const Row& r : rows) any = any || r.policy == "dp";
+  if (!any) return;
+  std::cout << absl::StrFormat(
+      "\nDP decisions (beyond its multi-pool limits, max_work %.3g steps, the MILP answers):\n",
+      static_cast<double>(absl::GetFlag(FLAGS_dp_max_work) > 0
+                              ? absl::GetFlag(FLAGS_dp_max_work)
+                              : alloc::DecideOptions().dp.max_work));
+  for (const Row& r : rows) {
+    if (r.policy != "dp") continue;
+    const MilpAudit& a = r.audit;
+    std::cout << absl::StrFormat(
+        "  %-30s %-7s %d decisions: %d by the DP (%.1f s), %d by the MILP (%.1f s, %d of them "
+        "proven), %d by greedy\n",
+        r.mix, r.curves, a.decisions, a.decisions - a.dp_by_milp - a.dp_by_greedy,
+        a.dp_own_ms / 1000, a.dp_by_milp, a.dp_by_milp_ms / 1000, a.dp_by_milp_proven,
+        a.dp_by_greedy);
+  }
+}
+
 void PrintAudit(const std::vector<Row>& rows) {
   bool any = false;
   for (const Row& r : rows) any = any || r.milp;
@@ -487,13 +522,11 @@ void PrintAudit(const std::vector<Row>& rows) {
     if (!r.milp) continue;
     const MilpAudit& a = r.audit;
     std::vector<std::string> slow;
-    int lo = 1;
     for (const auto& [hi, count] : a.all_by_jobs) {
       const auto it = a.slow_by_jobs.find(hi);
-      slow.push_back(absl::StrFormat(
-          "%s:%d/%d/%.0fs", hi == (1 << 30) ? absl::StrCat(lo, "+") : absl::StrCat(lo, "-", hi),
-          count, it == a.slow_by_jobs.end() ? 0 : it->second, a.ms_by_jobs.at(hi) / 1000));
-      lo = hi + 1;
+      slow.push_back(absl::StrFormat("%s:%d/%d/%.0fs", BucketLabel(kJobBuckets, hi), count,
+                                     it == a.slow_by_jobs.end() ? 0 : it->second,
+                                     a.ms_by_jobs.at(hi) / 1000));
     }
     std::cout << absl::StrFormat(
         "%-30s %-7s | %7d %7d %6d %6d | %7d %9.2e %9.2e %9.2e %6d | %9.1f %6d %s\n", r.mix,
@@ -534,7 +567,7 @@ void PrintAudit(const std::vector<Row>& rows) {
         return absl::StrFormat("%d, %d proven, p50/p99 %s/%s ms", ms.size(), proven,
                                Ms(nearest_rank(0.5)), Ms(nearest_rank(0.99)));
       };
-      parts.push_back(absl::StrCat(PoolBucketLabel(hi), ": ", stats(1 << 30),
+      parts.push_back(absl::StrCat(BucketLabel(kPoolBuckets, hi), ": ", stats(kOpenBucket),
                                    " (<= 100 jobs: ", stats(100), ")"));
     }
     std::cout << absl::StrFormat("  %s, decisions by pools in the problem: %s\n", r.mix,
@@ -991,10 +1024,13 @@ int main(int argc, char** argv) {
                   audit.max_gap_bound = std::max(audit.max_gap_bound, gap);
                 }
                 if (audit_all || !pr.optimal || pr.fell_back) {
+                  // The exact DP with its own limits; a problem beyond them,
+                  // which Decide hands to the MILP, is not audited.
                   alloc::DecideOptions dp;
                   dp.policy = alloc::PolicyKind::kDp;
+                  dp.dp = alloc::DpOptions{};
                   auto exact = alloc::Decide(problem, dp);
-                  if (exact.ok() && exact->result.optimal) {
+                  if (exact.ok() && exact->result.optimal && !exact->result.fell_back) {
                     ++audit.audited;
                     const double gap = (exact->objective - d.objective) /
                                        std::max(std::fabs(exact->objective), 1e-12);
@@ -1004,6 +1040,23 @@ int main(int argc, char** argv) {
                   }
                 }
                 audit.audit_s += absl::ToDoubleSeconds(absl::Now() - t0);
+              };
+            }
+            if (policy == alloc::PolicyKind::kDp) {
+              o.on_decision = [&audit](const alloc::Problem&, const alloc::Decision& d,
+                                       absl::Duration took) {
+                const double ms = absl::ToDoubleMilliseconds(took);
+                ++audit.decisions;
+                if (d.result.fell_back &&
+                    !absl::StrContains(d.result.reason, "the milp answered")) {
+                  ++audit.dp_by_greedy;  // neither the DP nor the MILP could answer
+                } else if (d.result.fell_back) {
+                  ++audit.dp_by_milp;
+                  audit.dp_by_milp_proven += d.result.optimal;
+                  audit.dp_by_milp_ms += ms;
+                } else {
+                  audit.dp_own_ms += ms;
+                }
               };
             }
             std::cerr << absl::StrFormat("[%6.0f s] %s %s %s ...",
@@ -1046,6 +1099,7 @@ int main(int argc, char** argv) {
     if (std::find(labels.begin(), labels.end(), r.mix) == labels.end()) labels.push_back(r.mix);
   }
   PrintReferences(rows, labels);
+  PrintDpAudit(rows);
   PrintAudit(rows);
   PrintUserTable(rows);
   PrintWinTargets(rows, (*curve_names)[0]);

@@ -117,6 +117,34 @@ TEST(DecideTest, DpTooLargeIsAnsweredByTheMilp) {
   }
 }
 
+// Three pools of 25 nodes and eight jobs of up to 10 nodes: 26^3 states x
+// ~2,300 per-pool vectors, ~4e7 DP steps (about 0.1 s). Within DpOptions'
+// own limits, so the DP answers it; beyond the DP policy's, so Decide asks
+// the MILP, which answers such problems in milliseconds, and says so.
+TEST(DecideTest, DpPolicyHandsAMultiPoolProblemBeyondItsWorkToTheMilp) {
+  Problem p;
+  p.forward_window = absl::Seconds(100);
+  for (int c = 0; c < 3; ++c) p.classes.push_back({absl::StrCat("c", c), "", 1.0 - 0.2 * c});
+  for (int i = 0; i < 75; ++i) {
+    p.nodes.push_back(Node{absl::StrCat("n", i), absl::StrCat("c", i % 3)});
+  }
+  for (int j = 0; j < 8; ++j) {
+    p.jobs.push_back(Job(absl::StrCat("j", j), 1, 10,
+                         {{1, 100.0 + j}, {4, 350.0 + 3 * j}, {10, 700.0 + 10 * j}}));
+  }
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(p));
+  ASSERT_EQ(model.pools.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(PolicyResult exact, SolveDp(model, DpOptions{}));
+
+  DecideOptions o;
+  o.policy = PolicyKind::kDp;
+  ASSERT_OK_AND_ASSIGN(Decision d, Decide(p, o));
+  EXPECT_TRUE(d.result.fell_back);
+  EXPECT_THAT(d.result.reason, HasSubstr("max_work"));
+  EXPECT_THAT(d.result.reason, HasSubstr("the milp answered"));
+  EXPECT_NEAR(d.objective, exact.solution.objective, 1e-6 * exact.solution.objective);
+}
+
 // When the MILP cannot answer either (it crashes, and its own fallback is
 // the same DP), greedy does.
 TEST(DecideTest, DpAndMilpBothUnableFallToGreedy) {
