@@ -48,6 +48,7 @@
 #include "absl/time/time.h"
 #include "libmalle/alloc/count_model.h"
 #include "libmalle/alloc/decide.h"
+#include "libmalle/alloc/problem_json.h"
 #include "libmalle/sim/engine.h"
 #include "libmalle/sim/idle_trace.h"
 #include "libmalle/sim/job_mix.h"
@@ -115,6 +116,10 @@ ABSL_FLAG(int, milp_cut_rounds, -1,
 ABSL_FLAG(int64_t, dp_max_work, 0,
           "the DP's largest multi-pool work, states x per-pool vectors (DpOptions::max_work; "
           "0: its default); beyond it the DP policy's decision goes to the MILP");
+ABSL_FLAG(std::string, dump_unproven, "",
+          "write every MILP decision with >= 8 pools that its answer was not proven within 1e-4 "
+          "as a problem JSON to DIR/<machine>_<regime>_<mix>_<curves>_<n>.json (at most 50 per "
+          "row), to be solved again with malle-alloc solve");
 ABSL_FLAG(bool, audit_all, false,
           "audit every MILP decision against the DP, not only those not proven optimal");
 ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
@@ -174,6 +179,7 @@ struct MilpAudit {
   // The DP policy's rows: decisions the DP handed to the MILP (beyond its
   // multi-pool limits), those the MILP proved, and their time.
   int dp_by_milp = 0, dp_by_milp_proven = 0, dp_by_greedy = 0;
+  int dumped = 0;  // --dump_unproven files written
   double dp_by_milp_ms = 0, dp_own_ms = 0;
 };
 
@@ -1054,7 +1060,12 @@ int main(int argc, char** argv) {
             MilpAudit& audit = row.audit;
             if (row.milp) {
               const bool audit_all = absl::GetFlag(FLAGS_audit_all);
-              o.on_decision = [&audit, audit_all, model_options = o.decide.model](
+              const std::string unproven_stem =
+                  absl::GetFlag(FLAGS_dump_unproven).empty()
+                      ? std::string()
+                      : absl::StrCat(absl::GetFlag(FLAGS_dump_unproven), "/", machine.name, "_",
+                                     regime, "_", mix_name, "_", row.curves, "_");
+              o.on_decision = [&audit, audit_all, unproven_stem, model_options = o.decide.model](
                                   const alloc::Problem& problem, const alloc::Decision& d,
                                   absl::Duration took) {
                 const absl::Time t0 = absl::Now();
@@ -1082,6 +1093,14 @@ int main(int argc, char** argv) {
                                          std::max(std::fabs(d.objective), 1e-12);
                   audit.by_pools[PoolBucket(static_cast<int>(model->pools.size()))].push_back(
                       {static_cast<int>(problem.jobs.size()), ms, proven, gap});
+                  if (!unproven_stem.empty() && model->pools.size() >= 8 && gap > 1e-4 &&
+                      audit.dumped < 50) {
+                    const std::string path = absl::StrCat(unproven_stem, audit.dumped++, ".json");
+                    std::ofstream file(path);
+                    file << alloc::ProblemToJson(problem);
+                    std::cerr << "\n  unproven (gap " << gap << ", " << ms << " ms): " << path
+                              << (file ? "" : " COULD NOT BE WRITTEN");
+                  }
                 }
                 if (pr.fell_back) {
                   ++audit.fell_back;
