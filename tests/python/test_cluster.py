@@ -78,6 +78,14 @@ def nodes_running(cluster, runtime_id: str):
     return [n["node"] for n in cluster.status()["nodes"] if n.get("running") == runtime_id]
 
 
+def member_nodes(cluster, runtime_id: str):
+    """Nodes of the members of the job's latest generation, rank 0 first (a member id is
+    '<node>-<agent pid>-r<k>'); [] before its first generation. A rank an agent runs is not a
+    member until the job has admitted it."""
+    g = _C.latest_generation(cluster.store, runtime_id)
+    return [m.split("-", 1)[0] for m in (g or {}).get("members", [])]
+
+
 def dump_logs(cluster) -> str:
     parts = []
     for p in sorted(cluster.log_dir.glob("*")):
@@ -124,10 +132,14 @@ def test_two_jobs_share_nodes_that_come_and_go(tmp_path, fixed):
                 progress(c, "a.i1") >= 5 and progress(c, "b.i1") >= 5), timeout=120)
             c.node_up("n3")
             c.node_up("n4")
-            wait_for("a at step 20", lambda: snap() or progress(c, "a.i1") >= 20, timeout=120)
-            # kill -9 of an agent (its rank dies with it) that runs a non-bootstrap rank of a.
-            victims = [n for n in nodes_running(c, "a.i1")
-                       if n != c.jobs()["a"]["nodes"][0]] or nodes_running(c, "a.i1")
+            # a grows onto n3/n4; the kill needs a member to survive it. (A rank an agent runs
+            # is not a member until admitted: killing the only member parks the job, which
+            # resumes as a.i2, and a.i1 never reaches step 35.)
+            wait_for("a at step 20 with two members or more", lambda: snap() or (
+                progress(c, "a.i1") >= 20 and len(member_nodes(c, "a.i1")) >= 2), timeout=120)
+            # kill -9 of an agent (its rank dies with it) that runs a member of a other than
+            # rank 0.
+            victims = member_nodes(c, "a.i1")[1:]
             assert victims, c.status()
             c.kill_agent(victims[-1])
             wait_for("a at step 35", lambda: snap() or progress(c, "a.i1") >= 35, timeout=120)
