@@ -83,7 +83,7 @@ def member_nodes(cluster, runtime_id: str):
     '<node>-<agent pid>-r<k>'); [] before its first generation. A rank an agent runs is not a
     member until the job has admitted it."""
     g = _C.latest_generation(cluster.store, runtime_id)
-    return [m.split("-", 1)[0] for m in (g or {}).get("members", [])]
+    return [m.rsplit("-", 2)[0] for m in (g or {}).get("members", [])]
 
 
 def dump_logs(cluster) -> str:
