@@ -20,11 +20,17 @@
 //
 //   build/sim/tests/bench/alloc_pools_bench --nodes=4734 --jobs=100 --reps=20
 //
+// With --problems=FILE,... it solves those problems instead (problem JSON, as
+// `sim_bench --dump_unproven` writes the decisions a replay could not prove),
+// with the same MILP flags, heuristics and DP: one row, no target lines.
+//
 // A program, not a test: prints one table and the targets next to what was
 // measured; exits 0, or 1 if a measurement could not be taken, 2 for bad flags.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -48,6 +54,7 @@
 #include "libmalle/alloc/heuristics.h"
 #include "libmalle/alloc/milp.h"
 #include "libmalle/alloc/problem.h"
+#include "libmalle/alloc/problem_json.h"
 #include "libmalle/alloc/realize.h"
 #include "libmalle/base/status_macros.h"
 #include "libmalle/sim/job_mix.h"
@@ -86,6 +93,8 @@ ABSL_FLAG(int, milp_cut_rounds, -1,
           "(MilpOptions::decomposition_cut_rounds; -1: its default, 0: none)");
 ABSL_FLAG(bool, print_reasons, false, "print every MILP answer's reason (stderr), not only notes");
 ABSL_FLAG(bool, dp, true, "also run the DP (it refuses beyond its state limit)");
+ABSL_FLAG(std::string, problems, "",
+          "problem JSON files, comma-separated: solve these instead of generated instances");
 ABSL_FLAG(uint64_t, seed, 1, "seed for job sampling, node classes and the current state");
 ABSL_FLAG(std::string, mix, MALLE_SHARED_DATA_DIR "/jobs-imagenet-1001.csv", "job mix CSV");
 
@@ -205,8 +214,23 @@ absl::StatusOr<Problem> MakeInstance(const std::vector<MixJob>& mix, int n, int 
   return now;
 }
 
+absl::StatusOr<Problem> LoadProblem(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  absl::StatusOr<Problem> p = alloc::ParseProblemJson(text);
+  if (!p.ok()) {
+    return absl::Status(p.status().code(), absl::StrCat(path, ": ", p.status().message()));
+  }
+  return p;
+}
+
+// The instance of rep k: generated, or the k-th of --problems.
+using InstanceSource = std::function<absl::StatusOr<Problem>(int rep)>;
+
 struct Row {
   int n = 0, j = 0;
+  std::string label;         // "" (N x J) or what --problems gave
   std::string variant;       // "" or "ls" / "no-ls" (--milp_local_search=both)
   bool local_search = true;  // MilpOptions::decomposition_local_search
   int min_pools = 1 << 30, max_pools = 0;
@@ -232,9 +256,8 @@ void Note(Row& row, const std::string& note) {
 // Every row has the same N x J; each instance is solved by every row's MILP
 // variant back to back, the heuristics and the DP once (their figures go to
 // every row).
-absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>& windows,
+absl::Status RunConfig(const InstanceSource& instance, int first, int reps,
                        std::vector<Row>& rows) {
-  Row& first_row = rows.front();
   alloc::MilpOptions mo;
   mo.time_limit = absl::Seconds(absl::GetFlag(FLAGS_milp_time_limit_s));
   mo.relative_gap = absl::GetFlag(FLAGS_gap);
@@ -247,10 +270,8 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
   if (absl::GetFlag(FLAGS_milp_cut_rounds) >= 0) {
     mo.decomposition_cut_rounds = absl::GetFlag(FLAGS_milp_cut_rounds);
   }
-  const int first = absl::GetFlag(FLAGS_first_rep);
-  for (int rep = first; rep < first + absl::GetFlag(FLAGS_reps); ++rep) {
-    MALLE_ASSIGN_OR_RETURN(Problem problem,
-                           MakeInstance(mix, first_row.n, first_row.j, rep, windows));
+  for (int rep = first; rep < first + reps; ++rep) {
+    MALLE_ASSIGN_OR_RETURN(Problem problem, instance(rep));
     auto timed = [&](auto solve) -> absl::StatusOr<std::pair<PolicyResult, double>> {
       const absl::Time t0 = absl::Now();
       MALLE_ASSIGN_OR_RETURN(CountModel model, alloc::CompileCountModel(problem));
@@ -321,9 +342,11 @@ absl::Status RunConfig(const std::vector<MixJob>& mix, const std::vector<double>
         }
       }
       std::cerr << absl::StrFormat(
-          "  N=%d J=%d rep %d%s: %d pools, MILP %.1f ms (%s), objective %.9g, greedy %.1f ms\n",
-          row.n, row.j, rep, row.variant.empty() ? "" : absl::StrCat(" ", row.variant), pools,
-          milp.second,
+          "  %s rep %d%s: %d pools, MILP %.1f ms (%s), objective %.9g, greedy %.1f ms\n",
+          row.label.empty() ? absl::StrFormat("N=%d J=%d", row.n, row.j)
+                            : absl::StrFormat("%d nodes x %d jobs", model.total_nodes,
+                                              static_cast<int>(problem.jobs.size())),
+          rep, row.variant.empty() ? "" : absl::StrCat(" ", row.variant), pools, milp.second,
           m.fell_back ? "fell back"
           : m.optimal ? "proven"
                       : "limit",
@@ -376,6 +399,7 @@ int main(int argc, char** argv) {
   }
   std::cout << absl::StrFormat(
       "alloc_pools_bench: multi-pool allocation decisions, MILP vs heuristics vs DP\n"
+      "%s"
       "  jobs: sampled without replacement from %s (seed %d); T_fwd %.0f s; %d reps\n"
       "  nodes: 2 locality groups x 2 speed classes (1, %.2f; cross-locality factor %.2f); %.0f%% "
       "of nodes with an idle window of %s x T_fwd\n"
@@ -383,6 +407,10 @@ int main(int argc, char** argv) {
       "  MILP: %s, %s, relative gap %.0e, time limit %.2f s, started from the best of the "
       "current allocation and the heuristics; latency = compile + solve\n"
       "  machine: %u hardware threads; p99 is nearest-rank (with < 100 reps it is the max)\n",
+      absl::GetFlag(FLAGS_problems).empty()
+          ? ""
+          : absl::StrCat("  instances: the problems of --problems=", absl::GetFlag(FLAGS_problems),
+                         " (the flags below on jobs and nodes do not apply)\n"),
       absl::GetFlag(FLAGS_mix), static_cast<int>(absl::GetFlag(FLAGS_seed)),
       absl::GetFlag(FLAGS_t_fwd_s), absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_slow_speed),
       absl::GetFlag(FLAGS_cross_locality), 100 * absl::GetFlag(FLAGS_short_share),
@@ -416,24 +444,50 @@ int main(int argc, char** argv) {
     std::cerr << "--milp_local_search must be true, false or both, got '" << ls << "'\n";
     return 2;
   }
-  for (int n : *nodes) {
+  std::vector<std::string> files =
+      absl::StrSplit(absl::GetFlag(FLAGS_problems), ',', absl::SkipEmpty());
+  auto run_group = [&](std::vector<Row>& group, const InstanceSource& instance, int first,
+                       int reps) {
+    absl::Status s = RunConfig(instance, first, reps, group);
+    if (!s.ok()) {
+      std::cerr << group.front().label << ": " << s << "\n";
+      for (Row& row : group) Note(row, absl::StrCat("FAILED: ", s.message()));
+      ok = false;
+    }
+  };
+  // One (N, J) or one list of files: a group of rows, one per MILP variant.
+  auto make_group = [&](int n, int j, const std::string& label) {
+    std::vector<Row> group;
+    for (const auto& [name, on] : variants) {
+      Row row;
+      row.n = n;
+      row.j = j;
+      row.label = label;
+      row.variant = name;
+      row.local_search = on;
+      group.push_back(std::move(row));
+    }
+    return group;
+  };
+  std::vector<std::vector<Row>> groups;
+  if (!files.empty()) {
+    std::vector<Row> group = make_group(0, 0, absl::StrCat(files.size(), " problem files"));
+    run_group(
+        group, [&files](int rep) { return LoadProblem(files[rep]); }, 0,
+        static_cast<int>(files.size()));
+    groups.push_back(std::move(group));
+  }
+  for (int n : files.empty() ? *nodes : std::vector<int>{}) {
     for (int j : *jobs) {
-      std::vector<Row> group;
-      for (const auto& [name, on] : variants) {
-        Row row;
-        row.n = n;
-        row.j = j;
-        row.variant = name;
-        row.local_search = on;
-        group.push_back(std::move(row));
-      }
-      absl::Status s = RunConfig(mix->jobs, windows, group);
-      if (!s.ok()) {
-        std::cerr << "N=" << n << " J=" << j << ": " << s << "\n";
-        for (Row& row : group) Note(row, absl::StrCat("FAILED: ", s.message()));
-        ok = false;
-      }
-      // With two variants: how often the second's answer is better / worse.
+      std::vector<Row> group = make_group(n, j, "");
+      run_group(
+          group, [&](int rep) { return MakeInstance(mix->jobs, n, j, rep, windows); },
+          absl::GetFlag(FLAGS_first_rep), absl::GetFlag(FLAGS_reps));
+      groups.push_back(std::move(group));
+    }
+  }
+  for (std::vector<Row>& group : groups) {
+    {  // With two variants: how often the second's answer is better / worse.
       if (group.size() == 2 && group[0].objectives.size() == group[1].objectives.size()) {
         int better = 0, worse = 0;
         for (size_t i = 0; i < group[0].objectives.size(); ++i) {
@@ -461,7 +515,8 @@ int main(int argc, char** argv) {
     if (r.dp_refused > 0) dp = absl::StrCat(dp, " R", r.dp_refused, "/", r.reps);
     std::cout << absl::StrFormat(
         "%-19s | %-6s | %-15s | %-13s | %-9.1e | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s\n",
-        absl::StrCat(r.n, " x ", r.j, r.variant.empty() ? "" : absl::StrCat(" ", r.variant)),
+        absl::StrCat(r.label.empty() ? absl::StrCat(r.n, " x ", r.j) : r.label,
+                     r.variant.empty() ? "" : absl::StrCat(" ", r.variant)),
         absl::StrCat(r.min_pools, "-", r.max_pools), P50P99(r.milp_ms),
         absl::StrCat(r.proven, "/", r.reps, r.fell_back ? absl::StrCat(" fb", r.fell_back) : ""),
         r.max_gap,
@@ -476,7 +531,7 @@ int main(int argc, char** argv) {
          "refused (state limit) in k of n\n";
   for (const Row& r : rows) {
     for (const std::string& note : r.notes)
-      std::cout << "  note " << r.n << " x " << r.j
+      std::cout << "  note " << (r.label.empty() ? absl::StrCat(r.n, " x ", r.j) : r.label)
                 << (r.variant.empty() ? "" : absl::StrCat(" ", r.variant)) << ": " << note << "\n";
   }
   std::cout << "\ntargets:\n";
