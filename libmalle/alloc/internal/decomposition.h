@@ -53,16 +53,37 @@ namespace malle::alloc::internal {
 // stop option too), and per pattern of the job: a price per pool on the
 // nodes it adds and a bonus on the options that add nodes (count above its
 // current), and terms mu F((count - current) / delta) charged to those
-// options (`inside`, PoolCut). Empty vectors: none.
+// options (`inside`, PoolCut); and terms mu F((low + shift) / delta)
+// charged to every option, the stop option too, with `low` the least the
+// option adds less releases in S (`net`: a cut in which the job's option
+// alone sets its coefficient, PoolCut::counted; CountedLow). Empty vectors:
+// none.
+// Where a counted job (PoolCut::counted) stands against a pool set S:
+// what CountedLow needs.
+struct CountedShape {
+  int held = 0;  // its held nodes in S
+  // Per pattern: the nodes it could add in the pattern's pools outside S
+  // (-1: no pool outside S); empty: every pattern inside S.
+  std::vector<int> room_out;
+  // Per pattern: its held nodes in the pattern's pools outside S; empty: 0.
+  std::vector<int> held_out;
+};
+
 struct JobCutTerms {
   struct Inside {
     double mu, delta, fraction;
+  };
+  struct Net {
+    double mu, delta, fraction;
+    int shift;
+    CountedShape shape;
   };
   std::vector<double> keep;  // per pool
   double constant = 0.0;
   std::vector<std::vector<double>> add;     // per pattern (empty: 0), per pool
   std::vector<double> grow_bonus;           // per pattern
   std::vector<std::vector<Inside>> inside;  // per pattern
+  std::vector<Net> net;
 };
 
 // Per-job pricing under pool prices: each option's best score and split.
@@ -127,6 +148,7 @@ class JobPricer {
     absl::Span<const int> add_order, keep_order;
     double constant = 0.0, grow_bonus = 0.0;
     absl::Span<const JobCutTerms::Inside> inside;
+    absl::Span<const JobCutTerms::Net> net;
   };
   static void Charge(absl::Span<const double> pi, absl::Span<const int> by_price,
                      const JobCutTerms* terms, Charged& out);
@@ -172,6 +194,21 @@ class JobPricer {
 // kappa = 1 / (delta (1 - f)) (Marchand and Wolsey 2001, "Aggregation and
 // mixed integer rounding to solve MIPs"). With every step w = delta: at
 // most floor(b / delta) jobs take their whole step.
+//
+// A `counted` job enters by its options alone: what option o adds less
+// what it releases in S is at least low_o (CountedLow: all its releasable
+// nodes there released, none of its growth outside S that could go
+// elsewhere), an integer, and the rest is >= 0 and dropped. A job whose
+// held nodes and patterns all lie in S (ExactIn; with S every pool, every
+// job) adds or releases exactly low_o = count - current there. A counted
+// job may also be complemented: the row gets shift_j (sum_o y_o - 1) = 0
+// added, so each of its options weighs low_o + shift_j and b grows by
+// shift_j. With shift_j what the job releases in its LP optimum, a row
+// whose pools are all full (b = 0, no cut) becomes "the nodes started and
+// grown fit in what the shrinking jobs release", and whole steps count
+// again: 32 nodes cannot start on 18 released ones (docs/benchmarks.md,
+// issue 27, thirteenth look). Its coefficient is F((low_o + shift_j) /
+// delta), and b / delta above reads (b + sum shift_j) / delta.
 struct PoolCut {
   struct Member {
     int job;
@@ -180,15 +217,22 @@ struct PoolCut {
   };
   std::vector<char> in_set;     // per pool: in S
   std::vector<Member> members;  // by job index
+  struct Counted {
+    int job;
+    int shift;
+    CountedShape shape;  // set by MirCut
+  };
+  std::vector<Counted> counted;  // by job index; never members
   double kappa = 0.0;
-  double rhs = 0.0;  // floor(b / delta)
+  double rhs = 0.0;  // floor((b + sum shift_j) / delta)
   double delta = 0.0;
   double fraction = 0.0;  // f
 
   // The coefficient of job j taking option o (-1: no allocation, nodes 0)
   // with split x: F(w / delta) for a growing option of a pattern inside S;
   // for a member's growing option of one of its patterns grow_j plus kappa
-  // per node it adds in S; less kappa per node it releases in S.
+  // per node it adds in S; less kappa per node it releases in S. For a
+  // counted job F((low_o + shift) / delta), whatever x.
   double Coefficient(const CountModel& model, int j, int o, const std::vector<int>& x) const;
   // Its share of job j's pricing at dual mu >= 0 (added to `terms`).
   void AddTerms(const CountModel& model, int j, double mu, JobCutTerms& terms) const;
@@ -202,16 +246,36 @@ bool PatternInside(const CountModel& model, int j, int k, absl::Span<const char>
 int MostAdded(const CountModel& model, int j, absl::Span<const char> in_set,
               absl::Span<const char> patterns);
 
-// The MIR cut of pool set `in_set` with divisor delta > 0 and `members`
-// (job and patterns meeting S but not inside it; grow is computed); nullopt
-// when b / delta is (nearly) integral, which gives no cut.
+// Whether job j's held nodes and every pool of its patterns lie in
+// `in_set`, and it holds or may take some node there: its count alone sets
+// what it adds or releases in S.
+bool ExactIn(const CountModel& model, int j, absl::Span<const char> in_set);
+
+// The least a counted job's option (count nodes in pattern k; count 0:
+// stop, k = -1) adds less releases in S, for a job holding `current` nodes:
+// shrinking releases at most current - count there, and keeps at least
+// count - held_out[k] of its held nodes in S (the rest of the count can
+// only be kept in the pattern's pools outside S); growing adds count -
+// current in S when its pattern lies inside S (room_out[k] = -1), else at
+// least count - current less room_out[k].
+int CountedLow(const CountedShape& shape, int current, int count, int k);
+
+// The shape of job j against `in_set`.
+CountedShape ShapeIn(const CountModel& model, int j, absl::Span<const char> in_set);
+
+// The MIR cut of pool set `in_set` with divisor delta > 0, `members` (job
+// and patterns meeting S but not inside it; grow is computed) and `counted`
+// jobs (each with its shift; the shape is computed); nullopt when (b +
+// shifts) / delta is (nearly) integral, which gives no cut.
 std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& in_set,
-                              std::vector<PoolCut::Member> members, double delta);
+                              std::vector<PoolCut::Member> members, double delta,
+                              std::vector<PoolCut::Counted> counted = {});
 
 // Where an LP solution stands for the cuts: per job and pattern, the
 // weight of its growing options and the nodes they add per pool, and each
 // growing column's (pattern, step w = count - current, weight); per job
-// and pool the nodes it releases (weighted by the columns' values).
+// and pool the nodes it releases (weighted by the columns' values); per job
+// the count and pattern (-1: none) of each column it uses and its weight.
 struct LpPoint {
   struct Step {
     int pattern, w;
@@ -221,13 +285,24 @@ struct LpPoint {
   std::vector<std::vector<std::vector<double>>> add;  // per job, per pattern, per pool
   std::vector<std::vector<double>> freed;             // per job, per pool
   std::vector<std::vector<Step>> steps;               // per job
+  struct Use {
+    int count, pattern;
+    double weight;
+  };
+  std::vector<std::vector<Use>> uses;  // per job
 };
 
 // The most violated MIR cut (by more than `min_violation`) of each pool
-// set worth trying: every pool alone and every pool set of a pattern of
-// some job. Divisors: the steps of fractional growing columns inside S and
-// the u_j of members whose g is fractional. A job is a member (for the
-// patterns meeting S but not inside it) when its term is positive there.
+// set worth trying: every pool alone, every pool set of a pattern of some
+// job, and every pool. Divisors: the steps of fractional growing columns
+// inside S, the u_j of members whose g is fractional, and the count changes
+// of exact jobs' fractional columns. A job is a member (for the patterns
+// meeting S but not inside it) when its term is positive there. Jobs exact
+// in S (ExactIn) are counted; jobs holding nodes in S that do not grow there
+// in the LP are counted or not, whichever weighs more at the point; the
+// counted jobs are tried unshifted, with the releasing ones shifted by what
+// their heaviest column releases, and with every one shifted by minus its
+// heaviest column's low.
 std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& point,
                                       double min_violation);
 

@@ -619,22 +619,35 @@ void ForEachAllocation(const CountModel& model,
   rec(0);
 }
 
-// A MIR cut on a random pool set over random jobs and patterns, with a
-// random divisor (nullopt when the room is a multiple of it).
-std::optional<PoolCut> RandomCut(std::mt19937& rng, const CountModel& model) {
+// A MIR cut on a random pool set (every pool in a third of the draws) over
+// random jobs and patterns, with a random divisor (nullopt when the room is
+// a multiple of it). Jobs exact in the set (ExactIn) are mostly counted,
+// others sometimes, with a random shift of either sign. `counted_jobs`
+// (optional) counts the counted jobs, `exact_jobs` those exact in S.
+std::optional<PoolCut> RandomCut(std::mt19937& rng, const CountModel& model,
+                                 int* counted_jobs = nullptr, int* exact_jobs = nullptr) {
   const int num_pools = static_cast<int>(model.pools.size());
   std::vector<char> in_set(num_pools, 0);
   in_set[rng() % num_pools] = 1;
-  for (char& in : in_set) in = in || rng() % 2 == 0;
+  const bool all = rng() % 3 == 0;
+  for (char& in : in_set) in = all || in || rng() % 2 == 0;
   std::vector<PoolCut::Member> members;
+  std::vector<PoolCut::Counted> counted;
   for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
+    const bool exact = ExactIn(model, j, in_set);
+    if (rng() % 4 < (exact ? 3u : 1u)) {
+      counted.push_back({j, static_cast<int>(rng() % 9) - 4});
+      if (counted_jobs != nullptr) ++*counted_jobs;
+      if (exact_jobs != nullptr) *exact_jobs += exact;
+      continue;
+    }
     if (rng() % 3 == 0) continue;
     PoolCut::Member m{j, std::vector<char>(model.jobs[j].patterns.size(), 0), 0.0};
     for (char& k : m.patterns) k = rng() % 3 != 0;
     members.push_back(std::move(m));
   }
   static constexpr double kDivisors[] = {0.7, 1.5, 2.0, 2.5, 3.0, 4.0, 5.5};
-  return MirCut(model, in_set, std::move(members), kDivisors[rng() % 7]);
+  return MirCut(model, in_set, std::move(members), kDivisors[rng() % 7], std::move(counted));
 }
 
 // The MIR cuts on pool sets (PoolCut) hold for every allocation: random
@@ -643,14 +656,16 @@ std::optional<PoolCut> RandomCut(std::mt19937& rng, const CountModel& model) {
 TEST(DecompositionTest, PoolCutsHoldForEveryAllocation) {
   std::mt19937 rng(2711);
   long long allocations = 0;
-  int cuts = 0, tight = 0;
+  int cuts = 0, tight = 0, counted_jobs = 0, exact_jobs = 0;
   for (int i = 0; i < 40; ++i) {
     ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, i % 2 == 0)));
     // Three jobs on eight pools can have ~10^6 allocations: two here.
     model.jobs.resize(std::min<size_t>(model.jobs.size(), 2));
     std::vector<PoolCut> drawn;
     for (int k = 0; k < 25; ++k) {
-      if (std::optional<PoolCut> cut = RandomCut(rng, model)) drawn.push_back(*std::move(cut));
+      if (std::optional<PoolCut> cut = RandomCut(rng, model, &counted_jobs, &exact_jobs)) {
+        drawn.push_back(*std::move(cut));
+      }
     }
     std::vector<std::vector<std::pair<int, std::vector<int>>>> choices;
     for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
@@ -680,6 +695,8 @@ TEST(DecompositionTest, PoolCutsHoldForEveryAllocation) {
   EXPECT_GT(cuts, 500);
   EXPECT_GT(tight, cuts / 10) << "the cuts should touch the allocations, not float above them";
   EXPECT_GT(allocations, 10000);
+  EXPECT_GT(exact_jobs, 200);
+  EXPECT_GT(counted_jobs - exact_jobs, 200);
 }
 
 // With cut terms (random cuts, random duals) the pricer still charges each
@@ -688,7 +705,7 @@ TEST(DecompositionTest, PoolCutsHoldForEveryAllocation) {
 TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
   std::mt19937 rng(2712);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  int checked = 0, with_terms = 0;
+  int checked = 0, with_terms = 0, with_net = 0;
   for (int i = 0; i < 30; ++i) {
     ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(EightPools(rng, false)));
     JobPricer pricer(model);
@@ -707,6 +724,7 @@ TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
       JobCutTerms terms;
       for (size_t c = 0; c < cuts.size(); ++c) cuts[c].AddTerms(model, j, mu[c], terms);
       with_terms += !terms.add.empty();
+      with_net += !terms.net.empty();
       auto cost = [&](int o, const std::vector<int>& x) {
         double v = 0;
         for (size_t p = 0; p < x.size(); ++p) v += pi[p] * x[p];
@@ -736,6 +754,7 @@ TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
   }
   EXPECT_GT(checked, 500);
   EXPECT_GT(with_terms, 20);
+  EXPECT_GT(with_net, 20);
 }
 
 // A hand-checked MIR cut: one pool of 6 nodes; job 3 holds one (and may
@@ -772,6 +791,7 @@ TEST(DecompositionTest, HandCheckedMirCut) {
   point.add = {{{2.0}}, {{2.0}}, {{1.0}}, {{0.0}}};
   point.freed = {{0.0}, {0.0}, {0.0}, {0.0}};
   point.steps = {{{0, 2, 1.0}}, {{0, 2, 1.0}}, {{0, 2, 0.5}}, {}};
+  point.uses = {{{2, 0, 1.0}}, {{2, 0, 1.0}}, {{2, 0, 0.5}, {0, -1, 0.5}}, {{1, 0, 1.0}}};
   const std::vector<PoolCut> cuts = SeparatePoolCuts(model, point, 1e-3);
   ASSERT_EQ(cuts.size(), 1u);
   const PoolCut& cut = cuts[0];
@@ -780,6 +800,8 @@ TEST(DecompositionTest, HandCheckedMirCut) {
   EXPECT_DOUBLE_EQ(cut.kappa, 1.0);
   EXPECT_DOUBLE_EQ(cut.rhs, 2.0);
   EXPECT_TRUE(cut.members.empty());  // every pattern lies inside S: exact terms
+  ASSERT_EQ(cut.counted.size(), 4u);  // ... and every job's count sets its term
+  for (const PoolCut::Counted& e : cut.counted) EXPECT_EQ(e.shift, 0);
   // Starting on 2 nodes: F(1) = 1; on 1 node: F(0.5) = 0; job 3 stopping
   // frees 1.
   EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 2, {2}), 1.0);
@@ -793,6 +815,79 @@ TEST(DecompositionTest, HandCheckedMirCut) {
                    cut.rhs);
   // Below the violation threshold: none.
   EXPECT_TRUE(SeparatePoolCuts(model, point, 0.6).empty());
+}
+
+// A hand-checked cut on a full pool, where the room b = 0 gives no MIR cut
+// unless a shrinking job is complemented (PoolCut::exact). One pool of 4
+// nodes, all held by job 0 (it may stay on 4, shrink to 2, or stop); job 1
+// waits and may start on 4 only. The LP point shrinks job 0 to 2 with
+// weight 0.6 (frees 1.2) and starts job 1 with weight 0.3 (adds 1.2): the
+// row "added - released <= 0" holds, but no allocation starts job 1 unless
+// job 0 stops. Job 0's heaviest column releases 2: shifted by 2, b = 2;
+// divisor 4 (job 1's step): b / 4 = 0.5, f = 0.5, rhs 0; job 1 starting:
+// F(4 / 4) = 1; job 0 on 2: F(0) = 0, on 4: F(2 / 4) = 0, stopping:
+// F(-2 / 4) = -1. The cut reads "job 1 starts only if job 0 stops"; at the
+// point 0.3 > 0.
+TEST(DecompositionTest, HandCheckedCutOnAFullPoolComplementsTheShrinkingJob) {
+  CountModel model;
+  model.pools.resize(1);
+  model.pools[0].capacity = 4;
+  model.total_nodes = 4;
+  for (int j = 0; j < 2; ++j) {
+    JobModel job;
+    job.min_nodes = j == 0 ? 2 : 4;
+    job.max_nodes = 4;
+    job.current_per_pool = {j == 0 ? 4 : 0};
+    job.current_nodes = job.current_per_pool[0];
+    Pattern pattern;
+    pattern.horizon_s = 100;
+    pattern.pools = {0};
+    job.patterns = {pattern};
+    job.options.push_back(Option{});
+    for (int n = job.min_nodes; n <= 4; n += 2) {
+      job.options.push_back(Option{n, 0, 0, 10.0 * n, 1000.0 * n});
+    }
+    job.current_option = j == 0 ? 2 : 0;
+    model.jobs.push_back(job);
+  }
+  LpPoint point;
+  point.grow = {{0.0}, {0.3}};
+  point.add = {{{0.0}}, {{1.2}}};
+  point.freed = {{1.2}, {0.0}};
+  point.steps = {{}, {{0, 4, 0.3}}};
+  point.uses = {{{2, 0, 0.6}, {4, 0, 0.4}}, {{4, 0, 0.3}, {0, -1, 0.7}}};
+  const std::vector<PoolCut> cuts = SeparatePoolCuts(model, point, 1e-3);
+  ASSERT_EQ(cuts.size(), 1u);
+  const PoolCut& cut = cuts[0];
+  EXPECT_DOUBLE_EQ(cut.delta, 4.0);
+  EXPECT_DOUBLE_EQ(cut.fraction, 0.5);
+  EXPECT_DOUBLE_EQ(cut.rhs, 0.0);
+  ASSERT_EQ(cut.counted.size(), 2u);
+  EXPECT_EQ(cut.counted[0].shift, 2);
+  EXPECT_EQ(cut.counted[1].shift, 0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 1, 1, {4}), 1.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 1, 0, {0}), 0.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 1, {2}), 0.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 2, {4}), 0.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, 0, {0}), -1.0);
+  EXPECT_DOUBLE_EQ(cut.Coefficient(model, 0, -1, {0}), -1.0);  // the artificial column
+  // Its share of the pricing at dual 5: 5 F((count - current + shift) / 4)
+  // off every option of either job, the stop option too.
+  JobPricer pricer(model);
+  const std::vector<double> pi = {0.0};
+  for (int j = 0; j < 2; ++j) {
+    JobCutTerms terms;
+    cut.AddTerms(model, j, 5.0, terms);
+    ASSERT_EQ(terms.net.size(), 1u);
+    EXPECT_TRUE(terms.keep.empty() && terms.add.empty() && terms.inside.empty());
+    std::vector<double> score;
+    pricer.Scores(j, pi, PoolsByPrice(pi), score, &terms);
+    for (int o = 0; o < static_cast<int>(model.jobs[j].options.size()); ++o) {
+      const int n = model.jobs[j].options[o].nodes;
+      EXPECT_DOUBLE_EQ(score[o],
+                       model.jobs[j].options[o].value - 5.0 * cut.Coefficient(model, j, o, {n}));
+    }
+  }
 }
 
 // Cuts at the root change the bound the search starts from, never the
