@@ -764,28 +764,38 @@ TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
 // F(2 / 2) = 1, one on 1 node F(1 / 2) = 0, and the cut reads
 // (jobs starting on 2) - (nodes released) <= 2; at the point 1 + 1 + 0.5 =
 // 2.5: violated by 0.5.
-TEST(DecompositionTest, HandCheckedMirCut) {
+// A job of a one-pool model holding `held` nodes, with the options of
+// `counts` (and stopping), each worth 1000 per node.
+JobModel OnePoolJob(int held, const std::vector<int>& counts) {
+  JobModel job;
+  job.min_nodes = counts.front();
+  job.max_nodes = counts.back();
+  job.current_per_pool = {held};
+  job.current_nodes = held;
+  Pattern pattern;
+  pattern.horizon_s = 100;
+  pattern.pools = {0};
+  job.patterns = {pattern};
+  job.options.push_back(Option{});
+  for (int n : counts) {
+    job.options.push_back(Option{n, 0, 0, 10.0 * n, 1000.0 * n});
+    if (n == held) job.current_option = static_cast<int>(job.options.size()) - 1;
+  }
+  return job;
+}
+
+CountModel OnePool(int capacity, std::vector<JobModel> jobs) {
   CountModel model;
   model.pools.resize(1);
-  model.pools[0].capacity = 6;
-  model.total_nodes = 6;
-  for (int j = 0; j < 4; ++j) {
-    JobModel job;
-    job.min_nodes = 1;
-    job.max_nodes = 2;
-    job.current_per_pool = {j == 3 ? 1 : 0};
-    job.current_nodes = job.current_per_pool[0];
-    Pattern pattern;
-    pattern.horizon_s = 100;
-    pattern.pools = {0};
-    job.patterns = {pattern};
-    job.options.push_back(Option{});
-    for (int n = 1; n <= (j == 3 ? 1 : 2); ++n) {
-      job.options.push_back(Option{n, 0, 0, 10.0 * n, 1000.0 * n});
-    }
-    job.current_option = j == 3 ? 1 : 0;
-    model.jobs.push_back(job);
-  }
+  model.pools[0].capacity = capacity;
+  model.total_nodes = capacity;
+  model.jobs = std::move(jobs);
+  return model;
+}
+
+TEST(DecompositionTest, HandCheckedMirCut) {
+  const CountModel model = OnePool(
+      6, {OnePoolJob(0, {1, 2}), OnePoolJob(0, {1, 2}), OnePoolJob(0, {1, 2}), OnePoolJob(1, {1})});
   LpPoint point;
   point.grow = {{1.0}, {1.0}, {0.5}, {0.0}};
   point.add = {{{2.0}}, {{2.0}}, {{1.0}}, {{0.0}}};
@@ -829,27 +839,7 @@ TEST(DecompositionTest, HandCheckedMirCut) {
 // F(-2 / 4) = -1. The cut reads "job 1 starts only if job 0 stops"; at the
 // point 0.3 > 0.
 TEST(DecompositionTest, HandCheckedCutOnAFullPoolComplementsTheShrinkingJob) {
-  CountModel model;
-  model.pools.resize(1);
-  model.pools[0].capacity = 4;
-  model.total_nodes = 4;
-  for (int j = 0; j < 2; ++j) {
-    JobModel job;
-    job.min_nodes = j == 0 ? 2 : 4;
-    job.max_nodes = 4;
-    job.current_per_pool = {j == 0 ? 4 : 0};
-    job.current_nodes = job.current_per_pool[0];
-    Pattern pattern;
-    pattern.horizon_s = 100;
-    pattern.pools = {0};
-    job.patterns = {pattern};
-    job.options.push_back(Option{});
-    for (int n = job.min_nodes; n <= 4; n += 2) {
-      job.options.push_back(Option{n, 0, 0, 10.0 * n, 1000.0 * n});
-    }
-    job.current_option = j == 0 ? 2 : 0;
-    model.jobs.push_back(job);
-  }
+  const CountModel model = OnePool(4, {OnePoolJob(4, {2, 4}), OnePoolJob(0, {4})});
   LpPoint point;
   point.grow = {{0.0}, {0.3}};
   point.add = {{{0.0}}, {{1.2}}};
