@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -948,6 +949,17 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // The output folders exist (a missing one used to make --dump_dir write
+  // nothing, silently).
+  for (const auto& [flag, dir] :
+       {std::pair<const char*, std::string>{"dump_dir", absl::GetFlag(FLAGS_dump_dir)},
+        {"dump_unproven", absl::GetFlag(FLAGS_dump_unproven)}}) {
+    std::error_code error;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, error)) {
+      std::cerr << "--" << flag << ": " << dir << " is not a folder (create it first)\n";
+      return 2;
+    }
+  }
   const int copies = absl::GetFlag(FLAGS_saturated_copies);
   const double period_h = absl::GetFlag(FLAGS_saturated_period_h);
   if (copies < 1 || !(period_h >= 0)) {
@@ -1164,10 +1176,16 @@ int main(int argc, char** argv) {
             if (!dump_dir.empty()) {
               const std::string stem = absl::StrCat(dump_dir, "/", machine.name, "_", regime, "_",
                                                     mix_name, "_", row.policy, "_", row.curves);
-              std::ofstream(stem + ".jobs.csv") << sim::JobsToCsv(r->jobs);
-              if (o.record_events) {
-                std::ofstream(stem + ".events.csv") << sim::EventsToCsv(r->events);
-              }
+              auto write = [&failures](const std::string& path, const std::string& text) {
+                std::ofstream file(path);
+                file << text;
+                if (!file) {
+                  std::cerr << "\n  " << path << " COULD NOT BE WRITTEN";
+                  ++failures;
+                }
+              };
+              write(stem + ".jobs.csv", sim::JobsToCsv(r->jobs));
+              if (o.record_events) write(stem + ".events.csv", sim::EventsToCsv(r->events));
             }
             row.s = r->summary;
             row.wall_s = r->summary.wall_s - audit.audit_s;
