@@ -1011,7 +1011,6 @@ std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& po
   std::vector<std::vector<char>> inside(num_jobs);
   for (const std::vector<char>& in_set : sets) {
     std::set<int> divisors;
-    int jobs_counted = 0;
     for (int j = 0; j < num_jobs; ++j) {
       const JobModel& job = model.jobs[j];
       const int num_patterns = static_cast<int>(job.patterns.size());
@@ -1042,7 +1041,6 @@ std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& po
         if (!grows) jb.form = Form::kReleaser;
       }
       if (jb.form != Form::kPlain) {
-        ++jobs_counted;
         const CountedShape shape = ShapeIn(model, j, in_set);
         double heaviest = -1;
         for (const LpPoint::Use& use : point.uses[j]) {
@@ -1090,19 +1088,29 @@ std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& po
     }
     if (divisors.empty()) continue;
     const double room = Room(model, in_set);
+    // Counted jobs unshifted (0), shifted by what their heaviest column
+    // releases (1), or by minus its low whatever its sign (2): the sums of
+    // their shifts, and whether a kind differs from the one before it (1
+    // from 0 only where some shift is positive, 2 from 1 where one is
+    // negative; an identical kind would find the same cut again).
+    int total[3] = {0, 0, 0};
+    bool differs[3] = {true, false, false};
+    for (const Job& jb : jobs) {
+      if (jb.form == Form::kPlain) continue;
+      total[1] += std::max(0, jb.shift);
+      total[2] += jb.shift;
+      differs[1] = differs[1] || jb.shift > 0;
+      differs[2] = differs[2] || jb.shift < 0;
+    }
     std::optional<PoolCut> best;
     double best_violation = min_violation;
     for (int d : divisors) {
-      // Counted jobs unshifted (0), shifted by what their heaviest column
-      // releases (1), or by minus its low whatever its sign (2).
       for (const int shifted : {0, 1, 2}) {
-        if (shifted > 0 && jobs_counted == 0) continue;
+        if (!differs[shifted]) continue;
         auto shift_of = [shifted](const Job& jb) {
           return shifted == 0 ? 0 : shifted == 1 ? std::max(0, jb.shift) : jb.shift;
         };
-        int total = 0;
-        for (const Job& jb : jobs) total += jb.form != Form::kPlain ? shift_of(jb) : 0;
-        const double beta = (room + total) / d;
+        const double beta = (room + total[shifted]) / d;
         const double f = beta - std::floor(beta);
         if (f < kMinFraction || f > kMaxFraction) continue;
         const double kappa = 1.0 / (d * (1.0 - f));

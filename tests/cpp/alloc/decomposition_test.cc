@@ -828,7 +828,7 @@ TEST(DecompositionTest, HandCheckedMirCut) {
 }
 
 // A hand-checked cut on a full pool, where the room b = 0 gives no MIR cut
-// unless a shrinking job is complemented (PoolCut::exact). One pool of 4
+// unless a shrinking job is complemented (PoolCut::counted). One pool of 4
 // nodes, all held by job 0 (it may stay on 4, shrink to 2, or stop); job 1
 // waits and may start on 4 only. The LP point shrinks job 0 to 2 with
 // weight 0.6 (frees 1.2) and starts job 1 with weight 0.3 (adds 1.2): the
