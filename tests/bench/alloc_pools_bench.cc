@@ -230,7 +230,7 @@ using InstanceSource = std::function<absl::StatusOr<Problem>(int rep)>;
 
 struct Row {
   int n = 0, j = 0;
-  std::string label;         // "" (N x J) or what --problems gave
+  std::string label;         // "N x J", or what --problems gave
   std::string variant;       // "" or "ls" / "no-ls" (--milp_local_search=both)
   bool local_search = true;  // MilpOptions::decomposition_local_search
   int min_pools = 1 << 30, max_pools = 0;
@@ -342,11 +342,10 @@ absl::Status RunConfig(const InstanceSource& instance, int first, int reps,
         }
       }
       std::cerr << absl::StrFormat(
-          "  %s rep %d%s: %d pools, MILP %.1f ms (%s), objective %.9g, greedy %.1f ms\n",
-          row.label.empty() ? absl::StrFormat("N=%d J=%d", row.n, row.j)
-                            : absl::StrFormat("%d nodes x %d jobs", model.total_nodes,
-                                              static_cast<int>(problem.jobs.size())),
-          rep, row.variant.empty() ? "" : absl::StrCat(" ", row.variant), pools, milp.second,
+          "  %s rep %d%s: %d nodes x %d jobs, %d pools, MILP %.1f ms (%s), objective %.9g, "
+          "greedy %.1f ms\n",
+          row.label, rep, row.variant.empty() ? "" : absl::StrCat(" ", row.variant),
+          model.total_nodes, static_cast<int>(problem.jobs.size()), pools, milp.second,
           m.fell_back ? "fell back"
           : m.optimal ? "proven"
                       : "limit",
@@ -476,34 +475,34 @@ int main(int argc, char** argv) {
         group, [&files](int rep) { return LoadProblem(files[rep]); }, 0,
         static_cast<int>(files.size()));
     groups.push_back(std::move(group));
-  }
-  for (int n : files.empty() ? *nodes : std::vector<int>{}) {
-    for (int j : *jobs) {
-      std::vector<Row> group = make_group(n, j, "");
-      run_group(
-          group, [&](int rep) { return MakeInstance(mix->jobs, n, j, rep, windows); },
-          absl::GetFlag(FLAGS_first_rep), absl::GetFlag(FLAGS_reps));
-      groups.push_back(std::move(group));
+  } else {
+    for (int n : *nodes) {
+      for (int j : *jobs) {
+        std::vector<Row> group = make_group(n, j, absl::StrCat(n, " x ", j));
+        run_group(
+            group, [&](int rep) { return MakeInstance(mix->jobs, n, j, rep, windows); },
+            absl::GetFlag(FLAGS_first_rep), absl::GetFlag(FLAGS_reps));
+        groups.push_back(std::move(group));
+      }
     }
   }
   for (std::vector<Row>& group : groups) {
-    {  // With two variants: how often the second's answer is better / worse.
-      if (group.size() == 2 && group[0].objectives.size() == group[1].objectives.size()) {
-        int better = 0, worse = 0;
-        for (size_t i = 0; i < group[0].objectives.size(); ++i) {
-          const double a = group[0].objectives[i], b = group[1].objectives[i];
-          const double tol = 1e-9 * std::max(1.0, std::fabs(a));
-          better += b > a + tol;
-          worse += b < a - tol;
-        }
-        Note(group[1],
-             absl::StrFormat("answer vs %s on the same instances: %d better, %d worse, "
-                             "%d equal",
-                             group[0].variant, better, worse,
-                             static_cast<int>(group[0].objectives.size()) - better - worse));
+    // With two variants: how often the second's answer is better / worse.
+    if (group.size() == 2 && group[0].objectives.size() == group[1].objectives.size()) {
+      int better = 0, worse = 0;
+      for (size_t i = 0; i < group[0].objectives.size(); ++i) {
+        const double a = group[0].objectives[i], b = group[1].objectives[i];
+        const double tol = 1e-9 * std::max(1.0, std::fabs(a));
+        better += b > a + tol;
+        worse += b < a - tol;
       }
-      for (Row& row : group) rows.push_back(std::move(row));
+      Note(group[1],
+           absl::StrFormat("answer vs %s on the same instances: %d better, %d worse, "
+                           "%d equal",
+                           group[0].variant, better, worse,
+                           static_cast<int>(group[0].objectives.size()) - better - worse));
     }
+    for (Row& row : group) rows.push_back(std::move(row));
   }
   const std::string header = absl::StrFormat(
       "%-19s | %-6s | %-15s | %-13s | %-9s | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s",
@@ -515,8 +514,7 @@ int main(int argc, char** argv) {
     if (r.dp_refused > 0) dp = absl::StrCat(dp, " R", r.dp_refused, "/", r.reps);
     std::cout << absl::StrFormat(
         "%-19s | %-6s | %-15s | %-13s | %-9.1e | %-22s | %-13s | %-13s | %-13s | %-15s | %-11s\n",
-        absl::StrCat(r.label.empty() ? absl::StrCat(r.n, " x ", r.j) : r.label,
-                     r.variant.empty() ? "" : absl::StrCat(" ", r.variant)),
+        absl::StrCat(r.label, r.variant.empty() ? "" : absl::StrCat(" ", r.variant)),
         absl::StrCat(r.min_pools, "-", r.max_pools), P50P99(r.milp_ms),
         absl::StrCat(r.proven, "/", r.reps, r.fell_back ? absl::StrCat(" fb", r.fell_back) : ""),
         r.max_gap,
@@ -531,8 +529,8 @@ int main(int argc, char** argv) {
          "refused (state limit) in k of n\n";
   for (const Row& r : rows) {
     for (const std::string& note : r.notes)
-      std::cout << "  note " << (r.label.empty() ? absl::StrCat(r.n, " x ", r.j) : r.label)
-                << (r.variant.empty() ? "" : absl::StrCat(" ", r.variant)) << ": " << note << "\n";
+      std::cout << "  note " << r.label << (r.variant.empty() ? "" : absl::StrCat(" ", r.variant))
+                << ": " << note << "\n";
   }
   std::cout << "\ntargets:\n";
   for (const Row& r : rows) {
