@@ -396,6 +396,16 @@ double SamplesPerNodeHourCeiling(const std::vector<sim::MixJob>& mix, const sim:
   return node_hours > 0 ? samples / node_hours : kNaN;
 }
 
+// Writes `text` to `path`; false, and the path named on stderr, when it
+// could not.
+bool WriteText(const std::string& path, const std::string& text) {
+  std::ofstream file(path);
+  file << text;
+  if (file) return true;
+  std::cerr << "\n  " << path << " COULD NOT BE WRITTEN";
+  return false;
+}
+
 std::string Pct(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.1f%%", 100 * v); }
 std::string Hours(double s) { return std::isnan(s) ? "-" : absl::StrFormat("%.2f", s / 3600); }
 // The nearest-rank q-quantile of `sorted` (ascending, not empty).
@@ -1113,10 +1123,8 @@ int main(int argc, char** argv) {
                       static_cast<int>(model->pools.size()) >= kMultiPoolTargetPools &&
                       gap > kMultiPoolTargetGap && audit.dumped < 50) {
                     const std::string path = absl::StrCat(unproven_stem, audit.dumped++, ".json");
-                    std::ofstream file(path);
-                    file << alloc::ProblemToJson(problem);
-                    std::cerr << "\n  unproven (gap " << gap << ", " << ms << " ms): " << path
-                              << (file ? "" : " COULD NOT BE WRITTEN");
+                    std::cerr << "\n  unproven (gap " << gap << ", " << ms << " ms): " << path;
+                    WriteText(path, alloc::ProblemToJson(problem));
                   }
                 }
                 if (pr.fell_back) {
@@ -1176,16 +1184,10 @@ int main(int argc, char** argv) {
             if (!dump_dir.empty()) {
               const std::string stem = absl::StrCat(dump_dir, "/", machine.name, "_", regime, "_",
                                                     mix_name, "_", row.policy, "_", row.curves);
-              auto write = [&failures](const std::string& path, const std::string& text) {
-                std::ofstream file(path);
-                file << text;
-                if (!file) {
-                  std::cerr << "\n  " << path << " COULD NOT BE WRITTEN";
-                  ++failures;
-                }
-              };
-              write(stem + ".jobs.csv", sim::JobsToCsv(r->jobs));
-              if (o.record_events) write(stem + ".events.csv", sim::EventsToCsv(r->events));
+              failures += !WriteText(stem + ".jobs.csv", sim::JobsToCsv(r->jobs));
+              if (o.record_events) {
+                failures += !WriteText(stem + ".events.csv", sim::EventsToCsv(r->events));
+              }
             }
             row.s = r->summary;
             row.wall_s = r->summary.wall_s - audit.audit_s;
