@@ -59,8 +59,10 @@ struct Decision {
 // InvalidArgument for a bad problem (naming the field); otherwise the
 // policy's answer. The DP policy on a multi-pool problem beyond its limits
 // (DpOptions) is answered by the MILP; a problem too large for the DP that
-// the MILP falls back to goes further, to the greedy heuristic. Either way
-// result.fell_back is set and result.reason says why.
+// the MILP falls back to goes further, to the MILP's start (the best of the
+// current allocation and the heuristics' answers) or else to the greedy
+// heuristic. Either way result.fell_back is set, result.answered_by names
+// whose answer it is and result.reason says why.
 absl::StatusOr<Decision> Decide(const Problem& problem, const DecideOptions& options = {});
 
 }  // namespace malle::alloc

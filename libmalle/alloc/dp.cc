@@ -378,6 +378,7 @@ absl::StatusOr<PolicyResult> SolveDp(const CountModel& model, const DpOptions& o
     result = *std::move(multi);
   }
   result.solve_time = absl::Now() - start;
+  result.answered_by = "dp";
   result.reason = absl::StrFormat("dp: optimal over %d jobs and %d pool(s) in %.2f ms",
                                   model.jobs.size(), model.pools.size(),
                                   absl::ToDoubleMilliseconds(result.solve_time));

@@ -27,6 +27,7 @@ PolicyResult Finish(const CountModel& model, const std::vector<int>& totals, abs
   PolicyResult result;
   result.solution = PlaceCounts(model, totals);
   result.solve_time = absl::Now() - start;
+  result.answered_by = name;
   int running = 0, nodes = 0;
   for (size_t j = 0; j < model.jobs.size(); ++j) {
     const int n = model.jobs[j].options[result.solution.option[j]].nodes;

@@ -1542,6 +1542,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
 
   std::string cause;  // why the DP must answer; empty when the MILP does
   PolicyResult result;
+  result.answered_by = "milp";
   if (!solved.ok()) {
     cause = std::string(solved.status().message());
   } else if (solved->status != MipResult::Status::kOptimal &&
@@ -1638,6 +1639,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
       // The start is worth more than CBC's answer, or the DP cannot answer
       // (a multi-pool model beyond its limits): the start is the answer.
       result = PolicyResult{};
+      result.answered_by = start_name;
       result.solution = *start_solution;
       result.fell_back = true;
       result.reason = absl::StrCat(

@@ -18,6 +18,12 @@ struct PolicyResult {
   std::string reason;
   bool optimal = false;        // proven optimal for the count model
   bool fell_back = false;      // the policy's own method failed; another answered
+  // Whose answer `solution` is: "milp", "dp" (also as the MILP's
+  // fallback), "greedy", "equal_share", "static", or "current allocation"
+  // (when the MILP's search failed it returns its start, the best of the
+  // current allocation and those answers, named here). With fell_back it
+  // tells which fallback answered, without reading `reason`.
+  std::string answered_by;
   absl::Duration solve_time = absl::ZeroDuration();
   // Solver detail (MILP only; zero elsewhere).
   int rows = 0;

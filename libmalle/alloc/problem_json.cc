@@ -527,6 +527,7 @@ std::string DecisionToJson(const Problem& problem, const Decision& decision, int
   out["current_objective"] = decision.current_objective;
   out["optimal"] = result.optimal;
   out["fell_back"] = result.fell_back;
+  out["answered_by"] = result.answered_by;
   out["solve_ms"] = absl::ToDoubleMilliseconds(result.solve_time);
   out["solver"] = OrderedJson{{"rows", result.rows},
                               {"columns", result.columns},

@@ -524,7 +524,7 @@ void PrintDpAudit(const std::vector<Row>& rows) {
     const MilpAudit& a = r.audit;
     std::cout << absl::StrFormat(
         "  %-30s %-7s %d decisions: %d by the DP (%.1f s), %d by the MILP (%.1f s, %d of them "
-        "proven), %d by greedy\n",
+        "proven), %d by a heuristic or the current allocation\n",
         r.mix, r.curves, a.decisions, a.decisions - a.dp_by_milp - a.dp_by_greedy,
         a.dp_own_ms / 1000, a.dp_by_milp, a.dp_by_milp_ms / 1000, a.dp_by_milp_proven,
         a.dp_by_greedy);
@@ -1159,9 +1159,10 @@ int main(int argc, char** argv) {
                                        absl::Duration took) {
                 const double ms = absl::ToDoubleMilliseconds(took);
                 ++audit.decisions;
-                if (d.result.fell_back &&
-                    !absl::StrContains(d.result.reason, "the milp answered")) {
-                  ++audit.dp_by_greedy;  // neither the DP nor the MILP could answer
+                if (d.result.fell_back && d.result.answered_by != "milp") {
+                  // Neither the DP nor the MILP's search could answer: a
+                  // heuristic's answer or the current allocation.
+                  ++audit.dp_by_greedy;
                 } else if (d.result.fell_back) {
                   ++audit.dp_by_milp;
                   audit.dp_by_milp_proven += d.result.optimal;

@@ -63,6 +63,8 @@ TEST(DecideTest, EveryPolicyReturnsARealisedAllocationWithAReason) {
     EXPECT_EQ(used + d.allocation.idle_nodes.size(), 6u) << PolicyName(k);
     EXPECT_THAT(d.result.reason, HasSubstr(std::string(PolicyName(k))));
     EXPECT_THAT(d.result.reason, HasSubstr("keeping the current allocation"));
+    EXPECT_FALSE(d.result.fell_back) << PolicyName(k);
+    EXPECT_EQ(d.result.answered_by, PolicyName(k));
   }
 }
 
@@ -108,6 +110,7 @@ TEST(DecideTest, DpTooLargeIsAnsweredByTheMilp) {
   EXPECT_THAT(d.result.reason, HasSubstr("dp could not answer"));
   EXPECT_THAT(d.result.reason, HasSubstr("max_states"));
   EXPECT_THAT(d.result.reason, HasSubstr("the milp answered"));
+  EXPECT_EQ(d.result.answered_by, "milp");
   EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
   // The four fastest nodes (class c0): the MILP's optimum, which greedy
   // need not find.
@@ -142,11 +145,13 @@ TEST(DecideTest, DpPolicyHandsAMultiPoolProblemBeyondItsWorkToTheMilp) {
   EXPECT_TRUE(d.result.fell_back);
   EXPECT_THAT(d.result.reason, HasSubstr("max_work"));
   EXPECT_THAT(d.result.reason, HasSubstr("the milp answered"));
+  EXPECT_EQ(d.result.answered_by, "milp");
   EXPECT_NEAR(d.objective, exact.solution.objective, 1e-6 * exact.solution.objective);
 }
 
 // When the MILP cannot answer either (it crashes, and its own fallback is
-// the same DP), greedy does.
+// the same DP), greedy's answer is the answer (the MILP's start here), and
+// answered_by says so.
 TEST(DecideTest, DpAndMilpBothUnableFallToGreedy) {
   DecideOptions o;
   o.policy = PolicyKind::kDp;
@@ -156,6 +161,7 @@ TEST(DecideTest, DpAndMilpBothUnableFallToGreedy) {
   EXPECT_TRUE(d.result.fell_back);
   EXPECT_THAT(d.result.reason, HasSubstr("could not answer"));
   EXPECT_THAT(d.result.reason, HasSubstr("greedy"));
+  EXPECT_EQ(d.result.answered_by, "greedy") << d.result.reason;
   EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
 }
 

@@ -558,6 +558,7 @@ void ExpectFaultFallsBack(MilpFault fault, const std::string& cause) {
   EXPECT_TRUE(r.fell_back);
   EXPECT_THAT(r.reason, HasSubstr(cause));
   EXPECT_THAT(r.reason, HasSubstr("answered by dp"));
+  EXPECT_EQ(r.answered_by, "dp");
   EXPECT_NEAR(r.solution.objective, dp.solution.objective, 1e-9);
   EXPECT_THAT(CheckSolution(model, r.solution), IsOk());
   EXPECT_LT(took, absl::Seconds(2));  // time_limit + kill_grace, plus slack
@@ -718,6 +719,7 @@ TEST(MilpTest, DpStartFallbackReusesTheDp) {
   ASSERT_OK_AND_ASSIGN(PolicyResult r, SolveMilp(model, options));
   EXPECT_TRUE(r.fell_back);
   EXPECT_THAT(r.reason, HasSubstr("answered by dp"));
+  EXPECT_EQ(r.answered_by, "dp");
   EXPECT_NEAR(r.solution.objective, dp.solution.objective, 1e-9);
   EXPECT_TRUE(NoChildLeft());
 }

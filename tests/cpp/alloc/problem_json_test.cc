@@ -509,6 +509,7 @@ TEST(DecisionToJsonTest, WritesEveryFieldAndChange) {
   d.objective = 42.5;
   d.current_objective = 40;
   d.result.reason = "dp: optimal";
+  d.result.answered_by = "dp";
   d.result.optimal = true;
   d.result.solve_time = absl::Microseconds(1500);
   d.result.rows = 3;
@@ -530,6 +531,7 @@ TEST(DecisionToJsonTest, WritesEveryFieldAndChange) {
   EXPECT_EQ(out["current_objective"], 40.0);
   EXPECT_EQ(out["optimal"], true);
   EXPECT_EQ(out["fell_back"], false);
+  EXPECT_EQ(out["answered_by"], "dp");
   EXPECT_DOUBLE_EQ(out["solve_ms"].get<double>(), 1.5);
   EXPECT_EQ(out["solver"],
             (Json{{"rows", 3}, {"columns", 7}, {"branch_nodes", 11}, {"best_bound", 43.0}}));
