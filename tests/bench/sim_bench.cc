@@ -794,16 +794,17 @@ void PrintWinTargets(const std::vector<Row>& rows, const std::string& first_curv
   }
 }
 
-void WriteCsv(const std::string& path, const std::vector<Row>& rows) {
-  std::ofstream out(path);
-  out << "mix,curves,eff_best,replay_wall_s," << absl::StripSuffix(sim::SummariesToCsv({}), "\n")
-      << "\n";
+// Every row as CSV (--csv); false when the file could not be written.
+bool WriteCsv(const std::string& path, const std::vector<Row>& rows) {
+  std::string text = absl::StrCat("mix,curves,eff_best,replay_wall_s,",
+                                  absl::StripSuffix(sim::SummariesToCsv({}), "\n"), "\n");
   for (const Row& r : rows) {
     std::string line = sim::SummariesToCsv({r.s});
     line = line.substr(line.find('\n') + 1);
-    out << r.mix << "," << r.curves << "," << absl::StrFormat("%.17g", r.eff_best) << ","
-        << absl::StrFormat("%.17g", r.wall_s) << "," << line;
+    absl::StrAppend(&text, r.mix, ",", r.curves, ",", absl::StrFormat("%.17g", r.eff_best), ",",
+                    absl::StrFormat("%.17g", r.wall_s), ",", line);
   }
+  return WriteText(path, text);
 }
 
 }  // namespace
@@ -967,6 +968,16 @@ int main(int argc, char** argv) {
     std::error_code error;
     if (!dir.empty() && !std::filesystem::is_directory(dir, error)) {
       std::cerr << "--" << flag << ": " << dir << " is not a folder (create it first)\n";
+      return 2;
+    }
+  }
+  // --csv's folder too: the table is written after the replays, which may
+  // take an hour.
+  if (const std::string csv = absl::GetFlag(FLAGS_csv); !csv.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(csv).parent_path();
+    std::error_code error;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, error)) {
+      std::cerr << "--csv: " << dir.string() << " is not a folder (create it first)\n";
       return 2;
     }
   }
@@ -1255,6 +1266,9 @@ int main(int argc, char** argv) {
   PrintMultiPoolTargets(rows);
   std::cout << absl::StrFormat("\ntotal wall time %.1f s\n",
                                absl::ToDoubleSeconds(absl::Now() - program_start));
-  if (!absl::GetFlag(FLAGS_csv).empty()) WriteCsv(absl::GetFlag(FLAGS_csv), rows);
+  if (!absl::GetFlag(FLAGS_csv).empty() && !WriteCsv(absl::GetFlag(FLAGS_csv), rows)) {
+    std::cerr << "\n";
+    ++failures;
+  }
   return failures > 0 ? 1 : 0;
 }
