@@ -45,6 +45,7 @@ def _check_decision_shape(d: dict, policy: str) -> None:
     assert d["version"] == 1
     assert d["policy"] == policy
     assert isinstance(d["reason"], str) and d["reason"]
+    assert d["fell_back"] is False and d["answered_by"] == policy  # each policy answers itself
     assert set(d["solver"]) == {"rows", "columns", "branch_nodes", "best_bound"}
     assert [j["id"] for j in d["jobs"]] == ["a", "b"]
     held = []
