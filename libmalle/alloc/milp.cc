@@ -1348,7 +1348,9 @@ absl::StatusOr<MipResult> DecodeRecord(const std::string& bytes) {
   r.solved_rows = h.solved_rows;
   r.solved_columns = h.solved_columns;
   r.x.resize(h.n_x);
-  std::memcpy(r.x.data(), p, h.n_x * sizeof(double));
+  // (No copy of nothing: memcpy from or to null is undefined even for 0
+  // bytes, and an empty vector's data() may be null; UBSan saw it.)
+  if (h.n_x > 0) std::memcpy(r.x.data(), p, h.n_x * sizeof(double));
   r.detail = std::move(detail);
   return r;
 }
