@@ -179,7 +179,7 @@ struct MilpAudit {
   std::map<int, std::vector<PoolDecision>> by_pools;
   // The DP policy's rows: decisions the DP handed to the MILP (beyond its
   // multi-pool limits), those the MILP proved, and their time.
-  int dp_by_milp = 0, dp_by_milp_proven = 0, dp_by_greedy = 0;
+  int dp_by_milp = 0, dp_by_milp_proven = 0, dp_by_heuristic = 0;
   int dumped = 0;  // --dump_unproven files written
   double dp_by_milp_ms = 0, dp_own_ms = 0;
 };
@@ -525,9 +525,9 @@ void PrintDpAudit(const std::vector<Row>& rows) {
     std::cout << absl::StrFormat(
         "  %-30s %-7s %d decisions: %d by the DP (%.1f s), %d by the MILP (%.1f s, %d of them "
         "proven), %d by a heuristic or the current allocation\n",
-        r.mix, r.curves, a.decisions, a.decisions - a.dp_by_milp - a.dp_by_greedy,
+        r.mix, r.curves, a.decisions, a.decisions - a.dp_by_milp - a.dp_by_heuristic,
         a.dp_own_ms / 1000, a.dp_by_milp, a.dp_by_milp_ms / 1000, a.dp_by_milp_proven,
-        a.dp_by_greedy);
+        a.dp_by_heuristic);
   }
 }
 
@@ -1173,7 +1173,7 @@ int main(int argc, char** argv) {
                 if (d.result.fell_back && d.result.answered_by != "milp") {
                   // Neither the DP nor the MILP's search could answer: a
                   // heuristic's answer or the current allocation.
-                  ++audit.dp_by_greedy;
+                  ++audit.dp_by_heuristic;
                 } else if (d.result.fell_back) {
                   ++audit.dp_by_milp;
                   audit.dp_by_milp_proven += d.result.optimal;
