@@ -960,24 +960,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // The output folders exist (a missing one used to make --dump_dir write
-  // nothing, silently).
+  // The output folders exist, before replays that may take an hour (a
+  // missing one used to make --dump_dir write nothing, silently): those of
+  // --dump_dir and --dump_unproven, and the one --csv's file goes into.
   for (const auto& [flag, dir] :
        {std::pair<const char*, std::string>{"dump_dir", absl::GetFlag(FLAGS_dump_dir)},
-        {"dump_unproven", absl::GetFlag(FLAGS_dump_unproven)}}) {
+        {"dump_unproven", absl::GetFlag(FLAGS_dump_unproven)},
+        {"csv", std::filesystem::path(absl::GetFlag(FLAGS_csv)).parent_path().string()}}) {
     std::error_code error;
     if (!dir.empty() && !std::filesystem::is_directory(dir, error)) {
       std::cerr << "--" << flag << ": " << dir << " is not a folder (create it first)\n";
-      return 2;
-    }
-  }
-  // --csv's folder too: the table is written after the replays, which may
-  // take an hour.
-  if (const std::string csv = absl::GetFlag(FLAGS_csv); !csv.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(csv).parent_path();
-    std::error_code error;
-    if (!dir.empty() && !std::filesystem::is_directory(dir, error)) {
-      std::cerr << "--csv: " << dir.string() << " is not a folder (create it first)\n";
       return 2;
     }
   }
