@@ -345,8 +345,8 @@ STEPS = 120
 ARGS = ["--logical-workers", "3"]
 
 
-def train_cmd(out: pathlib.Path, sleep: float):
-    return [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out),
+def train_cmd(out: pathlib.Path, sleep: float, steps: int = STEPS):
+    return [sys.executable, str(EXAMPLE), "--steps", str(steps), "--out", str(out),
             "--compute-sleep", str(sleep), *ARGS]
 
 
@@ -488,6 +488,13 @@ def test_job_grows_on_harvested_slots_is_preempted_and_grows_back(slurm, tmp_pat
     assert cmds.agent_jobs("malle-agent") == []  # the harvester's stop ended every agent job
 
 
+# The park test's job: one rank of 3 logical workers sleeps 0.3 s per micro-batch, 0.9 s a
+# step, so the 43 steps after step 5 give the preemption at least 38 s to land, more than the
+# test waits for the park (GRACE + 10 s); the second incarnation then has fewer steps to run
+# at that pace than with STEPS (120), which made this the suite's longest test (130 s).
+PARK_STEPS = 48
+
+
 def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm, tmp_path):
     """Issue 22 through a real Slurm preemption: a digits job on its only harvested slot; a
     main-partition job wants every CPU, Slurm preempts the agent job with GraceTime; the job's
@@ -496,8 +503,8 @@ def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm,
     the job's second incarnation resumes at the parked step, ending with the fixed-size
     model."""
     fixed_out = tmp_path / "fixed"
-    r = launcher.run_local(train_cmd(fixed_out, 0.0), nodes=1, job_id="fixed", timeout=300,
-                           log_dir=str(tmp_path / "fixed-logs"))
+    r = launcher.run_local(train_cmd(fixed_out, 0.0, PARK_STEPS), nodes=1, job_id="fixed",
+                           timeout=300, log_dir=str(tmp_path / "fixed-logs"))
     assert r.ok
     fixed = final_state(fixed_out)
 
@@ -513,7 +520,7 @@ def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm,
                                      park_dir=str(c.park_dir), poll=0.5), cmds)
         try:
             h.start()
-            c.submit("digits", train_cmd(out, 0.3), max_nodes=3, logical_workers=3)
+            c.submit("digits", train_cmd(out, 0.3, PARK_STEPS), max_nodes=3, logical_workers=3)
             wait_for("digits training on its slot", lambda: progress(c, "digits.i1") >= 5,
                      timeout=150)
             # Every CPU wanted by the main partition: the only agent job is preempted.
@@ -523,7 +530,7 @@ def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm,
                  and j["phase"] == "parked"), None), timeout=GRACE + 10)
             assert job["saved"]["kind"] == "park", job
             parked_step = job["saved"]["step"]
-            assert 5 <= parked_step < STEPS, job
+            assert 5 <= parked_step < PARK_STEPS, job
             wait_for("the main job done", lambda: job_field(slurm, main, "JobState")
                      == "COMPLETED", timeout=90)
             final = c.wait(["digits"], timeout=300)
@@ -538,7 +545,7 @@ def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm,
     assert final["digits"]["rank_failures"] == 0, final
     traces = read_traces(out)
     # The second incarnation started at the parked step: no step trained twice, none lost.
-    check_replicas_and_data(traces, steps=STEPS, workers=3)
+    check_replicas_and_data(traces, steps=PARK_STEPS, workers=3)
     assert_same_state(final_state(out), fixed)
     assert final["digits"]["parks"] == 1, final
     # Two ranks in all, one per incarnation: the first trained steps 0 .. parked_step - 1,
@@ -547,7 +554,7 @@ def test_a_job_whose_last_slot_is_preempted_parks_and_resumes_at_its_step(slurm,
     for row in traces:
         if row["type"] == "micro":
             m = row["member"]
-            first[m] = min(first.get(m, STEPS), row["step"])
+            first[m] = min(first.get(m, PARK_STEPS), row["step"])
             last[m] = max(last.get(m, -1), row["step"])
     assert len(first) == 2, first
     m1, m2 = sorted(first, key=first.get)
