@@ -50,7 +50,7 @@ namespace {
 double NetCharge(absl::Span<const JobCutTerms::Net> net, int current, int count, int k) {
   double charge = 0.0;
   for (const JobCutTerms::Net& t : net) {
-    const int low = CountedLow(t.shape, current, count, k);
+    const int low = CountedLow(*t.shape, current, count, k);
     charge -= t.mu * MirF((low + t.shift) / t.delta, t.fraction);
   }
   return charge;
@@ -791,7 +791,7 @@ double PoolCut::Coefficient(const CountModel& model, int j, int o,
   if (const Counted* e = FindCounted(counted, j)) {
     const int count = o <= 0 ? 0 : job.options[o].nodes;
     const int low =
-        CountedLow(e->shape, job.current_nodes, count, o <= 0 ? -1 : job.options[o].pattern);
+        CountedLow(*e->shape, job.current_nodes, count, o <= 0 ? -1 : job.options[o].pattern);
     return MirF((low + e->shift) / delta, fraction);
   }
   int added = 0, freed = 0;
@@ -804,7 +804,7 @@ double PoolCut::Coefficient(const CountModel& model, int j, int o,
   double c = -kappa * freed;
   if (o <= 0 || job.options[o].nodes <= job.current_nodes) return c;
   const int k = job.options[o].pattern;
-  if (PatternInside(model, j, k, in_set)) {
+  if (inside[pattern_start[j] + k]) {
     return c + MirF((job.options[o].nodes - job.current_nodes) / delta, fraction);
   }
   const Member* m = FindMember(members, j);
@@ -812,28 +812,25 @@ double PoolCut::Coefficient(const CountModel& model, int j, int o,
   return c;
 }
 
-void PoolCut::AddTerms(const CountModel& model, int j, double mu, JobCutTerms& terms) const {
-  if (const Counted* e = FindCounted(counted, j)) {
-    terms.net.push_back({mu, delta, fraction, e->shift, e->shape});
+namespace {
+
+// A cut's share of job j's pricing at dual mu > 0 but the released nodes'
+// (CutTerms): a counted job's net term; a pattern inside S: F(w / delta);
+// a member: mu kappa per node added in S and its growing options' bonus.
+// `e`, `m`: job j's entry in cut.counted, cut.members (nullptr: none).
+void AddPatternTerms(const PoolCut& cut, const CountModel& model, int j, double mu,
+                     const PoolCut::Counted* e, const PoolCut::Member* m, JobCutTerms& terms) {
+  if (e != nullptr) {
+    terms.net.push_back({mu, cut.delta, cut.fraction, e->shift, e->shape});
     return;
   }
   const JobModel& job = model.jobs[j];
-  const size_t num_pools = in_set.size();
+  const size_t num_pools = cut.in_set.size();
   const size_t num_patterns = job.patterns.size();
-  // Released nodes: +mu kappa each, i.e. mu kappa per held node in S less
-  // mu kappa per node kept there.
-  if (terms.keep.empty()) terms.keep.assign(num_pools, 0.0);
-  for (size_t p = 0; p < num_pools; ++p) {
-    if (!in_set[p]) continue;
-    terms.keep[p] += mu * kappa;
-    terms.constant += mu * kappa * job.current_per_pool[p];
-  }
-  for (size_t k = 0; k < num_patterns; ++k) {
-    if (!PatternInside(model, j, static_cast<int>(k), in_set)) continue;
+  for (int i = cut.inside_start[j]; i < cut.inside_start[j + 1]; ++i) {
     terms.inside.resize(num_patterns);
-    terms.inside[k].push_back({mu, delta, fraction});
+    terms.inside[cut.inside_patterns[i]].push_back({mu, cut.delta, cut.fraction});
   }
-  const Member* m = FindMember(members, j);
   if (m == nullptr) return;
   terms.add.resize(num_patterns);
   terms.grow_bonus.resize(num_patterns, 0.0);
@@ -841,9 +838,71 @@ void PoolCut::AddTerms(const CountModel& model, int j, double mu, JobCutTerms& t
     if (!m->patterns[k]) continue;
     if (terms.add[k].empty()) terms.add[k].assign(num_pools, 0.0);
     for (size_t p = 0; p < num_pools; ++p) {
-      if (in_set[p]) terms.add[k][p] += mu * kappa;
+      if (cut.in_set[p]) terms.add[k][p] += mu * cut.kappa;
     }
     terms.grow_bonus[k] -= mu * m->grow;
+  }
+}
+
+}  // namespace
+
+void CutTerms(const CountModel& model, absl::Span<const PoolCut> cuts, absl::Span<const double> mu,
+              std::vector<JobCutTerms>& terms) {
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  const int num_pools = static_cast<int>(model.pools.size());
+  terms.resize(num_jobs);
+  for (JobCutTerms& t : terms) {
+    t.keep.clear();
+    t.constant = 0.0;
+    t.add.clear();
+    t.grow_bonus.clear();
+    t.inside.clear();
+    t.net.clear();
+  }
+  std::vector<int> live;
+  for (size_t c = 0; c < cuts.size(); ++c) {
+    if (mu[c] > 0) live.push_back(static_cast<int>(c));
+  }
+  // The live cuts in which each job is counted, in order.
+  std::vector<std::vector<int>> counted_in(num_jobs);
+  for (int c : live) {
+    for (const PoolCut::Counted& e : cuts[c].counted) counted_in[e.job].push_back(c);
+  }
+  // Released nodes, in each cut where the job is not counted: +mu kappa
+  // each, i.e. mu kappa per node kept in S (keep) less mu kappa per held
+  // node there (the constant).
+  std::map<std::vector<int>, std::vector<double>> keep_by_counted;
+  for (int j = 0; j < num_jobs; ++j) {
+    const std::vector<int>& in = counted_in[j];
+    if (in.size() == live.size()) continue;  // counted in every one
+    auto [it, fresh] = keep_by_counted.try_emplace(in);
+    size_t i = 0;
+    for (int c : live) {
+      if (i < in.size() && in[i] == c) {
+        ++i;
+        continue;
+      }
+      const double w = mu[c] * cuts[c].kappa;
+      terms[j].constant += w * cuts[c].held[j];
+      if (!fresh) continue;
+      it->second.resize(num_pools, 0.0);
+      for (int p = 0; p < num_pools; ++p) {
+        if (cuts[c].in_set[p]) it->second[p] += w;
+      }
+    }
+    terms[j].keep = it->second;
+  }
+  for (int c : live) {
+    const PoolCut& cut = cuts[c];
+    // Both lists are by job: walked along.
+    auto e = cut.counted.begin();
+    auto m = cut.members.begin();
+    for (int j = 0; j < num_jobs; ++j) {
+      while (e != cut.counted.end() && e->job < j) ++e;
+      while (m != cut.members.end() && m->job < j) ++m;
+      AddPatternTerms(cut, model, j, mu[c], e != cut.counted.end() && e->job == j ? &*e : nullptr,
+                      m != cut.members.end() && m->job == j ? &*m : nullptr, terms[j]);
+    }
   }
 }
 
@@ -931,7 +990,7 @@ std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& 
     MALLE_CHECK(i + 1 == counted.size() || counted[i].job != counted[i + 1].job)
         << "MirCut: job " << counted[i].job << " counted twice";
     PoolCut::Counted& c = counted[i];
-    c.shape = ShapeIn(model, c.job, in_set);
+    c.shape = std::make_shared<const CountedShape>(ShapeIn(model, c.job, in_set));
     shifts += c.shift;
   }
   const double beta = (Room(model, in_set) + shifts) / delta;
@@ -954,12 +1013,29 @@ std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& 
         << "MirCut: job " << m.job << " both counted and a member";
   }
   cut.counted = std::move(counted);
+  // Per job: which of its patterns lie inside S, and its held nodes there.
+  const int num_jobs = static_cast<int>(model.jobs.size());
+  cut.pattern_start.assign(num_jobs + 1, 0);
+  cut.inside_start.assign(num_jobs + 1, 0);
+  cut.held.assign(num_jobs, 0);
+  for (int j = 0; j < num_jobs; ++j) {
+    const JobModel& job = model.jobs[j];
+    const int num_patterns = static_cast<int>(job.patterns.size());
+    cut.pattern_start[j + 1] = cut.pattern_start[j] + num_patterns;
+    for (int k = 0; k < num_patterns; ++k) {
+      const bool inside = PatternInside(model, j, k, in_set);
+      cut.inside.push_back(inside);
+      if (inside) cut.inside_patterns.push_back(k);
+    }
+    cut.inside_start[j + 1] = static_cast<int>(cut.inside_patterns.size());
+    for (size_t p = 0; p < in_set.size(); ++p) {
+      if (in_set[p]) cut.held[j] += job.current_per_pool[p];
+    }
+  }
   for (PoolCut::Member& m : members) {
     // A pattern inside S has its own exact term: not a member's.
     for (size_t k = 0; k < m.patterns.size(); ++k) {
-      if (m.patterns[k] && PatternInside(model, m.job, static_cast<int>(k), in_set)) {
-        m.patterns[k] = 0;
-      }
+      if (m.patterns[k] && cut.inside[cut.pattern_start[m.job] + k]) m.patterns[k] = 0;
     }
     const int u = MostAdded(model, m.job, in_set, m.patterns);
     m.grow = MirF(u / delta, f) - cut.kappa * u;
@@ -1540,13 +1616,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
         l += mu[c] * cuts[c].rhs;
         with_terms = with_terms || mu[c] > 0;
       }
-      if (with_terms) {
-        cut_terms.assign(num_jobs, JobCutTerms{});
-        for (size_t c = 0; c < cuts.size(); ++c) {
-          if (mu[c] == 0) continue;
-          for (int j = 0; j < num_jobs; ++j) cuts[c].AddTerms(model, j, mu[c], cut_terms[j]);
-        }
-      }
+      if (with_terms) CutTerms(model, cuts, mu, cut_terms);
       const double tol = 1e-9 * 1e3;
       const std::vector<int> by_price = PoolsByPrice(pi);
       int added = 0;
@@ -1826,10 +1896,13 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     for (int j : ruled) rules[j].clear();
     for (const Decision& d : node.decisions) rules[d.job].push_back(&d);
     std::fill(node_opts_ok.begin(), node_opts_ok.end(), 0);
-    // The node's fixings replace the last node's.
-    const bool fixed_before = current_fix != nullptr;
+    // The node's fixings replace the last node's. `ruled` collects the
+    // jobs the last node's decisions and fixings concern, and this one's.
     for (const FixChain* f = current_fix.get(); f != nullptr; f = f->parent.get()) {
-      for (int id : f->fixed) node_fixed[id] = 0;
+      for (int id : f->fixed) {
+        node_fixed[id] = 0;
+        ruled.push_back(option_job[id]);
+      }
     }
     std::fill(node_fixed_job.begin(), node_fixed_job.end(), 0);
     current_fix = node.fix;
@@ -1837,18 +1910,23 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       for (int id : f->fixed) {
         node_fixed[id] = 1;
         node_fixed_job[option_job[id]] = 1;
+        ruled.push_back(option_job[id]);
       }
     }
-    // The columns' bounds: all of them when the fixing changed, else only
-    // those of the jobs the previous node's decisions or this one's concern
-    // (the others' bounds cannot have changed; a full pass at every node
-    // was 6 % of the run at 1,000 jobs, ~10,000 columns).
+    for (const Decision& d : node.decisions) ruled.push_back(d.job);
+    std::sort(ruled.begin(), ruled.end());
+    ruled.erase(std::unique(ruled.begin(), ruled.end()), ruled.end());
+    // The columns' bounds: all of them when the root's fixing changed,
+    // else only those of the jobs in `ruled` (the others' bounds cannot
+    // have changed; a full pass at every node was 6 % of the run at 1,000
+    // jobs, ~10,000 columns, and 4 % at 100 jobs with the fixings at
+    // nodes).
     auto set_bounds = [&](int j) {
       for (int c : job_columns[j]) {
         master_lp->SetColumnUpper(c, allowed(j, columns[c].option) ? kInf : 0.0);
       }
     };
-    if (bounds_at != banned_at || fixed_before || current_fix != nullptr) {
+    if (bounds_at != banned_at) {
       for (int j = 0; j < num_jobs; ++j) set_bounds(j);
       bounds_at = banned_at;
     } else {
@@ -1856,9 +1934,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     }
     ruled.clear();
     for (const Decision& d : node.decisions) ruled.push_back(d.job);
-    std::sort(ruled.begin(), ruled.end());
-    ruled.erase(std::unique(ruled.begin(), ruled.end()), ruled.end());
-    for (int j : ruled) set_bounds(j);
+    for (const FixChain* f = current_fix.get(); f != nullptr; f = f->parent.get()) {
+      for (int id : f->fixed) ruled.push_back(option_job[id]);
+    }
     MALLE_ASSIGN_OR_RETURN(double bound, solve_node(x));
     // The root's final prices (L there is the LP's value): the reduced
     // costs every node's fixing and the local search use.

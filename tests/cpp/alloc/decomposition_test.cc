@@ -720,9 +720,10 @@ TEST(DecompositionTest, ScoresWithCutTermsChargeTheCheapestSplit) {
       }
     }
     std::vector<double> score;
+    std::vector<JobCutTerms> all_terms;
+    CutTerms(model, cuts, mu, all_terms);
     for (int j = 0; j < static_cast<int>(model.jobs.size()); ++j) {
-      JobCutTerms terms;
-      for (size_t c = 0; c < cuts.size(); ++c) cuts[c].AddTerms(model, j, mu[c], terms);
+      const JobCutTerms& terms = all_terms[j];
       with_terms += !terms.add.empty();
       with_net += !terms.net.empty();
       auto cost = [&](int o, const std::vector<int>& x) {
@@ -865,9 +866,10 @@ TEST(DecompositionTest, HandCheckedCutOnAFullPoolComplementsTheShrinkingJob) {
   // off every option of either job, the stop option too.
   JobPricer pricer(model);
   const std::vector<double> pi = {0.0};
+  std::vector<JobCutTerms> all_terms;
+  CutTerms(model, {cut}, {5.0}, all_terms);
   for (int j = 0; j < 2; ++j) {
-    JobCutTerms terms;
-    cut.AddTerms(model, j, 5.0, terms);
+    const JobCutTerms& terms = all_terms[j];
     ASSERT_EQ(terms.net.size(), 1u);
     EXPECT_TRUE(terms.keep.empty() && terms.add.empty() && terms.inside.empty());
     std::vector<double> score;
