@@ -1970,7 +1970,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     }
     // At the root, after the local search (so that the incumbent can end
     // the rounds early): rounds of MIR cuts on the pools' capacities
-    // (PoolCut) while the LP violates some, for at most a third of the
+    // (PoolCut) while the LP violates some, for at most half of the
     // time left and settings.cut_rounds rounds. Rounds that close little
     // of the gap are not a reason to stop: on full pools the LP moves its
     // fraction from job to job, and the third or fourth round proves what
@@ -1981,7 +1981,7 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
       const absl::Time cut_start = absl::Now();
       const absl::Time cut_until = settings.deadline == absl::InfiniteFuture()
                                        ? absl::InfiniteFuture()
-                                       : cut_start + (settings.deadline - cut_start) / 3;
+                                       : cut_start + (settings.deadline - cut_start) / 2;
       while (cut_rounds_done < settings.cut_rounds && !x.empty() && bound > threshold() &&
              absl::Now() < cut_until) {
         std::vector<PoolCut> found = SeparatePoolCuts(model, lp_point(x), 1e-3);
