@@ -378,7 +378,8 @@ def summary_table(results: Sequence[SimulationResult]) -> str:
         ("resizes", "resizes", "{}", None, 7),
         ("preempt", "preemptions", "{}", None, 7),
         ("stops", "stops", "{}", None, 5),
-        ("lost stops", "lost_to_preemptions", "{:.4g}", None, 10),
+        # Samples lost to preemptions (stops), by the --preemption-cost mode.
+        ("lost samples", "lost_to_preemptions", "{:.4g}", None, 12),
         ("dec p50 ms", "decision_p50_ms", "{:.2f}", None, 10),
         ("dec p99 ms", "decision_p99_ms", "{:.2f}", None, 10),
         ("JCT mean h", "jct_mean_s", "{:.2f}", hour, 10),

@@ -306,7 +306,7 @@ def test_summary_table_has_units_and_warnings(tiny):
     r = sim.simulate(trace, mix, policy="dp")
     table = sim.summary_table([r])
     header = table.splitlines()[0]
-    for column in ("samples/node-h", "idle node-h", "util %", "eff %", "dec p99 ms",
+    for column in ("samples/node-h", "idle node-h", "util %", "eff %", "lost samples", "dec p99 ms",
                    "JCT mean h", "JCT p95 h", "JCT max h", "makespan h", "wall s"):
         assert column in header, column
     # The job could use 2 nodes; only n0 was idle until t = 100 (of 1,000 s).
