@@ -1,5 +1,6 @@
 #include "libmalle/alloc/decide.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -46,10 +47,27 @@ absl::StatusOr<PolicyKind> ParsePolicyName(absl::string_view name) {
 
 namespace {
 
-absl::StatusOr<PolicyResult> RunPolicy(const CountModel& model, const DecideOptions& options) {
+// The MILP with what is left of the decision's time (DecideOptions::milp).
+absl::StatusOr<PolicyResult> SolveMilpInTime(const CountModel& model, const DecideOptions& options,
+                                             absl::Time started) {
+  MilpOptions milp = options.milp;
+  const absl::Duration spent = absl::Now() - started;
+  milp.time_limit = std::max(options.milp.time_limit - spent, absl::Milliseconds(1));
+  absl::StatusOr<PolicyResult> result = SolveMilp(model, milp);
+  if (result.ok() && milp.time_limit < options.milp.time_limit * 0.9) {
+    result->reason = absl::StrCat(
+        result->reason, " (the milp had ", absl::FormatDuration(milp.time_limit),
+        " of the decision's ", absl::FormatDuration(options.milp.time_limit), ": ",
+        absl::FormatDuration(absl::Trunc(spent, absl::Microseconds(100))), " went before it)");
+  }
+  return result;
+}
+
+absl::StatusOr<PolicyResult> RunPolicy(const CountModel& model, const DecideOptions& options,
+                                       absl::Time started) {
   switch (options.policy) {
     case PolicyKind::kMilp:
-      return SolveMilp(model, options.milp);
+      return SolveMilpInTime(model, options, started);
     case PolicyKind::kDp:
       return SolveDp(model, options.dp);
     case PolicyKind::kGreedy:
@@ -87,8 +105,10 @@ std::string ChangeSummary(const CountModel& model, const CountSolution& solution
 }  // namespace
 
 absl::StatusOr<Decision> Decide(const Problem& problem, const DecideOptions& options) {
+  const absl::Time started =
+      options.started == absl::InfinitePast() ? absl::Now() : options.started;
   MALLE_ASSIGN_OR_RETURN(CountModel model, CompileCountModel(problem, options.model));
-  absl::StatusOr<PolicyResult> result = RunPolicy(model, options);
+  absl::StatusOr<PolicyResult> result = RunPolicy(model, options, started);
   if (!result.ok() && absl::IsResourceExhausted(result.status()) &&
       options.policy == PolicyKind::kDp) {
     // Multi-pool model too large for the DP policy: the MILP (branch-and-
@@ -96,7 +116,7 @@ absl::StatusOr<Decision> Decide(const Problem& problem, const DecideOptions& opt
     // limit, and answers these in milliseconds where the DP would take
     // minutes or refuses; a heuristic would give worse answers than either.
     const std::string cause(result.status().message());
-    result = SolveMilp(model, options.milp);
+    result = SolveMilpInTime(model, options, started);
     if (result.ok()) {
       result->fell_back = true;
       result->reason = absl::StrCat("dp could not answer (", cause, "); the milp answered: ",

@@ -36,7 +36,8 @@
 
 ABSL_FLAG(std::string, policy, "milp", "milp, dp, greedy, equal_share or static");
 ABSL_FLAG(absl::Duration, time_limit, absl::Seconds(1),
-          "wall-clock limit of the MILP solve, e.g. 500ms, 2s (milp only)");
+          "wall-clock limit of a decision with the MILP, compiling the problem included "
+          "(the MILP gets the rest), e.g. 500ms, 2s");
 ABSL_FLAG(std::string, isolation, "fork",
           "fork (CBC in a child process, crash- and hang-proof) or in_process");
 ABSL_FLAG(bool, compact, false, "print the decision on one line");

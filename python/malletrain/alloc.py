@@ -105,9 +105,11 @@ def solve(
         policy: ``"milp"`` (optimal, CBC; the default), ``"dp"`` (exact dynamic
             programming), ``"greedy"``, ``"equal_share"`` or ``"static"``
             (baselines).
-        time_limit: wall-clock limit of the MILP solve, in seconds or as a
-            ``timedelta``. When it is reached the best allocation found so far
-            is returned (``decision["optimal"]`` is then ``False``).
+        time_limit: wall-clock limit of a decision with the MILP, in seconds
+            or as a ``timedelta``: compiling the problem counts against it,
+            and the MILP solve gets the rest. When it is reached the best
+            allocation found so far is returned (``decision["optimal"]`` is
+            then ``False``).
         isolation: ``"fork"`` runs CBC in a child process, so that a crash or
             a hang of the solver cannot take the caller down;
             ``"in_process"`` is cheaper.

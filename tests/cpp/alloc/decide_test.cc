@@ -15,6 +15,7 @@ using ::malle::testing::IsOkAndHolds;
 using ::malle::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 JobSpec Job(const std::string& id, int min, int max, Curve curve) {
   JobSpec j;
@@ -163,6 +164,29 @@ TEST(DecideTest, DpAndMilpBothUnableFallToGreedy) {
   EXPECT_THAT(d.result.reason, HasSubstr("greedy"));
   EXPECT_EQ(d.result.answered_by, "greedy") << d.result.reason;
   EXPECT_EQ(d.allocation.jobs[0].nodes.size(), 4u);
+}
+
+// The MILP's limit bounds the decision: what went before the solve is taken
+// off it. A decision that began 10 s ago leaves the MILP 1 ms of its 1 s,
+// and the reason says so; one that begins now leaves it (nearly) all.
+TEST(DecideTest, TheMilpGetsWhatIsLeftOfTheDecisionsTime) {
+  DecideOptions o;
+  ASSERT_EQ(o.milp.time_limit, absl::Seconds(1));
+  o.started = absl::Now() - absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(Decision late, Decide(Small(), o));
+  EXPECT_THAT(late.result.reason, HasSubstr("(the milp had 1ms of the decision's 1s: 10"));
+  EXPECT_EQ(late.allocation.jobs.size(), 2u);
+
+  o.policy = PolicyKind::kDp;  // beyond the DP: the MILP answers, in what is left
+  ASSERT_OK_AND_ASSIGN(Decision dp, Decide(SixPools(), o));
+  EXPECT_THAT(dp.result.reason, HasSubstr("dp could not answer"));
+  EXPECT_THAT(dp.result.reason, HasSubstr("(the milp had 1ms of the decision's 1s"));
+
+  o.policy = PolicyKind::kMilp;
+  o.started = absl::InfinitePast();  // now
+  ASSERT_OK_AND_ASSIGN(Decision now, Decide(Small(), o));
+  EXPECT_THAT(now.result.reason, Not(HasSubstr("the milp had")));
+  EXPECT_EQ(now.result.answered_by, "milp");
 }
 
 // Two nodes, a live slow job on one of them and a fast job that wants both:
