@@ -52,7 +52,9 @@ absl::StatusOr<PolicyResult> SolveMilpInTime(const CountModel& model, const Deci
                                              absl::Time started) {
   MilpOptions milp = options.milp;
   const absl::Duration spent = absl::Now() - started;
-  milp.time_limit = std::max(options.milp.time_limit - spent, absl::Milliseconds(1));
+  // Whole milliseconds: the reason prints the limit ("time limit 994ms").
+  milp.time_limit = std::max(absl::Floor(options.milp.time_limit - spent, absl::Milliseconds(1)),
+                             absl::Milliseconds(1));
   absl::StatusOr<PolicyResult> result = SolveMilp(model, milp);
   if (result.ok() && milp.time_limit < options.milp.time_limit * 0.9) {
     result->reason = absl::StrCat(
