@@ -261,6 +261,31 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
   }
 
+  // No option has more nodes than the largest pattern holds.
+  int largest_pattern = 0;
+  for (const Pattern& pat : patterns) {
+    int capacity = 0;
+    for (int p : pat.pools) capacity += model.pools[p].capacity;
+    largest_pattern = std::max(largest_pattern, capacity);
+  }
+  int most_nodes = 0;
+  for (const JobSpec& spec : problem.jobs) {
+    most_nodes = std::max(most_nodes, std::min(spec.max_nodes, largest_pattern));
+  }
+  // Per pattern and count, the chance that a reclaim hits one of n nodes
+  // within the pattern's horizon, 1 - exp(-rate n h): the same for every
+  // job, so computed once (its expm1 was 6 % of a DP replay with hazards).
+  std::vector<std::vector<double>> reclaim_hit(patterns.size());
+  if (problem.reclaim_rate > 0) {
+    for (size_t k = 0; k < patterns.size(); ++k) {
+      if (patterns[k].horizon_s < window) continue;
+      reclaim_hit[k].resize(most_nodes + 1);
+      for (int n = 0; n <= most_nodes; ++n) {
+        reclaim_hit[k][n] = -std::expm1(-problem.reclaim_rate * n * patterns[k].horizon_s);
+      }
+    }
+  }
+
   // Views into `problem`: no copy of every node id per decision.
   absl::flat_hash_map<absl::string_view, int> node_index;
   node_index.reserve(problem.nodes.size());
@@ -316,7 +341,17 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
         1 + patterns.size() * static_cast<size_t>(std::max(0, job.max_nodes - job.min_nodes + 1)));
     job.options.push_back(stop);
 
-    for (const Pattern& pat : patterns) {
+    // Each batch option's curve at every count the job may take, once (not
+    // once per pattern: Interpolate was a sixth of compiling).
+    const int lowest = job.min_nodes;  // >= 1: ValidateProblem
+    const int highest = std::min(job.max_nodes, largest_pattern);
+    std::vector<std::vector<double>> at(curves.size());
+    for (size_t b = 0; b < curves.size(); ++b) {
+      at[b].resize(std::max(0, highest - lowest + 1));
+      for (int n = lowest; n <= highest; ++n) at[b][n - lowest] = Interpolate(*curves[b], n);
+    }
+    for (size_t pattern_k = 0; pattern_k < patterns.size(); ++pattern_k) {
+      const Pattern& pat = patterns[pattern_k];
       int capacity = 0;
       int current_inside = 0;  // current nodes the pattern lets the job keep
       for (int p : pat.pools) {
@@ -334,7 +369,7 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
         Option best;
         bool have = false;
         for (size_t b = 0; b < curves.size(); ++b) {
-          const double eff = Interpolate(*curves[b], n) * pat.factor;
+          const double eff = at[b][n - lowest] * pat.factor;
           const bool unchanged = n == cur && static_cast<int>(b) == spec.current_batch_option;
           double value;
           if (unchanged) {
@@ -355,7 +390,7 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
           if (problem.reclaim_rate > 0 && pat.horizon_s >= window) {
             // Expected cost of a forced shrink within the window (nodes with
             // a shorter forecast are valued until it instead).
-            value -= eff * reclaim_down * -std::expm1(-problem.reclaim_rate * n * pat.horizon_s);
+            value -= eff * reclaim_down * reclaim_hit[pattern_k][n];
           }
           value *= scale;
           if (!have || value > best.value) {
