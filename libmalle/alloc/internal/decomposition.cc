@@ -804,12 +804,17 @@ double PoolCut::Coefficient(const CountModel& model, int j, int o,
   double c = -kappa * freed;
   if (o <= 0 || job.options[o].nodes <= job.current_nodes) return c;
   const int k = job.options[o].pattern;
-  if (inside[pattern_start[j] + k]) {
+  if (Inside(j, k)) {
     return c + MirF((job.options[o].nodes - job.current_nodes) / delta, fraction);
   }
   const Member* m = FindMember(members, j);
   if (m != nullptr && m->patterns[k]) c += kappa * added + m->grow;
   return c;
+}
+
+bool PoolCut::Inside(int j, int k) const {
+  return std::binary_search(inside_patterns.begin() + inside_start[j],
+                            inside_patterns.begin() + inside_start[j + 1], k);
 }
 
 namespace {
@@ -1015,17 +1020,12 @@ std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& 
   cut.counted = std::move(counted);
   // Per job: which of its patterns lie inside S, and its held nodes there.
   const int num_jobs = static_cast<int>(model.jobs.size());
-  cut.pattern_start.assign(num_jobs + 1, 0);
   cut.inside_start.assign(num_jobs + 1, 0);
   cut.held.assign(num_jobs, 0);
   for (int j = 0; j < num_jobs; ++j) {
     const JobModel& job = model.jobs[j];
-    const int num_patterns = static_cast<int>(job.patterns.size());
-    cut.pattern_start[j + 1] = cut.pattern_start[j] + num_patterns;
-    for (int k = 0; k < num_patterns; ++k) {
-      const bool inside = PatternInside(model, j, k, in_set);
-      cut.inside.push_back(inside);
-      if (inside) cut.inside_patterns.push_back(k);
+    for (int k = 0; k < static_cast<int>(job.patterns.size()); ++k) {
+      if (PatternInside(model, j, k, in_set)) cut.inside_patterns.push_back(k);
     }
     cut.inside_start[j + 1] = static_cast<int>(cut.inside_patterns.size());
     for (size_t p = 0; p < in_set.size(); ++p) {
@@ -1035,7 +1035,7 @@ std::optional<PoolCut> MirCut(const CountModel& model, const std::vector<char>& 
   for (PoolCut::Member& m : members) {
     // A pattern inside S has its own exact term: not a member's.
     for (size_t k = 0; k < m.patterns.size(); ++k) {
-      if (m.patterns[k] && cut.inside[cut.pattern_start[m.job] + k]) m.patterns[k] = 0;
+      if (m.patterns[k] && cut.Inside(m.job, static_cast<int>(k))) m.patterns[k] = 0;
     }
     const int u = MostAdded(model, m.job, in_set, m.patterns);
     m.grow = MirF(u / delta, f) - cut.kappa * u;

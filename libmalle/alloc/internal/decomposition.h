@@ -225,14 +225,11 @@ struct PoolCut {
     std::shared_ptr<const CountedShape> shape;  // set by MirCut
   };
   std::vector<Counted> counted;  // by job index; never members
-  // Whether pattern k of job j lies inside S: inside[pattern_start[j] + k]
-  // (set by MirCut; Coefficient and CutTerms read it for every column and
-  // every pricing round, where PatternInside over the pattern's pools took
-  // 8-13 % of a search).
-  std::vector<int> pattern_start;  // per job, and one past the last
-  std::vector<char> inside;
-  // The same as lists: job j's patterns inside S are
-  // inside_patterns[inside_start[j] .. inside_start[j + 1]).
+  // Job j's patterns inside S, by increasing index:
+  // inside_patterns[inside_start[j] .. inside_start[j + 1]) (set by MirCut;
+  // Coefficient and CutTerms read them for every column and every pricing
+  // round, where PatternInside over the patterns' pools took 8-13 % of a
+  // search).
   std::vector<int> inside_start, inside_patterns;
   std::vector<int> held;  // per job: its held nodes in S (set by MirCut)
   double kappa = 0.0;
@@ -246,6 +243,8 @@ struct PoolCut {
   // per node it adds in S; less kappa per node it releases in S. For a
   // counted job F((low_o + shift) / delta), whatever x.
   double Coefficient(const CountModel& model, int j, int o, const std::vector<int>& x) const;
+  // Whether pattern k of job j lies inside S (from inside_patterns).
+  bool Inside(int j, int k) const;
 };
 
 // Every job's share of the pricing at the cuts' duals `mu` (>= 0; a cut at
