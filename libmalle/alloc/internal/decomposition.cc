@@ -1932,11 +1932,9 @@ absl::StatusOr<DecompositionResult> SolveByDecomposition(const CountModel& model
     } else {
       for (int j : ruled) set_bounds(j);
     }
+    // (The next node adds this one's fixings as it clears them.)
     ruled.clear();
     for (const Decision& d : node.decisions) ruled.push_back(d.job);
-    for (const FixChain* f = current_fix.get(); f != nullptr; f = f->parent.get()) {
-      for (int id : f->fixed) ruled.push_back(option_job[id]);
-    }
     MALLE_ASSIGN_OR_RETURN(double bound, solve_node(x));
     // The root's final prices (L there is the LP's value): the reduced
     // costs every node's fixing and the local search use.
