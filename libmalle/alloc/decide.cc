@@ -47,22 +47,13 @@ absl::StatusOr<PolicyKind> ParsePolicyName(absl::string_view name) {
 
 namespace {
 
-// The MILP with what is left of the decision's time (DecideOptions::milp).
+// The MILP with what is left of the decision's time (DecideOptions::milp):
+// its limit runs from the decision's start.
 absl::StatusOr<PolicyResult> SolveMilpInTime(const CountModel& model, const DecideOptions& options,
                                              absl::Time started) {
   MilpOptions milp = options.milp;
-  const absl::Duration spent = absl::Now() - started;
-  // Whole milliseconds: the reason prints the limit ("time limit 994ms").
-  milp.time_limit = std::max(absl::Floor(options.milp.time_limit - spent, absl::Milliseconds(1)),
-                             absl::Milliseconds(1));
-  absl::StatusOr<PolicyResult> result = SolveMilp(model, milp);
-  if (result.ok() && milp.time_limit < options.milp.time_limit * 0.9) {
-    result->reason = absl::StrCat(
-        result->reason, " (the milp had ", absl::FormatDuration(milp.time_limit),
-        " of the decision's ", absl::FormatDuration(options.milp.time_limit), ": ",
-        absl::FormatDuration(absl::Trunc(spent, absl::Microseconds(100))), " went before it)");
-  }
-  return result;
+  milp.started = started;
+  return SolveMilp(model, milp);
 }
 
 absl::StatusOr<PolicyResult> RunPolicy(const CountModel& model, const DecideOptions& options,

@@ -45,12 +45,13 @@ DpOptions DpPolicyOptions();
 struct DecideOptions {
   PolicyKind policy = PolicyKind::kMilp;
   CountModelOptions model;
-  // milp.time_limit bounds the whole decision, not only the solve: the time
-  // since `started` (compiling the problem; for the DP policy, also the
-  // DP's try before it hands the problem to the MILP) is taken off what the
-  // MILP is given, down to 1 ms, in which it answers with its start (the
-  // best of the current allocation and the heuristics'). The reason says
-  // when this cut the MILP's time by more than a tenth.
+  // milp.time_limit bounds the whole decision, not only the solve: Decide
+  // sets milp.started to `started`, so that the time compiling the problem
+  // took (for the DP policy, also the DP's try before it hands the problem
+  // to the MILP) counts with the MILP's own starts and setup
+  // (MilpOptions::time_limit). The solver gets what is left, down to 1 ms,
+  // in which it answers with its start (the best of the current allocation
+  // and the heuristics'). The reason says when the solver had less than 90 %.
   MilpOptions milp;
   DpOptions dp = DpPolicyOptions();
   // When the decision began (e.g. when its problem was built);

@@ -1216,9 +1216,9 @@ CountSolution Extract(const CountModel& model, const Formulation& f, const std::
 // Decomposition (MilpOptions::decomposition): the whole solve, for the child.
 // The answer travels as x = (option, per-pool counts) per job.
 absl::StatusOr<MipResult> SolveDecomposed(const CountModel& model, const CountSolution& start,
-                                          const MilpOptions& options) {
+                                          const MilpOptions& options, absl::Time deadline) {
   internal::DecompositionSettings ds;
-  ds.deadline = absl::Now() + options.time_limit;
+  ds.deadline = deadline;
   ds.relative_gap = options.relative_gap;
   ds.local_search = options.decomposition_local_search;
   ds.local_search_share = options.decomposition_local_search_share;
@@ -1493,6 +1493,7 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
                         options.decomposition_local_search_share));
   }
   const absl::Time start = absl::Now();
+  const absl::Time started = options.started == absl::InfinitePast() ? start : options.started;
   // The DP's answer as the start (dp_start), kept for the fallback too.
   std::optional<absl::StatusOr<PolicyResult>> dp;
   if (options.use_mip_start && options.dp_start) dp = SolveDp(model, options.fallback);
@@ -1527,18 +1528,27 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
     f = options.segments ? BuildSegmentFormulation(model, options.use_mip_start, first, options)
                          : BuildFormulation(model, options.use_mip_start, first);
   }
+  // What is left of the limit goes to the solver (whole milliseconds, so
+  // that the reason reads cleanly), at least 1 ms; the decomposition gets it
+  // as a deadline, so that forking and its setup count too.
+  const absl::Duration spent = absl::Now() - started;
+  const absl::Duration solver_limit = std::max(
+      absl::Floor(options.time_limit - spent, absl::Milliseconds(1)), absl::Milliseconds(1));
+  const absl::Time deadline = absl::Now() + solver_limit;
+  MilpOptions solver_options = options;  // the child's kill deadline: its limit + kill_grace
+  solver_options.time_limit = solver_limit;
   CbcSettings settings;
-  settings.time_limit = options.time_limit;
+  settings.time_limit = solver_limit;
   settings.relative_gap = options.relative_gap;
 
   const bool pricing = options.pricing && options.segments && options.use_mip_start;
   absl::StatusOr<MipResult> solved = SolveSerialised(
       [&]() -> absl::StatusOr<MipResult> {
-        if (decompose) return SolveDecomposed(model, *start_solution, options);
+        if (decompose) return SolveDecomposed(model, *start_solution, options, deadline);
         if (pricing) return SolveByPricing(f, settings);
         return internal::SolveWithCbc(f.mip, settings);
       },
-      options);
+      solver_options);
   // The decomposition reports in the model's units, CBC in the formulation's.
   const double bound_scale = decompose ? 1.0 : f.scale;
 
@@ -1665,6 +1675,12 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   if (solved.ok() && solved->solved_rows > 0) {
     result.rows = solved->solved_rows;
     result.columns = solved->solved_columns;
+  }
+  if (solver_limit < options.time_limit * 0.9) {
+    absl::StrAppend(&result.reason, " (the solver had ", absl::FormatDuration(solver_limit),
+                    " of the limit's ", absl::FormatDuration(options.time_limit), ": ",
+                    absl::FormatDuration(absl::Trunc(spent, absl::Microseconds(100))),
+                    " went before it)");
   }
   result.solve_time = absl::Now() - start;
   return result;

@@ -51,7 +51,17 @@ enum class SolveIsolation {
 enum class MilpFault { kNone, kCrash, kHang, kGarbage };
 
 struct MilpOptions {
-  absl::Duration time_limit = absl::Seconds(1);  // elapsed (wall) time given to CBC
+  // Elapsed (wall) time for the whole SolveMilp call from `started`: the
+  // DP's start (dp_start), the heuristics' starts, building the formulation,
+  // forking and the solver. The solver gets what is left, at least 1 ms (in
+  // which it answers with its start); the reason says when that was less
+  // than 90 % of the limit. Past the limit only the answer's hand-over
+  // remains (the search checks the deadline between LP solves) and, where
+  // the solver failed, the fallback.
+  absl::Duration time_limit = absl::Seconds(1);
+  // When the time limit began; InfinitePast: when SolveMilp was called.
+  // Decide passes the decision's start, so that compiling the problem counts.
+  absl::Time started = absl::InfinitePast();
   // With kFork, the child is killed (SIGKILL, by pid) at time_limit + kill_grace.
   absl::Duration kill_grace = absl::Milliseconds(500);
   double relative_gap = 1e-9;  // stop when (bound - incumbent) / |incumbent| is below
@@ -62,8 +72,8 @@ struct MilpOptions {
   // with one pool; with several, within `fallback`'s limits, else the
   // current allocation is the start). The answer is then never worse than
   // the DP's and a time limit only cuts the proof short; on a single pool
-  // (where the DP is exact) CBC can only confirm it. The DP's time is not
-  // part of time_limit. Off by default: the MILP stays an independent check.
+  // (where the DP is exact) CBC can only confirm it. The DP's time counts
+  // against time_limit. Off by default: the MILP stays an independent check.
   bool dp_start = false;
   // With use_mip_start: also try the baselines' answers (greedy, equal share,
   // static; milliseconds) and start CBC from the best of them, the current

@@ -174,18 +174,18 @@ TEST(DecideTest, TheMilpGetsWhatIsLeftOfTheDecisionsTime) {
   ASSERT_EQ(o.milp.time_limit, absl::Seconds(1));
   o.started = absl::Now() - absl::Seconds(10);
   ASSERT_OK_AND_ASSIGN(Decision late, Decide(Small(), o));
-  EXPECT_THAT(late.result.reason, HasSubstr("(the milp had 1ms of the decision's 1s: 10"));
+  EXPECT_THAT(late.result.reason, HasSubstr("(the solver had 1ms of the limit's 1s: 10"));
   EXPECT_EQ(late.allocation.jobs.size(), 2u);
 
   o.policy = PolicyKind::kDp;  // beyond the DP: the MILP answers, in what is left
   ASSERT_OK_AND_ASSIGN(Decision dp, Decide(SixPools(), o));
   EXPECT_THAT(dp.result.reason, HasSubstr("dp could not answer"));
-  EXPECT_THAT(dp.result.reason, HasSubstr("(the milp had 1ms of the decision's 1s"));
+  EXPECT_THAT(dp.result.reason, HasSubstr("(the solver had 1ms of the limit's 1s"));
 
   o.policy = PolicyKind::kMilp;
   o.started = absl::InfinitePast();  // now
   ASSERT_OK_AND_ASSIGN(Decision now, Decide(Small(), o));
-  EXPECT_THAT(now.result.reason, Not(HasSubstr("the milp had")));
+  EXPECT_THAT(now.result.reason, Not(HasSubstr("the solver had")));
   EXPECT_EQ(now.result.answered_by, "milp");
 }
 

@@ -636,6 +636,30 @@ TEST(MilpTest, ShortTimeLimitReturnsIncumbentOrDpAnswer) {
   EXPECT_TRUE(NoChildLeft());
 }
 
+// The limit runs from `started`: what went before the solve (here 10 s, as
+// if the decision had waited that long) is taken off the solver's time, down
+// to 1 ms, in which it answers with its start, and the reason says so. With
+// `started` left at its default the solver has (nearly) the whole limit.
+TEST(MilpTest, TheLimitRunsFromStarted) {
+  ASSERT_OK_AND_ASSIGN(CountModel model, CompileCountModel(LargeProblem(400, 1500, 3)));
+  for (SolveIsolation isolation : {SolveIsolation::kInProcess, SolveIsolation::kFork}) {
+    MilpOptions options;
+    options.isolation = isolation;
+    options.time_limit = absl::Seconds(1);
+    options.started = absl::Now() - absl::Seconds(10);
+    ASSERT_OK_AND_ASSIGN(PolicyResult late, SolveMilp(model, options));
+    EXPECT_THAT(CheckSolution(model, late.solution), IsOk()) << late.reason;
+    EXPECT_THAT(late.reason, HasSubstr("(the solver had 1ms of the limit's 1s: 10")) << late.reason;
+    EXPECT_LT(late.solve_time, absl::Seconds(1)) << late.reason;
+
+    options.started = absl::InfinitePast();
+    ASSERT_OK_AND_ASSIGN(PolicyResult now, SolveMilp(model, options));
+    EXPECT_THAT(now.reason, ::testing::Not(HasSubstr("the solver had"))) << now.reason;
+    EXPECT_GE(now.solution.objective, late.solution.objective * (1 - 1e-9)) << now.reason;
+  }
+  EXPECT_TRUE(NoChildLeft());
+}
+
 // The DP's answer as the start: same optimum, and CBC accepts every start.
 // The generator's identical copies make the DP's answer break the ordering
 // rows of identical jobs now and then (the DP breaks ties its own way);
