@@ -121,6 +121,9 @@ ABSL_FLAG(std::string, dump_unproven, "",
           "write every MILP decision with >= 8 pools that its answer was not proven within 1e-4 "
           "as a problem JSON to DIR/<machine>_<regime>_<mix>_<curves>_<n>.json (at most 50 per "
           "row), to be solved again with malle-alloc solve");
+ABSL_FLAG(double, dump_over_ms, 0,
+          "with --dump_unproven: also write the decisions with >= 8 pools that took longer than "
+          "this many ms, proven or not (0: only the unproven)");
 ABSL_FLAG(bool, audit_all, false,
           "audit every MILP decision against the DP, not only those not proven optimal");
 ABSL_FLAG(std::string, csv, "", "also write every row as CSV to this file");
@@ -960,6 +963,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (absl::GetFlag(FLAGS_dump_over_ms) < 0 ||
+      (absl::GetFlag(FLAGS_dump_over_ms) > 0 && absl::GetFlag(FLAGS_dump_unproven).empty())) {
+    std::cerr << "--dump_over_ms: must be >= 0, and > 0 only with --dump_unproven (its folder); "
+                 "got "
+              << absl::GetFlag(FLAGS_dump_over_ms) << "\n";
+    return 2;
+  }
   // The output folders exist, before replays that may take an hour (a
   // missing one used to make --dump_dir write nothing, silently): those of
   // --dump_dir and --dump_unproven, and the one --csv's file goes into.
@@ -1094,9 +1104,11 @@ int main(int argc, char** argv) {
                       ? std::string()
                       : absl::StrCat(absl::GetFlag(FLAGS_dump_unproven), "/", machine.name, "_",
                                      regime, "_", mix_name, "_", row.curves, "_");
-              o.on_decision = [&audit, audit_all, unproven_stem, model_options = o.decide.model](
-                                  const alloc::Problem& problem, const alloc::Decision& d,
-                                  absl::Duration took) {
+              const double dump_over_ms = absl::GetFlag(FLAGS_dump_over_ms);
+              o.on_decision = [&audit, audit_all, unproven_stem, dump_over_ms,
+                               model_options = o.decide.model](const alloc::Problem& problem,
+                                                               const alloc::Decision& d,
+                                                               absl::Duration took) {
                 const absl::Time t0 = absl::Now();
                 ++audit.decisions;
                 const double ms = absl::ToDoubleMilliseconds(took);
@@ -1124,9 +1136,12 @@ int main(int argc, char** argv) {
                       {static_cast<int>(problem.jobs.size()), ms, proven, gap});
                   if (!unproven_stem.empty() &&
                       static_cast<int>(model->pools.size()) >= kMultiPoolTargetPools &&
-                      gap > kMultiPoolTargetGap && audit.dumped < 50) {
+                      (gap > kMultiPoolTargetGap || (dump_over_ms > 0 && ms > dump_over_ms)) &&
+                      audit.dumped < 50) {
                     const std::string path = absl::StrCat(unproven_stem, audit.dumped++, ".json");
-                    std::cerr << "\n  unproven (gap " << gap << ", " << ms << " ms): " << path;
+                    std::cerr << "\n  " << (gap > kMultiPoolTargetGap ? "unproven" : "slow")
+                              << " (gap " << gap << ", " << ms << " ms, " << problem.jobs.size()
+                              << " jobs): " << path;
                     WriteText(path, alloc::ProblemToJson(problem));
                   }
                 }
