@@ -1531,7 +1531,8 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   // What is left of the limit goes to the solver (whole milliseconds, so
   // that the reason reads cleanly), at least 1 ms; the decomposition gets it
   // as a deadline, so that forking and its setup count too.
-  const absl::Duration spent = absl::Now() - started;
+  // A `started` in the future gives the solver the limit, not more.
+  const absl::Duration spent = std::max(absl::ZeroDuration(), absl::Now() - started);
   const absl::Duration solver_limit = std::max(
       absl::Floor(options.time_limit - spent, absl::Milliseconds(1)), absl::Milliseconds(1));
   const absl::Time deadline = absl::Now() + solver_limit;

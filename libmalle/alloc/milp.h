@@ -59,7 +59,8 @@ struct MilpOptions {
   // remains (the search checks the deadline between LP solves) and, where
   // the solver failed, the fallback.
   absl::Duration time_limit = absl::Seconds(1);
-  // When the time limit began; InfinitePast: when SolveMilp was called.
+  // When the time limit began; InfinitePast: when SolveMilp was called (a
+  // time still to come counts as that too: the solver never gets more).
   // Decide passes the decision's start, so that compiling the problem counts.
   absl::Time started = absl::InfinitePast();
   // With kFork, the child is killed (SIGKILL, by pid) at time_limit + kill_grace.

@@ -656,6 +656,14 @@ TEST(MilpTest, TheLimitRunsFromStarted) {
     ASSERT_OK_AND_ASSIGN(PolicyResult now, SolveMilp(model, options));
     EXPECT_THAT(now.reason, ::testing::Not(HasSubstr("the solver had"))) << now.reason;
     EXPECT_GE(now.solution.objective, late.solution.objective * (1 - 1e-9)) << now.reason;
+
+    // A start in the future does not lengthen the limit: 1 ms is not
+    // enough to prove this model (10 s would be).
+    options.time_limit = absl::Milliseconds(1);
+    options.started = absl::Now() + absl::Seconds(10);
+    ASSERT_OK_AND_ASSIGN(PolicyResult future, SolveMilp(model, options));
+    EXPECT_THAT(CheckSolution(model, future.solution), IsOk()) << future.reason;
+    EXPECT_THAT(future.reason, HasSubstr("time limit 1ms")) << future.reason;
   }
   EXPECT_TRUE(NoChildLeft());
 }
