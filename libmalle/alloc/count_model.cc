@@ -261,12 +261,12 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
   }
 
-  // No option has more nodes than the largest pattern holds.
+  // Each pattern's nodes; no option has more than the largest pattern holds.
+  std::vector<int> pattern_capacity(patterns.size(), 0);
   int largest_pattern = 0;
-  for (const Pattern& pat : patterns) {
-    int capacity = 0;
-    for (int p : pat.pools) capacity += model.pools[p].capacity;
-    largest_pattern = std::max(largest_pattern, capacity);
+  for (size_t k = 0; k < patterns.size(); ++k) {
+    for (int p : patterns[k].pools) pattern_capacity[k] += model.pools[p].capacity;
+    largest_pattern = std::max(largest_pattern, pattern_capacity[k]);
   }
   int most_nodes = 0;
   for (const JobSpec& spec : problem.jobs) {
@@ -352,12 +352,9 @@ absl::StatusOr<CountModel> CompileCountModel(const Problem& problem,
     }
     for (size_t pattern_k = 0; pattern_k < patterns.size(); ++pattern_k) {
       const Pattern& pat = patterns[pattern_k];
-      int capacity = 0;
+      const int capacity = pattern_capacity[pattern_k];
       int current_inside = 0;  // current nodes the pattern lets the job keep
-      for (int p : pat.pools) {
-        capacity += model.pools[p].capacity;
-        current_inside += job.current_per_pool[p];
-      }
+      for (int p : pat.pools) current_inside += job.current_per_pool[p];
       const bool keeps_all = IsSubset(current_pools, pat.pools);
       const int pattern_index = static_cast<int>(job.patterns.size());
       bool used = false;

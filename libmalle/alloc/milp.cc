@@ -1532,10 +1532,11 @@ absl::StatusOr<PolicyResult> SolveMilp(const CountModel& model, const MilpOption
   // that the reason reads cleanly), at least 1 ms; the decomposition gets it
   // as a deadline, so that forking and its setup count too.
   // A `started` in the future gives the solver the limit, not more.
-  const absl::Duration spent = std::max(absl::ZeroDuration(), absl::Now() - started);
+  const absl::Time now = absl::Now();
+  const absl::Duration spent = std::max(absl::ZeroDuration(), now - started);
   const absl::Duration solver_limit = std::max(
       absl::Floor(options.time_limit - spent, absl::Milliseconds(1)), absl::Milliseconds(1));
-  const absl::Time deadline = absl::Now() + solver_limit;
+  const absl::Time deadline = now + solver_limit;
   MilpOptions solver_options = options;  // the child's kill deadline: its limit + kill_grace
   solver_options.time_limit = solver_limit;
   CbcSettings settings;

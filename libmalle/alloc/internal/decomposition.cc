@@ -1178,7 +1178,13 @@ std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& po
       differs[1] = differs[1] || jb.shift > 0;
       differs[2] = differs[2] || jb.shift < 0;
     }
-    std::optional<PoolCut> best;
+    // The most violated candidate; its cut (MirCut) is built once, below.
+    struct Candidate {
+      std::vector<PoolCut::Member> members;
+      std::vector<PoolCut::Counted> counted;
+      int d = 0;
+    };
+    std::optional<Candidate> best;
     double best_violation = min_violation;
     for (int d : divisors) {
       for (const int shifted : {0, 1, 2}) {
@@ -1222,11 +1228,15 @@ std::vector<PoolCut> SeparatePoolCuts(const CountModel& model, const LpPoint& po
         const double violation = lhs - std::floor(beta);
         if (violation > best_violation) {
           best_violation = violation;
-          best = MirCut(model, in_set, std::move(members), d, std::move(counted));
+          best = Candidate{std::move(members), std::move(counted), d};
         }
       }
     }
-    if (best) cuts.push_back(*std::move(best));
+    if (!best) continue;
+    if (std::optional<PoolCut> cut =
+            MirCut(model, in_set, std::move(best->members), best->d, std::move(best->counted))) {
+      cuts.push_back(*std::move(cut));
+    }
   }
   return cuts;
 }
