@@ -1,6 +1,5 @@
 #include "libmalle/alloc/decide.h"
 
-#include <algorithm>
 #include <string>
 #include <utility>
 

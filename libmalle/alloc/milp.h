@@ -56,14 +56,16 @@ struct MilpOptions {
   // forking and the solver. The solver gets what is left, at least 1 ms (in
   // which it answers with its start); the reason says when that was less
   // than 90 % of the limit. Past the limit only the answer's hand-over
-  // remains (the search checks the deadline between LP solves) and, where
-  // the solver failed, the fallback.
+  // remains (the search checks the deadline between LP solves) and the
+  // DP's turn where it has one: the check of an unproven answer on one
+  // pool, or the fallback of a failed solve.
   absl::Duration time_limit = absl::Seconds(1);
   // When the time limit began; InfinitePast: when SolveMilp was called (a
   // time still to come counts as that too: the solver never gets more).
   // Decide passes the decision's start, so that compiling the problem counts.
   absl::Time started = absl::InfinitePast();
-  // With kFork, the child is killed (SIGKILL, by pid) at time_limit + kill_grace.
+  // With kFork, the child is killed (SIGKILL, by pid) kill_grace after the
+  // solver's share of time_limit.
   absl::Duration kill_grace = absl::Milliseconds(500);
   double relative_gap = 1e-9;  // stop when (bound - incumbent) / |incumbent| is below
   SolveIsolation isolation = SolveIsolation::kFork;
